@@ -62,6 +62,7 @@ ROUTING_FIELDS = (
     "tied_windows",  # max pooling: windows whose maximum occurs more than once (NaN otherwise)
     "input_gradient_sum",
     "output_gradient_sum",
+    "output_gradient_abs_sum",  # the scale against which the two sums are compared
 )
 
 ACTIVATION = "activation"

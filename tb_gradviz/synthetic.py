@@ -79,6 +79,7 @@ def write_run(logdir, layers=4, steps=10, batch=2, size=8, channels=4, seed=0, f
                         0,
                         input_gradient.sum(),
                         output_gradient.sum(),
+                        np.abs(output_gradient).sum(),
                     ],
                     dtype=np.float64,
                 )

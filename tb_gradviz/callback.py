@@ -1,0 +1,178 @@
+"""`GradVizCallback`: logs activations and gradients of chosen layers during `fit`."""
+
+import os
+
+import keras
+import tensorflow as tf
+
+from tb_gradviz import capture
+from tb_gradviz import format as fmt
+
+
+class GradVizCallback(keras.callbacks.Callback):
+    """Logs what flows forward and backward through chosen layers.
+
+    On a fixed probe batch, at the chosen frequency, one extra compiled
+    forward+backward pass records for each chosen layer the activation (its
+    output), the gradient of the loss w.r.t. its input (through this layer
+    only) and w.r.t. its output, as histograms and statistics, plus routing
+    statistics for pooling layers. See docs/FORMAT.md. The pass never changes
+    the training: weights, optimizer state, BatchNorm statistics, seed
+    generators and metrics are left as they were.
+
+    Example:
+    ```python
+    cb = tb_gradviz.GradVizCallback("logs/run1", probe_data=(x[:16], y[:16]))
+    model.fit(x, y, epochs=5, callbacks=[cb])
+    ```
+
+    Args:
+      log_dir: the run directory to write event files into (created when
+        the first event is written). Must not be an existing file.
+      probe_data: the batch to measure: `(x, y)` or `(x, y, sample_weight)`
+        (numpy arrays, tensors, or dicts/lists of them for multi-input
+        models), or a `tf.data.Dataset` whose first batch is used.
+      layers: None for every pooling layer (Max/Average/Global, 1D/2D/3D,
+        inside nested models too), or a layer name, a path from the model
+        (`"resnet50/pool1_pool"`), a glob pattern on paths
+        (`"resnet50/conv*_out"`), a layer class, a predicate
+        `layer -> bool`, or a list of those.
+      every_n_epochs: log at the end of every N-th epoch. Default 1.
+      every_n_batches: log instead every N optimizer steps (then
+        `every_n_epochs` must be left at its default or None).
+      loss: None to use the model's compiled loss, or a Keras loss.
+      training: run the probe in training mode (BatchNorm batch statistics,
+        Dropout on) like a train step; its state changes are undone.
+
+    Raises:
+      ValueError, TypeError: an argument is invalid; the message says what
+        was received and what is allowed. Layer names are checked when
+        training starts, against the model.
+    """
+
+    def __init__(
+        self,
+        log_dir,
+        probe_data,
+        layers=None,
+        every_n_epochs=1,
+        every_n_batches=None,
+        loss=None,
+        training=True,
+    ):
+        super().__init__()
+        if not isinstance(log_dir, (str, os.PathLike)):
+            raise TypeError(f"log_dir must be a path (str or os.PathLike); received {log_dir!r}")
+        log_dir = os.fspath(log_dir)
+        if not log_dir:
+            raise ValueError("log_dir must be a non-empty path; received ''")
+        if os.path.exists(log_dir) and not os.path.isdir(log_dir):
+            raise ValueError(f"log_dir must be a directory; received {log_dir!r}, which is a file")
+        if every_n_batches is not None:
+            _check_frequency("every_n_batches", every_n_batches)
+            if every_n_epochs not in (1, None):
+                raise ValueError(
+                    "Pass either every_n_epochs or every_n_batches, not both; received "
+                    f"every_n_epochs={every_n_epochs!r}, every_n_batches={every_n_batches!r}"
+                )
+            every_n_epochs = None
+            # Defining a batch hook makes Keras wait for every batch; do it
+            # only when batch frequency is asked for.
+            self.on_train_batch_end = self._on_train_batch_end
+        else:
+            _check_frequency("every_n_epochs", every_n_epochs)
+        if not isinstance(training, bool):
+            raise TypeError(f"training must be True or False; received {training!r}")
+        self.log_dir = log_dir
+        self.layers = capture.check_layer_spec(layers)
+        self.every_n_epochs = every_n_epochs
+        self.every_n_batches = every_n_batches
+        self.loss = None if loss is None else keras.losses.get(loss)
+        self.training = training
+        self._probe = probe_batch(probe_data)
+        self._log = fmt.EventLog(log_dir)
+        self._capture = None
+
+    @property
+    def chosen_layers(self):
+        """Paths of the layers being logged (known once training has begun)."""
+        return [] if self._capture is None else [c.path for c in self._capture.chosen]
+
+    def on_train_begin(self, logs=None):
+        if self._capture is None or self._capture.model is not self.model:
+            chosen = capture.select_layers(self.model, self.layers)
+            if self.loss is None and getattr(self.model, "_compile_loss", None) is None and not self.model.losses:
+                raise ValueError(
+                    "GradVizCallback needs a loss: compile the model with one, or pass loss= "
+                    "(a Keras loss name, function or Loss instance)"
+                )
+            self._capture = capture.LayerCapture(self.model, chosen, loss=self.loss, training=self.training)
+
+    def on_epoch_end(self, epoch, logs=None):
+        if self.every_n_epochs is not None and (epoch + 1) % self.every_n_epochs == 0:
+            self.log_now()
+
+    def _on_train_batch_end(self, batch, logs=None):
+        if self._step() % self.every_n_batches == 0:
+            self.log_now()
+
+    def on_train_end(self, logs=None):
+        self._log.close()
+
+    def log_now(self):
+        """Runs the probe pass and writes one log event at the current step."""
+        if self._capture is None:
+            self.on_train_begin()
+        x, y, sample_weight = self._probe
+        records, skipped = self._capture.run(x, y, sample_weight)
+        capture.warn_skipped(skipped)
+        self._log.write(self._step(), records)
+
+    def _step(self):
+        return int(self.model.optimizer.iterations.numpy())
+
+
+def _check_frequency(name, value):
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be a positive integer; received {value!r}")
+
+
+def probe_batch(probe_data):
+    """Returns `(x, y, sample_weight)` tensors from the callback's `probe_data`.
+
+    Raises:
+      ValueError: the data is not `(x, y)`, `(x, y, sample_weight)` or a
+        non-empty dataset of those, or its parts disagree on the batch size.
+    """
+    if isinstance(probe_data, tf.data.Dataset):
+        element = next(iter(probe_data.take(1)), None)
+        if element is None:
+            raise ValueError("probe_data is an empty tf.data.Dataset; it must yield at least one (x, y) batch")
+        probe_data = element
+        source = "the first element of probe_data (a tf.data.Dataset)"
+    else:
+        source = "probe_data"
+    if not isinstance(probe_data, (tuple, list)) or len(probe_data) not in (2, 3):
+        described = f"a {type(probe_data).__name__}"
+        if isinstance(probe_data, (tuple, list)):
+            described += f" of length {len(probe_data)}"
+        raise ValueError(f"{source} must be (x, y) or (x, y, sample_weight); received {described}")
+    x, y, *rest = probe_data
+    sample_weight = rest[0] if rest else None
+    if x is None or y is None:
+        raise ValueError(f"{source} must hold both x and y; received x={type(x).__name__}, y={type(y).__name__}")
+    x, y = (keras.tree.map_structure(tf.convert_to_tensor, part) for part in (x, y))
+    if sample_weight is not None:
+        sample_weight = tf.convert_to_tensor(sample_weight)
+    sizes = {
+        int(t.shape[0])
+        for t in keras.tree.flatten((x, y, sample_weight))
+        if t is not None and t.shape.rank and t.shape[0] is not None
+    }
+    if len(sizes) > 1:
+        raise ValueError(
+            f"The parts of {source} must have the same batch size; received batch sizes {sorted(sizes)}"
+        )
+    if sizes == {0}:
+        raise ValueError(f"{source} is empty (batch size 0); it needs at least one example")
+    return x, y, sample_weight

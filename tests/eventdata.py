@@ -1,0 +1,53 @@
+"""Reads event files back for tests, through TensorBoard's own event reader."""
+
+from tensorboard.backend.event_processing import event_accumulator
+from tensorboard.util import tensor_util
+
+from tb_gradviz import format as fmt
+from tb_gradviz import metadata
+
+
+def load(logdir):
+    """Returns an EventAccumulator over `logdir` holding every tensor event."""
+    accumulator = event_accumulator.EventAccumulator(str(logdir), size_guidance={event_accumulator.TENSORS: 0})
+    accumulator.Reload()
+    return accumulator
+
+
+def tensor_tags(accumulator):
+    return sorted(accumulator.Tags()[event_accumulator.TENSORS])
+
+
+def values(accumulator, tag):
+    """Returns `[(step, ndarray)]` of a tag."""
+    return [(e.step, tensor_util.make_ndarray(e.tensor_proto)) for e in accumulator.Tensors(tag)]
+
+
+def last(accumulator, tag):
+    return values(accumulator, tag)[-1][1]
+
+
+def stats(accumulator, layer, tensor):
+    return fmt.decode_stats(last(accumulator, fmt.stats_tag(layer, tensor)))
+
+
+def histogram(accumulator, layer, tensor):
+    return last(accumulator, fmt.histogram_tag(layer, tensor))
+
+
+def routing(accumulator, layer):
+    return fmt.decode_routing(last(accumulator, fmt.routing_tag(layer)))
+
+
+def content(accumulator, tag):
+    return metadata.parse_plugin_metadata(accumulator.SummaryMetadata(tag).plugin_data.content)
+
+
+def layers(accumulator):
+    """Layer paths that have a stats record, in model order."""
+    found = {}
+    for tag in tensor_tags(accumulator):
+        if tag.endswith("/stats"):
+            c = content(accumulator, tag)
+            found[c["layer"]] = c["layer_index"]
+    return sorted(found, key=found.get)
