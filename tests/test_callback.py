@@ -1,0 +1,236 @@
+"""GradVizCallback in model.fit: frequency, steps, files, layer choice, arguments."""
+
+import os
+
+import numpy as np
+import pytest
+
+tf = pytest.importorskip("tensorflow")
+keras = pytest.importorskip("keras")
+
+import eventdata  # noqa: E402
+from tb_gradviz import GradVizCallback  # noqa: E402
+from tb_gradviz import format as fmt  # noqa: E402
+
+layers = keras.layers
+
+
+def small_cnn(seed=0, dropout=0.0, batchnorm=False):
+    keras.utils.set_random_seed(seed)
+    body = [keras.Input((8, 8, 3)), layers.Conv2D(4, 3, padding="same", name="conv")]
+    if batchnorm:
+        body.append(layers.BatchNormalization(name="bn"))
+    body.append(layers.ReLU(name="relu"))
+    if dropout:
+        body.append(layers.Dropout(dropout, name="drop"))
+    body += [layers.MaxPooling2D(name="pool"), layers.Flatten(), layers.Dense(2, name="dense")]
+    model = keras.Sequential(body, name="cnn")
+    model.compile(keras.optimizers.Adam(0.01), "mse")
+    return model
+
+
+def data(n=16, seed=0):
+    rng = np.random.default_rng(seed)
+    return rng.normal(size=(n, 8, 8, 3)).astype("float32"), rng.normal(size=(n, 2)).astype("float32")
+
+
+def model_state(model):
+    """Every variable of the model and its optimizer, in order (names get instance counters)."""
+    return [(v.path, np.array(v)) for v in model.variables + model.optimizer.variables]
+
+
+def test_training_is_bit_identical_with_and_without_the_callback(tmp_path):
+    x, y = data(32)
+    runs = []
+    for with_callback in (False, True):
+        model = small_cnn(seed=7, dropout=0.5, batchnorm=True)
+        callbacks = [GradVizCallback(tmp_path, (x[:8], y[:8]), every_n_batches=1)] if with_callback else []
+        keras.utils.set_random_seed(11)
+        model.fit(x, y, batch_size=8, epochs=2, verbose=0, callbacks=callbacks)
+        # The global streams must be where they would have been, too.
+        follow_up = (np.random.rand(), float(tf.random.uniform(())), float(keras.random.uniform(())))
+        runs.append((model_state(model), follow_up))
+    (without, rng_without), (with_, rng_with) = runs
+    assert len(without) == len(with_)
+    assert any("moving_mean" in p for p, _ in without) and any("seed_generator" in p for p, _ in without)
+    for (path, expected), (_, actual) in zip(without, with_):
+        np.testing.assert_array_equal(expected, actual, err_msg=path)
+    assert rng_without == rng_with
+    assert len(eventdata.values(eventdata.load(tmp_path), fmt.stats_tag("pool", "activation"))) == 8
+
+
+def test_steps_follow_optimizer_iterations_across_fits_without_retracing(tmp_path):
+    model = small_cnn()
+    x, y = data(16)
+    callback = GradVizCallback(tmp_path, (x[:4], y[:4]))
+    model.fit(x, y, batch_size=8, epochs=2, verbose=0, callbacks=[callback])
+    model.fit(x, y, batch_size=8, epochs=1, verbose=0, callbacks=[callback])
+    steps = [s for s, _ in eventdata.values(eventdata.load(tmp_path), fmt.stats_tag("pool", "activation"))]
+    assert steps == [2, 4, 6]
+    assert callback._capture.tracing_count == 1
+    # One event file per fit: the writer is closed at train end and reopened lazily.
+    assert len([f for f in os.listdir(tmp_path) if ".tfevents." in f]) == 2
+
+
+def test_every_n_epochs_and_every_n_batches(tmp_path):
+    x, y = data(16)
+    model = small_cnn()
+    model.fit(x, y, batch_size=4, epochs=4, verbose=0, callbacks=[GradVizCallback(tmp_path / "e", (x, y), every_n_epochs=2)])
+    model = small_cnn()
+    model.fit(x, y, batch_size=4, epochs=2, verbose=0, callbacks=[GradVizCallback(tmp_path / "b", (x, y), every_n_batches=3)])
+    tag = fmt.stats_tag("pool", "input_gradient")
+    assert [s for s, _ in eventdata.values(eventdata.load(tmp_path / "e"), tag)] == [8, 16]
+    assert [s for s, _ in eventdata.values(eventdata.load(tmp_path / "b"), tag)] == [3, 6]
+
+
+def test_nothing_is_written_when_nothing_fires(tmp_path):
+    x, y = data(8)
+    log_dir = tmp_path / "never"
+    small_cnn().fit(x, y, epochs=1, verbose=0, callbacks=[GradVizCallback(log_dir, (x, y), every_n_epochs=5)])
+    assert not log_dir.exists()
+
+
+def test_epoch_frequency_leaves_batch_hooks_undefined():
+    # Keras dispatches batches asynchronously only when no callback defines batch hooks.
+    x, y = data(4)
+    assert not hasattr(GradVizCallback("unused", (x, y)).on_train_batch_end, "__func__") or (
+        GradVizCallback("unused", (x, y)).on_train_batch_end.__func__ is keras.callbacks.Callback.on_train_batch_end
+    )
+    assert GradVizCallback("unused", (x, y), every_n_batches=2).on_train_batch_end.__func__ is not (
+        keras.callbacks.Callback.on_train_batch_end
+    )
+
+
+def test_dataset_probe_uses_its_first_batch(tmp_path):
+    x, y = data(16)
+    dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(4)
+    small_cnn().fit(x, y, epochs=1, verbose=0, callbacks=[GradVizCallback(tmp_path, dataset)])
+    log = eventdata.load(tmp_path)
+    assert eventdata.content(log, fmt.stats_tag("pool", "activation"))["shape"] == [4, 4, 4, 4]
+
+
+def test_layer_choice_by_name_path_glob_class_and_predicate(tmp_path):
+    x, y = data(8)
+    model = small_cnn()
+    model.fit(x, y, epochs=1, verbose=0)  # builds it
+    cases = {
+        "conv": ["conv"],
+        "cnn_glob": ["*o*"],
+        "class": [layers.Dense],
+        "predicate": [lambda layer: layer.name.startswith("re")],
+        "mixed": ["pool", layers.Conv2D],
+    }
+    expected = {
+        "conv": ["conv"],
+        "cnn_glob": ["conv", "pool"],
+        "class": ["dense"],
+        "predicate": ["relu"],
+        "mixed": ["conv", "pool"],
+    }
+    for name, spec in cases.items():
+        callback = GradVizCallback(tmp_path / name, (x, y), layers=spec)
+        model.fit(x, y, epochs=1, verbose=0, callbacks=[callback])
+        assert callback.chosen_layers == expected[name], name
+        assert eventdata.layers(eventdata.load(tmp_path / name)) == expected[name], name
+
+
+def test_unknown_layer_name_lists_the_nearest(tmp_path):
+    x, y = data(4)
+    model = small_cnn()
+    with pytest.raises(ValueError, match=r"'pol'.*Nearest: 'pool'"):
+        model.fit(x, y, epochs=1, verbose=0, callbacks=[GradVizCallback(tmp_path, (x, y), layers="pol")])
+    with pytest.raises(ValueError, match=r"pattern 'zz\*'"):
+        model.fit(x, y, epochs=1, verbose=0, callbacks=[GradVizCallback(tmp_path, (x, y), layers="zz*")])
+
+
+def test_model_without_pooling_says_how_to_choose_layers(tmp_path):
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((3,)), layers.Dense(2)])
+    model.compile("sgd", "mse")
+    x, y = np.ones((2, 3), "float32"), np.ones((2, 2), "float32")
+    with pytest.raises(ValueError, match="has no pooling layer.*layers=\\["):
+        model.fit(x, y, verbose=0, callbacks=[GradVizCallback(tmp_path, (x, y))])
+
+
+def test_multi_input_model_and_add_layer_get_one_input_gradient_per_input(tmp_path):
+    keras.utils.set_random_seed(0)
+    a, b = keras.Input((6,), name="a"), keras.Input((6,), name="b")
+    summed = layers.Add(name="add")([layers.Dense(4, name="da")(a), layers.Dense(4, name="db")(b)])
+    model = keras.Model({"a": a, "b": b}, layers.Dense(1, name="out")(summed))
+    model.compile("sgd", "mse")
+    rng = np.random.default_rng(0)
+    x = {"a": rng.normal(size=(5, 6)).astype("float32"), "b": rng.normal(size=(5, 6)).astype("float32")}
+    y = rng.normal(size=(5, 1)).astype("float32")
+    model.fit(x, y, verbose=0, callbacks=[GradVizCallback(tmp_path, (x, y), layers="add")])
+
+    log = eventdata.load(tmp_path)
+    grads = [eventdata.stats(log, "add", t) for t in ("input_gradient_0", "input_gradient_1", "output_gradient")]
+    # Add passes its output gradient unchanged to each input.
+    assert grads[0]["sum"] == grads[1]["sum"] == pytest.approx(grads[2]["sum"], rel=1e-12)
+    assert eventdata.content(log, fmt.stats_tag("add", "input_gradient_1"))["index"] == 1
+
+
+def test_subclassed_model_with_nested_block(tmp_path):
+    class Block(layers.Layer):
+        def __init__(self, **kwargs):
+            super().__init__(**kwargs)
+            self.conv = layers.Conv2D(3, 3, padding="same", name="conv")
+            self.pool = layers.AveragePooling2D(2, name="pool")
+
+        def call(self, inputs):
+            return self.pool(self.conv(inputs))
+
+    class Net(keras.Model):
+        def __init__(self):
+            super().__init__(name="net")
+            self.block = Block(name="block")
+            self.head = layers.Dense(2, name="head")
+
+        def call(self, inputs):
+            return self.head(keras.ops.mean(self.block(inputs), axis=(1, 2)))
+
+    keras.utils.set_random_seed(0)
+    model = Net()
+    model.compile("sgd", "mse")
+    x, y = data(4)
+    callback = GradVizCallback(tmp_path, (x, y))
+    model.fit(x, y, verbose=0, callbacks=[callback])
+    assert callback.chosen_layers == ["block/pool"]
+    routing = eventdata.routing(eventdata.load(tmp_path), "block/pool")
+    assert routing["routed_positions"] == routing["input_positions"] == 4 * 8 * 8 * 3
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, message",
+    [
+        ({"every_n_epochs": 0}, ValueError, "every_n_epochs must be a positive integer; received 0"),
+        ({"every_n_epochs": -2}, ValueError, "received -2"),
+        ({"every_n_epochs": 1.5}, ValueError, "received 1.5"),
+        ({"every_n_batches": 0}, ValueError, "every_n_batches must be a positive integer; received 0"),
+        ({"every_n_batches": 2, "every_n_epochs": 3}, ValueError, "either every_n_epochs or every_n_batches"),
+        ({"layers": 3}, TypeError, "received 3 of type int"),
+        ({"layers": []}, ValueError, "at least one layer"),
+        ({"training": "yes"}, TypeError, "training must be True or False; received 'yes'"),
+        ({"loss": "no_such_loss"}, ValueError, "no_such_loss"),
+    ],
+)
+def test_bad_arguments_say_what_was_received(tmp_path, kwargs, error, message):
+    x, y = data(2)
+    with pytest.raises(error, match=message.replace("(", r"\(").replace(".", r"\.")):
+        GradVizCallback(tmp_path, (x, y), **kwargs)
+
+
+def test_bad_log_dir_and_probe_data(tmp_path):
+    x, y = data(4)
+    a_file = tmp_path / "file"
+    a_file.write_text("")
+    with pytest.raises(ValueError, match="log_dir must be a directory; received .*which is a file"):
+        GradVizCallback(a_file, (x, y))
+    with pytest.raises(ValueError, match=r"must be \(x, y\) or \(x, y, sample_weight\); received a ndarray"):
+        GradVizCallback(tmp_path, x)
+    with pytest.raises(ValueError, match="length 4"):
+        GradVizCallback(tmp_path, (x, y, y, y))
+    with pytest.raises(ValueError, match=r"same batch size; received batch sizes \[3, 4\]"):
+        GradVizCallback(tmp_path, (x, y[:3]))
+    with pytest.raises(ValueError, match="empty tf.data.Dataset"):
+        GradVizCallback(tmp_path, tf.data.Dataset.from_tensor_slices((x, y)).take(0))
