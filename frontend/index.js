@@ -1,0 +1,345 @@
+// Entry of the GradViz tab. TensorBoard loads data/plugin_entry.html in an
+// iframe, imports this module and calls render().
+
+import * as model from './model.js';
+import * as views from './views.js';
+
+// The host may never answer (an older TensorBoard, or the page opened in some
+// other frame): then the tab shows every run, as it does outside TensorBoard.
+const HOST_TIMEOUT_MS = 3000;
+// Dragging the slider fires many input events; /step is fetched once it rests.
+const GRID_DELAY_MS = 150;
+
+export async function render() {
+  addStylesheet();
+  followHostTheme();
+  const app = new App(views.createLayout(document.body), connectToHost());
+  await app.start();
+}
+
+function addStylesheet() {
+  // Resolved against this module, not the document, whose base is plugin/gradviz/.
+  const link = document.createElement('link');
+  link.rel = 'stylesheet';
+  link.href = new URL('./style.css', import.meta.url).href;
+  document.head.append(link);
+}
+
+/**
+ * Mirrors TensorBoard's dark mode (a class on the host page's body) onto this
+ * document. Outside TensorBoard the stylesheet follows prefers-color-scheme.
+ */
+function followHostTheme() {
+  let hostBody = null;
+  try {
+    hostBody = window.parent !== window ? window.parent.document.body : null;
+  } catch {
+    return; // A cross-origin parent is not TensorBoard.
+  }
+  if (!hostBody) return;
+  const apply = () => {
+    const dark = hostBody.classList.contains('dark-mode');
+    document.documentElement.classList.toggle('dark-mode', dark);
+    document.documentElement.classList.toggle('light-mode', !dark);
+  };
+  apply();
+  new MutationObserver(apply).observe(hostBody, {attributes: true, attributeFilter: ['class']});
+}
+
+// ------------------------------------------------------------ host messages
+
+/**
+ * TensorBoard's plugin message protocol: JSON strings
+ * `{type, id, payload, error, isReply}` over a MessagePort that this frame
+ * hands to the host with 'experimental.bootstrap'.
+ */
+class HostChannel {
+  constructor(port) {
+    this.port = port;
+    this.nextId = 0;
+    this.pending = new Map();
+    this.listeners = new Map();
+    port.addEventListener('message', (event) => this.receive(event.data));
+    port.start();
+  }
+
+  listen(type, callback) {
+    this.listeners.set(type, callback);
+  }
+
+  request(type, payload = null) {
+    const id = this.nextId++;
+    this.post({type, id, payload, error: null, isReply: false});
+    return new Promise((resolve, reject) => {
+      const timer = setTimeout(() => {
+        this.pending.delete(id);
+        reject(new Error(`no answer to ${type}`));
+      }, HOST_TIMEOUT_MS);
+      this.pending.set(id, {resolve, reject, timer});
+    });
+  }
+
+  async receive(data) {
+    let message;
+    try {
+      message = JSON.parse(data);
+    } catch {
+      return;
+    }
+    const {type, id, payload, error, isReply} = message;
+    if (isReply) {
+      const waiting = this.pending.get(id);
+      if (!waiting) return;
+      this.pending.delete(id);
+      clearTimeout(waiting.timer);
+      if (error) waiting.reject(new Error(String(error)));
+      else waiting.resolve(payload);
+      return;
+    }
+    // The host waits for a reply to each of its messages, as we do for ours.
+    let result = null;
+    let failure = null;
+    try {
+      result = (await this.listeners.get(type)?.(payload)) ?? null;
+    } catch (e) {
+      failure = String(e);
+    }
+    this.post({type, id, payload: result, error: failure, isReply: true});
+  }
+
+  post(message) {
+    this.port.postMessage(JSON.stringify(message));
+  }
+}
+
+function connectToHost() {
+  if (window.parent === window) return null;
+  const channel = new MessageChannel();
+  window.parent.postMessage('experimental.bootstrap', window.location.origin, [channel.port2]);
+  return new HostChannel(channel.port1);
+}
+
+// ------------------------------------------------------------ the tab
+
+class App {
+  constructor(ui, host) {
+    this.ui = ui;
+    this.host = host;
+    this.hostRuns = null; // run names from TensorBoard; null: all runs of /runs
+    this.runs = [];
+    this.run = null;
+    this.layer = null; // the /runs entry of the selected layer
+    this.steps = [];
+    this.step = null;
+    this.tensors = []; // {info, series} of the selected layer
+    this.routing = null;
+    this.compareRun = null;
+    this.compareTensor = null;
+    this.comparison = null; // [{run, series}] of the compared tensor
+    this.cache = new Map();
+    // Answers that arrive after the selection moved on are dropped.
+    this.generation = 0;
+    this.gridTimer = null;
+  }
+
+  async start() {
+    const {ui} = this;
+    ui.runSelect.addEventListener('change', () => this.selectRun(ui.runSelect.value));
+    ui.layerSelect.addEventListener('change', () => this.selectLayer(ui.layerSelect.value));
+    ui.stepSlider.addEventListener('input', () => this.selectStep(this.steps[Number(ui.stepSlider.value)]));
+    ui.logToggle.addEventListener('change', () => this.renderLayer());
+    ui.reloadButton.addEventListener('click', () => this.reload());
+    ui.compareTensorSelect.addEventListener('change', () => {
+      this.compareTensor = ui.compareTensorSelect.value;
+      this.loadComparison();
+    });
+    ui.compareRunSelect.addEventListener('change', () => {
+      this.compareRun = ui.compareRunSelect.value || null;
+      this.loadComparison();
+    });
+    if (this.host) {
+      this.host.listen('experimental.RunsChanged', (runs) => {
+        this.hostRuns = Array.isArray(runs) ? runs : null;
+        this.loadRuns();
+      });
+      this.host.listen('experimental.DataReloaded', () => this.reload());
+      try {
+        const runs = await this.host.request('experimental.GetRuns');
+        this.hostRuns = Array.isArray(runs) ? runs : null;
+      } catch {
+        this.hostRuns = null;
+      }
+    }
+    await this.loadRuns();
+  }
+
+  reload() {
+    this.cache.clear();
+    return this.loadRuns();
+  }
+
+  /** Fetches once per key; a failed fetch is forgotten so that it is retried. */
+  cached(key, fetch) {
+    const id = JSON.stringify(key);
+    if (!this.cache.has(id)) {
+      this.cache.set(id, fetch().catch((error) => {
+        this.cache.delete(id);
+        throw error;
+      }));
+    }
+    return this.cache.get(id);
+  }
+
+  series(run, layer, tensor) {
+    return this.cached(['series', run, layer, tensor], () => model.fetchSeries(run, layer, tensor));
+  }
+
+  fail(error) {
+    views.showStatus(this.ui.status, `Could not load data: ${error.message}`, true);
+  }
+
+  async loadRuns() {
+    const generation = ++this.generation;
+    let runs;
+    try {
+      runs = await this.cached(['runs'], () => model.fetchRuns());
+    } catch (error) {
+      this.fail(error);
+      return;
+    }
+    if (generation !== this.generation) return;
+    this.runs = model.visibleRuns(runs, this.hostRuns);
+    views.setOptions(this.ui.runSelect, this.runs.map(({run}) => ({value: run})), this.run);
+    if (this.runs.length === 0) {
+      this.run = null;
+      views.showStatus(this.ui.status, runs.length
+        ? 'None of the runs selected in TensorBoard has GradViz data.'
+        : 'No GradViz data yet. Log some with tb_gradviz.GradVizCallback, then reload.');
+      return;
+    }
+    views.showStatus(this.ui.status, '');
+    const keep = this.runs.some(({run}) => run === this.run);
+    await this.selectRun(keep ? this.run : this.runs[0].run);
+  }
+
+  async selectRun(run) {
+    this.run = run;
+    this.ui.runSelect.value = run;
+    const layers = this.runs.find((entry) => entry.run === run)?.layers ?? [];
+    views.setOptions(this.ui.layerSelect,
+      layers.map((layer) => ({value: layer.layer, label: `${layer.layer} (${layer.layer_class ?? '?'})`})),
+      this.layer?.layer);
+    const keep = layers.find((layer) => layer.layer === this.layer?.layer);
+    // A max pool is what people come here to look at.
+    const fallback = layers.find((layer) => layer.pooling?.type === 'max') ?? layers[0];
+    if (keep ?? fallback) await this.selectLayer((keep ?? fallback).layer);
+  }
+
+  async selectLayer(name) {
+    const generation = ++this.generation;
+    const layer = this.runs.find((entry) => entry.run === this.run)?.layers.find((entry) => entry.layer === name);
+    if (!layer) return;
+    this.ui.layerSelect.value = name;
+    let tensors;
+    let routing;
+    try {
+      [tensors, routing] = await Promise.all([
+        Promise.all(layer.tensors.map(async (info) => ({info, series: await this.series(this.run, name, info.tensor)}))),
+        layer.pooling ? this.cached(['routing', this.run, name], () => model.fetchRouting(this.run, name)) : null,
+      ]);
+    } catch (error) {
+      if (generation === this.generation) this.fail(error);
+      return;
+    }
+    if (generation !== this.generation) return;
+    views.showStatus(this.ui.status, '');
+    this.layer = layer;
+    this.tensors = tensors;
+    this.routing = routing;
+    this.steps = model.unionSteps(tensors.map(({series}) => series.steps));
+    const index = this.step === null ? this.steps.length - 1 : Math.max(0, model.latestIndexAtOrBefore(this.steps, this.step));
+    this.ui.stepSlider.max = String(Math.max(0, this.steps.length - 1));
+    this.ui.stepSlider.disabled = this.steps.length < 2;
+    this.comparison = null;
+    this.setCompareOptions();
+    this.selectStep(this.steps[index]);
+    this.loadComparison();
+  }
+
+  selectStep(step) {
+    if (step === undefined) return;
+    this.step = step;
+    const index = model.latestIndexAtOrBefore(this.steps, step);
+    this.ui.stepSlider.value = String(index);
+    this.ui.stepSlider.setAttribute('aria-valuetext', `step ${step}`);
+    this.ui.stepOutput.textContent = `${step} (${index + 1} of ${this.steps.length})`;
+    this.renderLayer();
+    this.renderComparison();
+    clearTimeout(this.gridTimer);
+    this.gridTimer = setTimeout(() => this.loadGrid(), GRID_DELAY_MS);
+  }
+
+  renderLayer() {
+    if (!this.layer) return;
+    const {ui, step} = this;
+    views.renderLayerTitle(ui.layerTitle, this.layer, step);
+    views.renderPanels(ui.panels, this.layer, this.tensors, {step, logarithmic: ui.logToggle.checked});
+    const routing = this.routing && model.routingAt(this.routing, step);
+    const upstream = this.tensors.find(({info}) => model.tensorRole(info.tensor) === 'output_gradient');
+    const upstreamStats = upstream && model.snapshotAt(upstream.series, step)?.stats;
+    views.renderAside(ui.aside, this.layer, routing, upstreamStats);
+    views.renderHeatmaps(ui.heatmaps, this.tensors, step);
+  }
+
+  async loadGrid() {
+    const {run, step} = this;
+    if (run === null || step === null) return;
+    let snapshot;
+    try {
+      snapshot = await this.cached(['step', run, step], () => model.fetchStep(run, step));
+    } catch (error) {
+      this.fail(error);
+      return;
+    }
+    if (run !== this.run || step !== this.step) return;
+    views.renderLayerGrid(this.ui.grid, this.ui.gridTitle, snapshot, this.layer?.layer,
+      (name) => this.selectLayer(name).then(() => this.ui.layerSelect.focus()));
+  }
+
+  setCompareOptions() {
+    const {ui, layer} = this;
+    const tensors = layer.tensors.map(({tensor}) => ({value: tensor}));
+    if (!tensors.some(({value}) => value === this.compareTensor)) {
+      this.compareTensor = tensors.find(({value}) => value.startsWith('input_gradient'))?.value ?? tensors[0]?.value ?? null;
+    }
+    views.setOptions(ui.compareTensorSelect, tensors, this.compareTensor);
+    const others = this.runs.filter(({run, layers}) =>
+      run !== this.run && layers.some((entry) => entry.layer === layer.layer));
+    if (!others.some(({run}) => run === this.compareRun)) this.compareRun = others[0]?.run ?? null;
+    views.setOptions(ui.compareRunSelect,
+      [{value: '', label: '(none)'}, ...others.map(({run}) => ({value: run}))], this.compareRun ?? '');
+  }
+
+  async loadComparison() {
+    const {run, compareRun, compareTensor} = this;
+    const layer = this.layer?.layer;
+    if (!layer || !compareTensor) return;
+    const runs = compareRun ? [run, compareRun] : [run];
+    try {
+      const series = await Promise.all(runs.map((name) => this.series(name, layer, compareTensor)));
+      const current = run === this.run && layer === this.layer?.layer
+        && compareRun === this.compareRun && compareTensor === this.compareTensor;
+      if (!current) return;
+      this.comparison = runs.map((name, i) => ({run: name, series: series[i]}));
+    } catch (error) {
+      this.fail(error);
+      return;
+    }
+    this.renderComparison();
+  }
+
+  renderComparison() {
+    if (!this.comparison) return;
+    views.renderRunComparison(this.ui.compareCharts, this.comparison, this.step);
+  }
+}

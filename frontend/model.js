@@ -1,0 +1,437 @@
+// Data for the GradViz tab: fetching the routes of docs/API.md and shaping
+// their answers for drawing. No DOM here, so all of it runs under `node --test`.
+
+export const ROLES = ['activation', 'input_gradient', 'output_gradient'];
+
+export const STATS_FIELDS = [
+  'count', 'zeros', 'nan', 'pos_inf', 'neg_inf', 'min', 'max', 'mean', 'std', 'sum',
+];
+
+// Mass conservation is judged relative to the size of the gradient: float32
+// backprop adds many values, so exact equality of the sums is not expected.
+export const MASS_RELATIVE_TOLERANCE = 1e-3;
+
+// ---------------------------------------------------------------- fetching
+
+const NON_FINITE = new Map([['NaN', NaN], ['Infinity', Infinity], ['-Infinity', -Infinity]]);
+
+// Keys whose values are names. A layer may well be called "NaN"; it must stay
+// a string, while the same text anywhere else is TensorBoard's encoding of a
+// non-finite float.
+const NAME_KEYS = new Set([
+  'run', 'layer', 'tensor', 'role', 'layer_class', 'layer_dtype', 'dtype', 'type', 'padding',
+  'data_format',
+]);
+
+/** A `JSON.parse` reviver that turns "NaN" / "Infinity" / "-Infinity" back into numbers. */
+export function reviveNonFinite(key, value) {
+  if (typeof value === 'string' && NON_FINITE.has(value) && !NAME_KEYS.has(key)) {
+    return NON_FINITE.get(value);
+  }
+  return value;
+}
+
+/** Parses a body written by TensorBoard's `http_util.Respond`. */
+export function parseApiJson(text) {
+  return JSON.parse(text, reviveNonFinite);
+}
+
+/**
+ * Returns the relative URL of a route. Relative, because the page is served
+ * under `data/plugin/gradviz/` and possibly under `--path_prefix`.
+ */
+export function routeUrl(route, params = {}) {
+  const query = new URLSearchParams();
+  for (const [key, value] of Object.entries(params)) {
+    if (value !== undefined && value !== null) query.set(key, String(value));
+  }
+  const text = query.toString();
+  return text ? `${route}?${text}` : route;
+}
+
+export class ApiError extends Error {
+  constructor(status, message) {
+    super(message);
+    this.name = 'ApiError';
+    this.status = status;
+  }
+}
+
+export async function fetchJson(route, params = {}, fetchImpl = globalThis.fetch) {
+  const url = routeUrl(route, params);
+  const response = await fetchImpl(url);
+  const text = await response.text();
+  if (!response.ok) {
+    throw new ApiError(response.status, `${url}: ${response.status} ${text.trim()}`);
+  }
+  return parseApiJson(text);
+}
+
+export async function fetchRuns(fetchImpl) {
+  return (await fetchJson('runs', {}, fetchImpl)).runs;
+}
+
+export function fetchSeries(run, layer, tensor, fetchImpl) {
+  return fetchJson('series', {run, layer, tensor}, fetchImpl);
+}
+
+export function fetchRouting(run, layer, fetchImpl) {
+  return fetchJson('routing', {run, layer}, fetchImpl);
+}
+
+export function fetchStep(run, step, fetchImpl) {
+  return fetchJson('step', {run, step}, fetchImpl);
+}
+
+// ------------------------------------------------------------ runs, layers
+
+/**
+ * Keeps the runs TensorBoard's host page knows of (its run list), in the
+ * order of `/runs`. `hostRuns` is null outside TensorBoard: then all runs.
+ */
+export function visibleRuns(runs, hostRuns) {
+  if (!hostRuns) return runs;
+  const known = new Set(hostRuns);
+  return runs.filter((run) => known.has(run.run));
+}
+
+/** The role of a tensor name: `input_gradient_1` -> `input_gradient`. */
+export function tensorRole(name) {
+  return name.replace(/_\d+$/, '');
+}
+
+/** The side of the layer a tensor lives on, as its shape is named in the UI. */
+export function tensorSide(role) {
+  return role === 'input_gradient' ? 'input' : 'output';
+}
+
+/** Groups a layer's tensor names by role, each group in the given order. */
+export function tensorsByRole(names) {
+  const groups = Object.fromEntries(ROLES.map((role) => [role, []]));
+  for (const name of names) {
+    const role = tensorRole(name);
+    if (role in groups) groups[role].push(name);
+  }
+  return groups;
+}
+
+/** The union of several step lists, sorted. */
+export function unionSteps(stepLists) {
+  return [...new Set(stepLists.flat())].sort((a, b) => a - b);
+}
+
+/** The index of the latest step `<= step` in a sorted list, or -1 if there is none. */
+export function latestIndexAtOrBefore(steps, step) {
+  let low = 0;
+  let high = steps.length - 1;
+  let found = -1;
+  while (low <= high) {
+    const middle = (low + high) >> 1;
+    if (steps[middle] <= step) {
+      found = middle;
+      low = middle + 1;
+    } else {
+      high = middle - 1;
+    }
+  }
+  return found;
+}
+
+// ------------------------------------------------------------ series shaping
+
+/**
+ * One step of a `/series` answer: the stats as an object of numbers, the
+ * magnitude bins and the linear histogram (null when not held). Null when the
+ * series has no step `<= step`.
+ */
+export function snapshotAt(series, step) {
+  const index = latestIndexAtOrBefore(series.steps, step);
+  if (index < 0) return null;
+  const stats = {};
+  for (const field of STATS_FIELDS) stats[field] = series.stats[field][index];
+  const counts = series.histogram?.counts?.[index] ?? null;
+  return {
+    step: series.steps[index],
+    stats,
+    negative: series.log.negative[index],
+    positive: series.log.positive[index],
+    histogram: counts && {low: series.histogram.low[index], high: series.histogram.high[index], counts},
+  };
+}
+
+/** The routing record of the latest step `<= step`, as an object, or null. */
+export function routingAt(routing, step) {
+  const index = latestIndexAtOrBefore(routing.steps, step);
+  if (index < 0) return null;
+  const fields = [
+    'input_positions', 'routed_positions', 'windows', 'tied_windows',
+    'input_gradient_sum', 'output_gradient_sum',
+  ];
+  return Object.fromEntries([['step', routing.steps[index]], ...fields.map((f) => [f, routing[f][index]])]);
+}
+
+// ------------------------------------------------------------ statistics
+
+export function zeroFraction(stats) {
+  return stats.count > 0 ? stats.zeros / stats.count : NaN;
+}
+
+export function nonFiniteCount(stats) {
+  return stats.nan + stats.pos_inf + stats.neg_inf;
+}
+
+/** What the window geometry allows: one routed position per window at most. */
+export function predictedRoutedFraction(routing) {
+  return routing.input_positions > 0 ? routing.windows / routing.input_positions : NaN;
+}
+
+export function routedFraction(routing) {
+  return routing.input_positions > 0 ? routing.routed_positions / routing.input_positions : NaN;
+}
+
+/**
+ * An upper bound of sum(|x|) from the stats: n * RMS (Cauchy-Schwarz). It
+ * sets the scale for judging whether two gradient sums agree, so that a sum
+ * near zero by cancellation is not called a violation.
+ */
+export function absoluteSumBound(stats) {
+  const finite = stats.count - nonFiniteCount(stats);
+  const rms = Math.sqrt(stats.mean ** 2 + stats.std ** 2);
+  return finite > 0 && Number.isFinite(rms) ? finite * rms : 0;
+}
+
+/**
+ * Compares the gradient sums on both sides of a pooling layer, which must
+ * agree: pooling only moves gradient, it neither creates nor drops it.
+ *
+ * @param {number} inputSum sum of the gradient w.r.t. the layer input.
+ * @param {number} outputSum sum of the gradient w.r.t. the layer output.
+ * @param {number} scale size of the gradient (see `absoluteSumBound`).
+ * @returns {{difference: number, relative: number, conserved: boolean}}
+ */
+export function massConservation(inputSum, outputSum, scale = 0) {
+  const difference = inputSum - outputSum;
+  const size = Math.max(Math.abs(inputSum), Math.abs(outputSum), scale);
+  if (!Number.isFinite(difference)) return {difference, relative: NaN, conserved: false};
+  const relative = size > 0 ? Math.abs(difference) / size : 0;
+  return {difference, relative, conserved: relative <= MASS_RELATIVE_TOLERANCE};
+}
+
+// ------------------------------------------------------------ magnitude bins
+
+/**
+ * The magnitude bins of the log edges: bin 0 is `0 < |x| < edges[0]`, bin j is
+ * `edges[j-1] <= |x| < edges[j]`, the last is `|x| >= edges[last]`.
+ */
+export function magnitudeBins(edges) {
+  const bins = [{index: 0, low: 0, high: edges[0]}];
+  for (let j = 1; j < edges.length; j++) bins.push({index: j, low: edges[j - 1], high: edges[j]});
+  bins.push({index: edges.length, low: edges[edges.length - 1], high: Infinity});
+  return bins;
+}
+
+/** The first and last bin index holding a count in any of the lists, or null. */
+export function occupiedRange(binLists) {
+  let first = Infinity;
+  let last = -Infinity;
+  for (const bins of binLists) {
+    if (!bins) continue;
+    bins.forEach((count, index) => {
+      if (count > 0) {
+        first = Math.min(first, index);
+        last = Math.max(last, index);
+      }
+    });
+  }
+  return first <= last ? {first, last} : null;
+}
+
+/** The occupied bin range of every step of a series, both signs. */
+export function seriesRange(series) {
+  return occupiedRange([...series.log.negative, ...series.log.positive]);
+}
+
+/** Widens a bin range to whole decades, so that an axis starts and ends on a label. */
+export function padToDecades(range, edges) {
+  if (!range) return range;
+  let {first, last} = range;
+  while (first > 0 && !isDecade(edges[first - 1])) first--;
+  while (last < edges.length && !isDecade(edges[last])) last++;
+  return {first, last};
+}
+
+/**
+ * The bars of the symmetric-log histogram, left to right: negative values by
+ * falling magnitude (the largest negative at the far left), then positive
+ * values by rising magnitude. Zeros are not among them.
+ */
+export function signedBars(negative, positive, range) {
+  const bars = [];
+  for (let j = range.last; j >= range.first; j--) bars.push({sign: -1, bin: j, count: negative[j]});
+  for (let j = range.first; j <= range.last; j++) bars.push({sign: 1, bin: j, count: positive[j]});
+  return bars;
+}
+
+/**
+ * The magnitude below which a fraction `q` of the non-zero finite values lie,
+ * interpolated geometrically inside a bin. NaN when there are none.
+ */
+export function magnitudeQuantile(negative, positive, edges, q) {
+  const bins = magnitudeBins(edges);
+  const counts = bins.map((_, j) => negative[j] + positive[j]);
+  const total = counts.reduce((a, b) => a + b, 0);
+  if (total === 0) return NaN;
+  const target = q * total;
+  let below = 0;
+  for (let j = 0; j < counts.length; j++) {
+    if (counts[j] > 0 && below + counts[j] >= target) {
+      const {low, high} = bins[j];
+      // The open-ended bins have one finite edge only: report that edge.
+      if (low === 0) return high;
+      if (!Number.isFinite(high)) return low;
+      const within = (target - below) / counts[j];
+      return low * (high / low) ** within;
+    }
+    below += counts[j];
+  }
+  return bins[bins.length - 1].low;
+}
+
+/**
+ * The distribution of each step as fractions of all elements, for a heatmap:
+ * rows top to bottom are positive bins by falling magnitude, the zeros, then
+ * negative bins by rising magnitude, so that 0 sits in the middle.
+ *
+ * @returns {{steps: number[], rows: {sign: number, bin: number}[], cells: number[][]}}
+ *   `cells[row][column]`; `sign` 0 is the zero row.
+ */
+export function distributionOverSteps(series, range, maxColumns = 200) {
+  const columns = evenlySpacedIndices(series.steps.length, maxColumns);
+  const rows = [];
+  if (range) for (let j = range.last; j >= range.first; j--) rows.push({sign: 1, bin: j});
+  rows.push({sign: 0, bin: -1});
+  if (range) for (let j = range.first; j <= range.last; j++) rows.push({sign: -1, bin: j});
+  const cells = rows.map(({sign, bin}) => columns.map((i) => {
+    const count = series.stats.count[i];
+    if (!(count > 0)) return 0;
+    if (sign === 0) return series.stats.zeros[i] / count;
+    const bins = sign > 0 ? series.log.positive[i] : series.log.negative[i];
+    return bins[bin] / count;
+  }));
+  return {steps: columns.map((i) => series.steps[i]), rows, cells};
+}
+
+/** At most `max` indices of `0..n-1`, evenly spread, first and last included. */
+export function evenlySpacedIndices(n, max) {
+  if (n <= max) return Array.from({length: n}, (_, i) => i);
+  if (max <= 1) return [n - 1];
+  const indices = new Set();
+  for (let k = 0; k < max; k++) indices.add(Math.round((k * (n - 1)) / (max - 1)));
+  return [...indices];
+}
+
+// ------------------------------------------------------------ axes
+
+/** Round tick values from 0 to at least `max`: 0, step, 2 step, ... */
+export function linearTicks(max, target = 4) {
+  if (!(max > 0)) return [0];
+  const raw = max / target;
+  const power = 10 ** Math.floor(Math.log10(raw));
+  const step = [1, 2, 5, 10].map((m) => m * power).find((s) => s >= raw);
+  const ticks = [];
+  for (let value = 0; value < max + step / 2; value += step) ticks.push(value);
+  return ticks;
+}
+
+/** Powers of ten from 1 to at least `max`, for a log count axis. */
+export function logTicks(max) {
+  const ticks = [1];
+  while (ticks[ticks.length - 1] < max) ticks.push(ticks[ticks.length - 1] * 10);
+  return ticks;
+}
+
+/** Position of a count on a 0..1 axis; the log axis is log(1 + count) so 0 stays 0. */
+export function countScale(count, max, logarithmic) {
+  if (!(max > 0)) return 0;
+  return logarithmic ? Math.log1p(count) / Math.log1p(max) : count / max;
+}
+
+// ------------------------------------------------------------ formatting
+
+const SUPERSCRIPT = {'-': '⁻', 0: '⁰', 1: '¹', 2: '²', 3: '³', 4: '⁴', 5: '⁵', 6: '⁶', 7: '⁷', 8: '⁸', 9: '⁹'};
+
+/** `1e-3` -> "10⁻³"; an edge between decades gets its number, e.g. "3.2e-4". */
+export function edgeLabel(edge) {
+  const exponent = Math.log10(edge);
+  const rounded = Math.round(exponent);
+  if (Math.abs(exponent - rounded) > 1e-9) return formatNumber(edge, 2);
+  return '10' + [...String(rounded)].map((c) => SUPERSCRIPT[c]).join('');
+}
+
+/** True when an edge is a power of ten (where axes put a label). */
+export function isDecade(edge) {
+  const exponent = Math.log10(edge);
+  return Math.abs(exponent - Math.round(exponent)) < 1e-9;
+}
+
+/** The values a signed magnitude bin holds, e.g. "1e-4 ≤ x < 3.16e-4". */
+export function binRangeLabel(bins, sign, bin) {
+  const {low, high} = bins[bin];
+  const lowText = formatNumber(low, 3);
+  const highText = formatNumber(high, 3);
+  if (sign > 0) {
+    if (low === 0) return `0 < x < ${highText}`;
+    if (!Number.isFinite(high)) return `x ≥ ${lowText}`;
+    return `${lowText} ≤ x < ${highText}`;
+  }
+  if (low === 0) return `−${highText} < x < 0`;
+  if (!Number.isFinite(high)) return `x ≤ −${lowText}`;
+  return `−${highText} < x ≤ −${lowText}`;
+}
+
+/** `[8, 28, 28, 64]` -> "8×28×28×64". */
+export function formatShape(shape) {
+  if (!Array.isArray(shape)) return '?';
+  if (shape.length === 0) return 'scalar';
+  return shape.map((n) => (n === null || n === undefined ? '?' : String(n))).join('×');
+}
+
+export function formatPercent(fraction, digits = 1) {
+  if (!Number.isFinite(fraction)) return '—';
+  return `${(fraction * 100).toFixed(digits)} %`;
+}
+
+export function formatCount(count) {
+  if (!Number.isFinite(count)) return formatNumber(count);
+  return Math.round(count).toLocaleString('en-US');
+}
+
+/** Short counts for axis labels: 1200 -> "1.2k". */
+export function formatCompactCount(count) {
+  for (const [size, suffix] of [[1e9, 'G'], [1e6, 'M'], [1e3, 'k']]) {
+    if (count >= size) return `${+(count / size).toPrecision(2)}${suffix}`;
+  }
+  return String(count);
+}
+
+/** A float for reading: plain between 1e-3 and 1e4, scientific otherwise. */
+export function formatNumber(value, digits = 3) {
+  if (Number.isNaN(value)) return 'NaN';
+  if (value === Infinity) return '∞';
+  if (value === -Infinity) return '−∞';
+  if (typeof value !== 'number') return '—';
+  if (value === 0) return '0';
+  const magnitude = Math.abs(value);
+  const text = magnitude >= 1e-3 && magnitude < 1e4
+    ? String(+value.toPrecision(digits))
+    : value.toExponential(digits - 1).replace(/\.?0+e/, 'e').replace('e+', 'e');
+  return text.replace(/^-/, '−');
+}
+
+/** "max pool 2×2, stride 2×2, valid", or "global average pool". */
+export function describePooling(pooling) {
+  if (!pooling) return '';
+  const type = pooling.type === 'max' ? 'max' : 'average';
+  if (pooling.global) return `global ${type} pool`;
+  return `${type} pool ${formatShape(pooling.pool_size)}, stride ${formatShape(pooling.strides)}, ${pooling.padding}`;
+}
