@@ -1,0 +1,378 @@
+"""`tb-gradviz`: run the demo, summarise or export tb_gradviz logs.
+
+    tb-gradviz demo [--logdir DIR] [--model all|resnet50|cnn] [--no-serve]
+    tb-gradviz summary LOGDIR [--run RUN] [--step STEP]
+    tb-gradviz export LOGDIR [--format csv|json] [--output FILE]
+
+`summary` and `export` read through the same code as the TensorBoard plugin
+and never import TensorFlow; `demo` does.
+"""
+
+import argparse
+import csv
+import json
+import math
+import os
+import sys
+import time
+
+from tb_gradviz import format as fmt
+
+EXIT_USAGE = 2
+EXIT_NO_DATA = 1
+
+
+class CommandError(Exception):
+    """A problem with the user's input: printed as one line, exit status `code`."""
+
+    def __init__(self, message, code=EXIT_USAGE):
+        super().__init__(message)
+        self.code = code
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):
+        raise CommandError(f"{self.prog}: {message}")
+
+
+def build_parser():
+    parser = _Parser(prog="tb-gradviz", description="Activations and gradients of Keras layers, in TensorBoard.")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    commands.required = True
+
+    demo = commands.add_parser("demo", help="train ResNet50 and a small CNN with the callback, then serve TensorBoard")
+    demo.add_argument("--logdir", default="logs/tb_gradviz_demo", help="where the runs go (default: %(default)s)")
+    demo.add_argument("--model", choices=("all", "resnet50", "cnn"), default="all", help="which demo (default: %(default)s)")
+    demo.add_argument("--steps", type=_positive_int, default=None, help="training steps per run (default: 48 ResNet50, 40 CNN)")
+    demo.add_argument("--image-size", type=_image_size, default=64, help="ResNet50 input size, >= 32 (default: %(default)s)")
+    demo.add_argument("--batch-size", type=_positive_int, default=16, help="ResNet50 batch size (default: %(default)s)")
+    demo.add_argument("--no-serve", action="store_true", help="write the logs and exit without starting TensorBoard")
+    demo.add_argument("--host", default="127.0.0.1", help="TensorBoard host (default: %(default)s)")
+    demo.add_argument("--port", type=_port, default=0, help="TensorBoard port (default: a free one)")
+    demo.add_argument("--serve-seconds", type=_positive_float, default=None, help="stop serving after this many seconds")
+
+    summary = commands.add_parser("summary", help="a table per run and layer at the last (or a chosen) step")
+    summary.add_argument("logdir")
+    summary.add_argument("--run", default=None, help="only this run")
+    summary.add_argument("--step", type=_non_negative_int, default=None, help="the latest step <= STEP (default: last)")
+
+    export = commands.add_parser("export", help="histograms and statistics as CSV or JSON")
+    export.add_argument("logdir")
+    export.add_argument("--format", choices=("csv", "json"), default="csv", help="(default: %(default)s)")
+    export.add_argument("--output", default="-", help="file to write, '-' for stdout (default)")
+    export.add_argument("--run", default=None, help="only this run")
+    return parser
+
+
+def _typed(name, convert, check, allowed):
+    def parse(text):
+        try:
+            value = convert(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {allowed}; received {text!r}") from None
+        if not check(value):
+            raise argparse.ArgumentTypeError(f"expected {allowed}; received {text!r}")
+        return value
+
+    parse.__name__ = name
+    return parse
+
+
+_positive_int = _typed("positive int", int, lambda v: v > 0, "a positive integer")
+_non_negative_int = _typed("step", int, lambda v: v >= 0, "an integer >= 0")
+_positive_float = _typed("seconds", float, lambda v: v > 0 and math.isfinite(v), "a positive number")
+_image_size = _typed("image size", int, lambda v: v >= 32, "an integer >= 32 (ResNet50's smallest input)")
+_port = _typed("port", int, lambda v: 0 <= v <= 65535, "a port number 0-65535")
+
+
+def main(argv=None):
+    """Entry point of the `tb-gradviz` console script; returns the exit status."""
+    try:
+        args = build_parser().parse_args(argv)
+        return {"demo": _demo, "summary": _summary, "export": _export}[args.command](args)
+    except CommandError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return e.code
+    except BrokenPipeError:
+        return 0
+    except KeyboardInterrupt:
+        return 130
+
+
+# Reading logs.
+
+
+def _open_logdir(logdir):
+    """Returns `(plugin, ctx, experiment)` over the logdir, read as TensorBoard does.
+
+    Raises:
+      CommandError: the logdir is missing, not a directory, or holds no
+        tb_gradviz data.
+    """
+    if not os.path.exists(logdir):
+        raise CommandError(f"logdir {logdir!r} does not exist")
+    if not os.path.isdir(logdir):
+        raise CommandError(f"logdir must be a directory; received {logdir!r}, which is a file")
+    _use_tensorboard_without_tensorflow()
+    from tensorboard import context
+    from tensorboard.backend.event_processing import data_provider, event_accumulator, plugin_event_multiplexer
+    from tensorboard.plugins import base_plugin
+
+    from tb_gradviz import plugin
+
+    multiplexer = plugin_event_multiplexer.EventMultiplexer(size_guidance={event_accumulator.TENSORS: 0})
+    multiplexer.AddRunsFromDirectory(logdir)
+    multiplexer.Reload()
+    provider = data_provider.MultiplexerDataProvider(multiplexer, logdir)
+    gradviz = plugin.GradVizPlugin(base_plugin.TBContext(data_provider=provider, logdir=logdir))
+    return gradviz, context.RequestContext(), ""
+
+
+def _use_tensorboard_without_tensorflow():
+    # TensorBoard's readers use the real TensorFlow when it is installed,
+    # which costs seconds of import for nothing here; the presence of
+    # `tensorboard.compat.notf` is its own switch to the built-in stub.
+    if "tensorflow" not in sys.modules:
+        import types
+
+        sys.modules.setdefault("tensorboard.compat.notf", types.ModuleType("tensorboard.compat.notf"))
+
+
+def _runs(gradviz, ctx, experiment, logdir, only_run):
+    runs = gradviz.runs_impl(ctx, experiment)["runs"]
+    if not runs:
+        raise CommandError(
+            f"no tb_gradviz data in {logdir!r}: point it at the log_dir given to GradVizCallback (or a parent of it)",
+            EXIT_NO_DATA,
+        )
+    if only_run is not None:
+        names = [r["run"] for r in runs]
+        runs = [r for r in runs if r["run"] == only_run]
+        if not runs:
+            raise CommandError(f"no run {only_run!r} with tb_gradviz data; runs are: {', '.join(names)}", EXIT_NO_DATA)
+    return runs
+
+
+# summary
+
+
+def _summary(args):
+    from tensorboard import errors
+
+    gradviz, ctx, experiment = _open_logdir(args.logdir)
+    printed = 0
+    for run in _runs(gradviz, ctx, experiment, args.logdir, args.run):
+        try:
+            snapshot = gradviz.step_impl(ctx, experiment, run["run"], args.step)
+        except errors.NotFoundError:
+            print(f"run {run['run']}: no step <= {args.step}\n")
+            continue
+        print(f"run {run['run']}  (step {snapshot['step']})")
+        print(_table(summary_rows(snapshot, run["layers"])))
+        print()
+        printed += 1
+    if not printed:
+        raise CommandError(f"no run has a step <= {args.step}", EXIT_NO_DATA)
+    return 0
+
+
+SUMMARY_COLUMNS = ("layer", "tensor", "step", "shape", "zeros %", "routed %", "max routed %", "tied", "nan", "inf", "mass")
+
+
+def summary_rows(snapshot, layers):
+    """Rows of the summary table of one run at one step.
+
+    Args:
+      snapshot: `/step` data of the run.
+      layers: the run's layers as `/runs` gives them (shapes, pooling).
+    """
+    info = {layer["layer"]: layer for layer in layers}
+    rows = []
+    for layer in snapshot["layers"]:
+        routing = layer.get("routing")
+        shapes = {t["tensor"]: t["shape"] for t in info.get(layer["layer"], {}).get("tensors", [])}
+        pooling = info.get(layer["layer"], {}).get("pooling") or {}
+        for tensor, record in layer["tensors"].items():
+            stats = record["stats"]
+            routed = routing if routing and tensor.startswith(fmt.INPUT_GRADIENT) else None
+            rows.append(
+                (
+                    layer["layer"],
+                    tensor,
+                    str(record["step"]),
+                    "x".join(str(n) for n in shapes.get(tensor, [])) or "?",
+                    _percent(stats["zeros"], stats["count"]),
+                    _percent(routed["routed_positions"], routed["input_positions"]) if routed else "",
+                    # One winner per window: the most a max pool can route to.
+                    _percent(routed["windows"], routed["input_positions"]) if routed and pooling.get("type") == "max" else "",
+                    _count(routed["tied_windows"]) if routed else "",
+                    str(stats["nan"]),
+                    str(stats["pos_inf"] + stats["neg_inf"]),
+                    mass_conservation(routed) if routed else "",
+                )
+            )
+    return rows
+
+
+def mass_conservation(routing):
+    """'kept' when the input-gradient sum equals the output-gradient sum to rounding."""
+    scale = routing.get("output_gradient_abs_sum")
+    difference = abs(routing["input_gradient_sum"] - routing["output_gradient_sum"])
+    if scale is None or not math.isfinite(difference):
+        return "?"
+    return "kept" if difference <= 1e-5 * max(scale, 1e-30) else f"off by {difference:.3g}"
+
+
+def _percent(part, whole):
+    if not whole or not math.isfinite(part):
+        return "-"
+    return f"{100.0 * part / whole:.2f}"
+
+
+def _count(value):
+    return "-" if not math.isfinite(value) else str(int(value))
+
+
+def _table(rows):
+    widths = [max(len(str(c)) for c in column) for column in zip(SUMMARY_COLUMNS, *rows)]
+    lines = ["  ".join(str(c).ljust(w) for c, w in zip(SUMMARY_COLUMNS, widths)).rstrip()]
+    lines.append("  ".join("-" * w for w in widths))
+    lines += ["  ".join(str(c).ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows]
+    return "\n".join(lines)
+
+
+# export
+
+
+def _export(args):
+    gradviz, ctx, experiment = _open_logdir(args.logdir)
+    runs = _runs(gradviz, ctx, experiment, args.logdir, args.run)
+    series = list(export_series(gradviz, ctx, experiment, runs))
+    if args.output != "-":
+        parent = os.path.dirname(os.path.abspath(args.output))
+        if not os.path.isdir(parent):
+            raise CommandError(f"cannot write {args.output!r}: folder {parent!r} does not exist")
+    out = sys.stdout if args.output == "-" else open(args.output, "w", newline="")
+    try:
+        if args.format == "json":
+            json.dump({"format_version": 1, "series": series}, out, allow_nan=True)
+            out.write("\n")
+        else:
+            write_csv(series, out)
+    finally:
+        if out is not sys.stdout:
+            out.close()
+    return 0
+
+
+def export_series(gradviz, ctx, experiment, runs):
+    """Yields one dict per run, layer and tensor: `/series` data plus routing."""
+    from tensorboard import errors
+
+    for run in runs:
+        for layer in run["layers"]:
+            try:
+                routing = gradviz.routing_impl(ctx, experiment, run["run"], layer["layer"])
+            except errors.NotFoundError:
+                routing = None
+            for tensor in layer["tensors"]:
+                data = gradviz.series_impl(ctx, experiment, run["run"], layer["layer"], tensor["tensor"])
+                data["layer_class"] = layer["layer_class"]
+                data["routing"] = routing
+                yield data
+
+
+def csv_header():
+    return (
+        ["run", "layer", "layer_class", "tensor", "role", "shape", "step", "wall_time"]
+        + list(fmt.STATS_FIELDS)
+        + list(fmt.ROUTING_FIELDS)
+        + ["hist_low", "hist_high"]
+        + [f"hist_{i}" for i in range(fmt.HISTOGRAM_BUCKETS)]
+        + [f"neg_mag_{i}" for i in range(fmt.MAGNITUDE_BINS)]
+        + [f"pos_mag_{i}" for i in range(fmt.MAGNITUDE_BINS)]
+    )
+
+
+def write_csv(series, out):
+    """One row per run, layer, tensor and step (long format, for pandas)."""
+    writer = csv.writer(out)
+    writer.writerow(csv_header())
+    for data in series:
+        routing = data["routing"]
+        routing_row = {}
+        if routing is not None:
+            routing_row = {step: i for i, step in enumerate(routing["steps"])}
+        histogram = data["histogram"]
+        for i, step in enumerate(data["steps"]):
+            r = routing_row.get(step)
+            counts = histogram["counts"][i] or [""] * fmt.HISTOGRAM_BUCKETS
+            writer.writerow(
+                [data["run"], data["layer"], data["layer_class"], data["tensor"], data["role"]]
+                + ["x".join(map(str, data["shape"])), step, data["wall_times"][i]]
+                + [data["stats"][name][i] for name in fmt.STATS_FIELDS]
+                + [routing[name][r] if r is not None else "" for name in fmt.ROUTING_FIELDS]
+                + [_blank_if_none(histogram["low"][i]), _blank_if_none(histogram["high"][i])]
+                + list(counts)
+                + data["log"]["negative"][i]
+                + data["log"]["positive"][i]
+            )
+
+
+def _blank_if_none(value):
+    return "" if value is None else value
+
+
+# demo
+
+
+def _demo(args):
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    started = time.monotonic()
+    print(f"Training into {os.path.abspath(args.logdir)} (data generated, no download)...", flush=True)
+    from tb_gradviz import demos
+
+    runs = demos.run_demo(
+        args.logdir, model=args.model, steps=args.steps, image_size=args.image_size, batch_size=args.batch_size
+    )
+    for run, layers in runs.items():
+        print(f"  {run}: {', '.join(layers)}")
+    print(f"Logs written in {time.monotonic() - started:.0f} s.", flush=True)
+    if args.no_serve:
+        print(f"View them with: tensorboard --logdir {args.logdir} --samples_per_plugin=gradviz=0,histograms=0")
+        return 0
+    return serve(args.logdir, args.host, args.port, args.serve_seconds)
+
+
+def serve(logdir, host, port, seconds=None):
+    """Serves TensorBoard (with the GradViz tab) on logdir until Ctrl-C or `seconds`."""
+    from tensorboard import program
+
+    board = program.TensorBoard()
+    board.configure(
+        argv=[
+            None,
+            "--logdir",
+            logdir,
+            "--host",
+            host,
+            "--port",
+            str(port),
+            "--samples_per_plugin",
+            "gradviz=0,histograms=0",
+        ]
+    )
+    url = board.launch()
+    print(f"GradViz tab: {url}#gradviz", flush=True)
+    print("Press Ctrl-C to stop.", flush=True)
+    deadline = None if seconds is None else time.monotonic() + seconds
+    try:
+        while deadline is None or time.monotonic() < deadline:
+            time.sleep(0.2)
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,143 @@
+"""The demos: ResNet50 and a small CNN trained with GradVizCallback on generated data.
+
+The data is generated deterministically (no download): images of four kinds
+of pattern (horizontal stripes, vertical stripes, a disc, a checkerboard) in
+random colours, positions and scales, with noise.
+"""
+
+import os
+
+import keras
+import numpy as np
+
+from tb_gradviz.callback import GradVizCallback
+
+PATTERNS = ("horizontal stripes", "vertical stripes", "disc", "checkerboard")
+
+# What the ResNet50 demo logs: its two pooling layers and the output of
+# each stage, so the compare grid shows how activations and gradients
+# change with depth.
+RESNET50_LAYERS = (
+    "resnet50/conv1_relu",
+    "resnet50/pool1_pool",
+    "resnet50/conv2_block3_out",
+    "resnet50/conv3_block4_out",
+    "resnet50/conv4_block6_out",
+    "resnet50/conv5_block3_out",
+    "resnet50/avg_pool",
+)
+
+
+def pattern_images(count, size, seed=0):
+    """Returns `(x, y)`: `count` float32 images `[size, size, 3]` in [0, 1], int labels.
+
+    Deterministic for a given seed; classes cycle so every batch has all four.
+    """
+    rng = np.random.default_rng(seed)
+    labels = np.arange(count) % len(PATTERNS)
+    rows, cols = np.mgrid[0:size, 0:size].astype(np.float32) / size
+    images = np.empty((count, size, size, 3), np.float32)
+    for i, label in enumerate(labels):
+        period = rng.uniform(0.08, 0.3)
+        phase = rng.uniform(0, 1)
+        if label == 0:
+            mask = np.sin(2 * np.pi * (rows / period + phase)) > 0
+        elif label == 1:
+            mask = np.sin(2 * np.pi * (cols / period + phase)) > 0
+        elif label == 2:
+            cy, cx, radius = rng.uniform(0.3, 0.7), rng.uniform(0.3, 0.7), rng.uniform(0.15, 0.3)
+            mask = (rows - cy) ** 2 + (cols - cx) ** 2 < radius**2
+        else:
+            mask = (np.floor(rows / period + phase) + np.floor(cols / period + phase)) % 2 == 0
+        foreground, background = rng.uniform(0, 1, 3), rng.uniform(0, 1, 3)
+        image = np.where(mask[..., None], foreground, background)
+        images[i] = np.clip(image + rng.normal(0, 0.05, image.shape), 0, 1)
+    return images, labels.astype(np.int32)
+
+
+def _fit(model, log_dir, layers, x, y, batch_size, epochs, log_every, verbose):
+    callback = GradVizCallback(
+        log_dir, probe_data=(x[:batch_size], y[:batch_size]), layers=layers, every_n_batches=log_every
+    )
+    model.fit(x, y, batch_size=batch_size, epochs=epochs, shuffle=False, verbose=verbose, callbacks=[callback])
+    return callback
+
+
+def train_resnet50(log_dir, steps=48, image_size=64, batch_size=16, log_every=4, verbose=1, seed=0):
+    """Trains ResNet50 (weights=None, nested in a Sequential) for `steps` steps.
+
+    Args:
+      log_dir: the run directory.
+      steps: optimizer steps (one epoch of `steps` batches).
+      image_size: input height and width (>= 32).
+      batch_size: batch size; the probe batch is the first batch.
+      log_every: log every N steps.
+      verbose: Keras' progress bar (1) or silence (0).
+
+    Returns:
+      The paths of the logged layers.
+    """
+    keras.utils.set_random_seed(seed)
+    x, y = pattern_images(steps * batch_size, image_size, seed)
+    resnet = keras.applications.ResNet50(weights=None, input_shape=(image_size, image_size, 3), classes=len(PATTERNS))
+    model = keras.Sequential([keras.Input((image_size, image_size, 3)), resnet], name="demo")
+    model.compile(
+        keras.optimizers.SGD(0.01, momentum=0.9),
+        keras.losses.SparseCategoricalCrossentropy(),
+        metrics=["accuracy"],
+    )
+    return _fit(model, log_dir, list(RESNET50_LAYERS), x, y, batch_size, 1, log_every, verbose).chosen_layers
+
+
+def small_cnn(pooling="max"):
+    """A two-block CNN for 32x32 images; `pooling` is "max" or "average"."""
+    pool = keras.layers.MaxPooling2D if pooling == "max" else keras.layers.AveragePooling2D
+    return keras.Sequential(
+        [
+            keras.Input((32, 32, 3)),
+            keras.layers.Conv2D(16, 3, padding="same", activation="relu", name="conv1"),
+            pool(2, name="pool1"),
+            keras.layers.Conv2D(32, 3, padding="same", activation="relu", name="conv2"),
+            pool(2, name="pool2"),
+            keras.layers.GlobalAveragePooling2D(name="gap"),
+            keras.layers.Dense(len(PATTERNS), name="logits"),
+        ],
+        name=f"cnn_{pooling}",
+    )
+
+
+def train_small_cnn(log_dir, pooling="max", steps=40, batch_size=16, log_every=5, verbose=1, seed=0):
+    """Trains `small_cnn(pooling)` on 32x32 patterns; logs its pooling layers.
+
+    Returns:
+      The paths of the logged layers.
+    """
+    keras.utils.set_random_seed(seed)
+    x, y = pattern_images(steps * batch_size, 32, seed)
+    model = small_cnn(pooling)
+    model.compile(
+        keras.optimizers.Adam(1e-3),
+        keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        metrics=["accuracy"],
+    )
+    return _fit(model, log_dir, None, x, y, batch_size, 1, log_every, verbose).chosen_layers
+
+
+def run_demo(logdir, model="all", steps=None, image_size=64, batch_size=16, verbose=1):
+    """Writes the demo runs into `logdir`; returns `{run: [layer paths]}`.
+
+    `model` is "resnet50", "cnn" or "all". The CNN demo writes two runs,
+    max and average pooling, so the GradViz tab can overlay them.
+    """
+    runs = {}
+    if model in ("cnn", "all"):
+        for pooling in ("max", "average"):
+            run = f"cnn_{pooling}pool"
+            kwargs = {} if steps is None else {"steps": steps}
+            runs[run] = train_small_cnn(os.path.join(logdir, run), pooling, verbose=verbose, **kwargs)
+    if model in ("resnet50", "all"):
+        kwargs = {} if steps is None else {"steps": steps}
+        runs["resnet50"] = train_resnet50(
+            os.path.join(logdir, "resnet50"), image_size=image_size, batch_size=batch_size, verbose=verbose, **kwargs
+        )
+    return runs

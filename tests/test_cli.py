@@ -1,0 +1,227 @@
+"""The `tb-gradviz` command on real logs: summary, export, demo, and its errors."""
+
+import csv
+import io
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import eventdata
+from tb_gradviz import cli
+from tb_gradviz import format as fmt
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def logdir(tmp_path_factory):
+    """Two runs of a small CNN, logged by the real callback at steps 2 and 4."""
+    keras = pytest.importorskip("keras")
+    from tb_gradviz import GradVizCallback
+
+    root = tmp_path_factory.mktemp("cli_logs")
+    for run, pool in (("max", keras.layers.MaxPooling2D), ("avg", keras.layers.AveragePooling2D)):
+        keras.utils.set_random_seed(0)
+        model = keras.Sequential(
+            [keras.Input((8, 8, 2)), keras.layers.Conv2D(3, 3, padding="same", name="conv"), pool(2, name="pool"),
+             keras.layers.Flatten(), keras.layers.Dense(2, name="dense")]
+        )
+        model.compile("sgd", "mse")
+        rng = np.random.default_rng(0)
+        x, y = rng.normal(size=(8, 8, 8, 2)).astype("float32"), rng.normal(size=(8, 2)).astype("float32")
+        model.fit(x, y, batch_size=4, epochs=2, verbose=0, callbacks=[GradVizCallback(root / run, (x[:4], y[:4]))])
+    return root
+
+
+def run_cli(*args):
+    """Runs `main` in-process; returns (status, stdout, stderr)."""
+    out, err = io.StringIO(), io.StringIO()
+    old = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = out, err
+    try:
+        status = cli.main([str(a) for a in args])
+    finally:
+        sys.stdout, sys.stderr = old
+    return status, out.getvalue(), err.getvalue()
+
+
+def table_rows(text, run):
+    """The rows of one run's summary table as dicts."""
+    block = text.split(f"run {run}  ")[1].split("\n\n")[0].splitlines()
+    header = re.split(r"\s{2,}", block[1].strip())
+    starts = [block[1].index(h) for h in header]
+    rows = []
+    for line in block[3:]:
+        cells = [line[a:b].strip() for a, b in zip(starts, starts[1:] + [None])]
+        rows.append(dict(zip(header, cells)))
+    return rows
+
+
+def test_summary_shows_the_two_tensors_of_each_pool_at_the_last_step(logdir):
+    status, out, err = run_cli("summary", logdir)
+    assert (status, err) == (0, "")
+    assert "run max  (step 4)" in out and "run avg  (step 4)" in out
+    rows = {(r["layer"], r["tensor"]): r for r in table_rows(out, "max")}
+    assert set(rows) == {("pool", t) for t in fmt.ROLES}
+    gradient = rows[("pool", "input_gradient")]
+    assert gradient["shape"] == "4x8x8x3" and rows[("pool", "activation")]["shape"] == "4x4x4x3"
+    assert gradient["zeros %"] == "75.00" and gradient["routed %"] == "25.00" and gradient["max routed %"] == "25.00"
+    assert gradient["mass"] == "kept" and gradient["tied"] == "0" and gradient["nan"] == "0"
+    average = {(r["layer"], r["tensor"]): r for r in table_rows(out, "avg")}[("pool", "input_gradient")]
+    assert average["zeros %"] == "0.00" and average["routed %"] == "100.00" and average["tied"] == "-"
+
+
+def test_summary_at_a_chosen_step_and_run(logdir):
+    status, out, _ = run_cli("summary", logdir, "--run", "max", "--step", "3")
+    assert status == 0
+    assert "run max  (step 2)" in out and "run avg" not in out
+    status, _, err = run_cli("summary", logdir, "--step", "1")
+    assert status == 1 and "no run has a step <= 1" in err
+
+
+def test_export_csv_matches_the_event_files(logdir, tmp_path):
+    target = tmp_path / "out.csv"
+    status, _, err = run_cli("export", logdir, "--output", target)
+    assert (status, err) == (0, "")
+    rows = list(csv.DictReader(target.open()))
+    assert len(rows) == 2 * 3 * 2  # runs x tensors x steps
+    assert list(rows[0]) == cli.csv_header()
+    row = next(r for r in rows if (r["run"], r["tensor"], r["step"]) == ("max", "input_gradient", "4"))
+    expected = eventdata.stats(eventdata.load(logdir / "max"), "pool", "input_gradient")
+    assert int(row["count"]) == expected["count"] == 768 and int(row["zeros"]) == expected["zeros"] == 576
+    assert float(row["sum"]) == expected["sum"]
+    assert [int(row[f"pos_mag_{i}"]) for i in range(fmt.MAGNITUDE_BINS)] == expected["log_counts"]["positive"]
+    histogram = eventdata.histogram(eventdata.load(logdir / "max"), "pool", "input_gradient")
+    assert [int(row[f"hist_{i}"]) for i in range(fmt.HISTOGRAM_BUCKETS)] == histogram[:, 2].astype(int).tolist()
+    assert int(row["routed_positions"]) == 192 and int(row["windows"]) == 192
+
+
+def test_export_json_is_valid_json_with_every_series(logdir):
+    status, out, _ = run_cli("export", logdir, "--format", "json", "--run", "avg")
+    assert status == 0
+    data = json.loads(out)
+    assert data["format_version"] == 1
+    assert [(s["run"], s["layer"], s["tensor"], s["steps"]) for s in data["series"]] == [
+        ("avg", "pool", t, [2, 4]) for t in fmt.ROLES
+    ]
+    assert np.isnan(data["series"][1]["routing"]["tied_windows"][0])  # NaN survives as NaN
+
+
+@pytest.mark.parametrize(
+    "args, status, message",
+    [
+        (["summary", "/no/such/dir"], 2, "logdir '/no/such/dir' does not exist"),
+        (["summary", "{logdir}", "--run", "nope"], 1, "no run 'nope' with tb_gradviz data; runs are: avg, max"),
+        (["summary", "{logdir}", "--step", "-1"], 2, "expected an integer >= 0; received '-1'"),
+        (["summary", "{logdir}", "--step", "x"], 2, "received 'x'"),
+        (["export", "{logdir}", "--format", "xml"], 2, "invalid choice: 'xml'"),
+        (["export", "{logdir}", "--output", "/no/such/dir/out.csv"], 2, "folder '/no/such/dir' does not exist"),
+        (["demo", "--steps", "0"], 2, "expected a positive integer; received '0'"),
+        (["demo", "--image-size", "16"], 2, "expected an integer >= 32"),
+        (["demo", "--port", "70000"], 2, "a port number 0-65535; received '70000'"),
+        (["frobnicate"], 2, "invalid choice: 'frobnicate'"),
+        ([], 2, "required: COMMAND"),
+    ],
+)
+def test_bad_arguments_give_a_message_and_a_status(logdir, args, status, message):
+    code, out, err = run_cli(*[a.format(logdir=logdir) for a in args])
+    assert code == status
+    assert message in err and "Traceback" not in err + out
+
+
+def test_a_file_an_empty_folder_and_a_foreign_logdir(tmp_path):
+    a_file = tmp_path / "f.txt"
+    a_file.write_text("x")
+    assert run_cli("summary", a_file)[0] == 2
+    (tmp_path / "empty").mkdir()
+    status, _, err = run_cli("export", tmp_path / "empty")
+    assert status == 1 and "no tb_gradviz data" in err
+    # A logdir of Keras' own TensorBoard callback: real events, none of ours.
+    from tensorboard.compat.proto import event_pb2, summary_pb2
+    from tensorboard.summary.writer.event_file_writer import EventFileWriter
+
+    writer = EventFileWriter(str(tmp_path / "foreign" / "train"))
+    writer.add_event(event_pb2.Event(step=1, summary=summary_pb2.Summary(value=[summary_pb2.Summary.Value(tag="loss", simple_value=1.0)])))
+    writer.close()
+    status, _, err = run_cli("summary", tmp_path / "foreign")
+    assert status == 1 and "no tb_gradviz data" in err
+
+
+def test_summary_and_export_do_not_import_tensorflow(logdir):
+    code = (
+        "import sys; from tb_gradviz import cli; "
+        f"assert cli.main(['summary', {str(logdir)!r}]) == 0; "
+        "assert 'tensorflow' not in sys.modules and 'keras' not in sys.modules, 'imported TF'"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, timeout=120)
+
+
+def test_keras_tensorboard_logs_nothing_for_maxpool_and_gradviz_logs_its_tensors(tmp_path):
+    sys.path.insert(0, str(REPO / "demo"))
+    try:
+        import keras_tensorboard_vs_gradviz as comparison
+    finally:
+        sys.path.pop(0)
+    table, write_grads_error = comparison.compare(str(tmp_path))
+    assert "write_grads" in write_grads_error
+    keras_tags, gradviz_tags = table["maxpool"]
+    assert keras_tags == []
+    assert gradviz_tags == [f"gradviz/maxpool/{t}" for t in ("activation", "input_gradient", "output_gradient", "routing")]
+    assert table["conv"][0]  # Keras does log the conv's weights
+
+
+def test_readme_main_job_trains_writes_and_serves_within_five_minutes(tmp_path):
+    """`bash demo/run.sh` with its defaults, serving bounded to a few seconds."""
+    logs = tmp_path / "demo_logs"
+    started = time.monotonic()
+    process = subprocess.Popen(
+        ["bash", str(REPO / "demo" / "run.sh"), "--logdir", str(logs), "--serve-seconds", "60"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        cwd=tmp_path,
+    )
+    output = []
+    try:
+        url = None
+        for line in process.stdout:
+            output.append(line)
+            match = re.search(r"GradViz tab: (http://\S+)#gradviz", line)
+            if match:
+                url = match.group(1)
+                break
+            assert time.monotonic() - started < 300, "".join(output)
+        assert url, "".join(output)
+        elapsed = time.monotonic() - started
+        deadline = time.monotonic() + 45
+        while True:
+            listing = json.load(urllib.request.urlopen(url + "data/plugins_listing", timeout=10))
+            if listing.get("gradviz", {}).get("enabled") or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+        assert listing["gradviz"]["enabled"], listing.get("gradviz")
+        runs = json.load(urllib.request.urlopen(url + "data/plugin/gradviz/runs", timeout=10))["runs"]
+    finally:
+        process.kill()
+        process.wait(timeout=30)
+    assert elapsed < 300, f"the default demo took {elapsed:.0f} s"
+    assert [r["run"] for r in runs] == ["cnn_averagepool", "cnn_maxpool", "resnet50"]
+    resnet = [layer["layer"] for layer in runs[2]["layers"]]
+    assert resnet == [
+        "resnet50/conv1_relu",
+        "resnet50/pool1_pool",
+        "resnet50/conv2_block3_out",
+        "resnet50/conv3_block4_out",
+        "resnet50/conv4_block6_out",
+        "resnet50/conv5_block3_out",
+        "resnet50/avg_pool",
+    ]
+    assert os.path.isdir(logs / "resnet50")
