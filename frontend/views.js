@@ -42,8 +42,13 @@ function round(value) {
  * are named for screen readers (and for the browser tests).
  */
 export function createLayout(root) {
-  const labelled = (text, control, className) =>
-    html('label', {className}, [html('span', {className: 'label-text', text}), control]);
+  // <label for>, not a wrapping label: a wrapping label's name would take in the
+  // select's current option ("Layer pool (MaxPooling2D)").
+  const labelled = (text, control, className) => {
+    control.id = `gradviz-${control.name}`;
+    return html('span', {className: `control ${className ?? ''}`}, [
+      html('label', {className: 'label-text', text, attrs: {for: control.id}}), control]);
+  };
 
   const runSelect = html('select', {attrs: {name: 'run'}});
   const layerSelect = html('select', {attrs: {name: 'layer'}});
@@ -76,14 +81,17 @@ export function createLayout(root) {
     status,
     html('section', {className: 'layer-section'}, [
       layerTitle,
-      html('div', {className: 'layer-view'}, [panels, aside]),
-    ]),
-    html('section', {}, [
-      html('h2', {text: 'Distribution over steps'}),
-      html('p', {className: 'hint', text:
-        'Each column is one logged step; rows are magnitude bins, positive values above the '
-        + 'middle row of exact zeros, negative below. Darker means a larger share of the elements.'}),
-      heatmaps,
+      html('div', {className: 'layer-view'}, [
+        html('div', {className: 'layer-main'}, [
+          panels,
+          html('h2', {text: 'Distribution over steps'}),
+          html('p', {className: 'hint', text:
+            'Each column is one logged step; rows are magnitude bins, positive values above the '
+            + 'middle row of exact zeros, negative below. Darker means a larger share of the elements.'}),
+          heatmaps,
+        ]),
+        aside,
+      ]),
     ]),
     html('section', {}, [gridTitle, grid]),
     html('section', {}, [
@@ -128,12 +136,13 @@ const ROLE_TITLES = {
   output_gradient: 'Gradient w.r.t. output',
 };
 
-/** What graph op produced a tensor, as TensorBoard's graph names it. */
+/** Where a tensor comes from, named as TensorBoard's graph names the ops. */
 function producedBy(role, layer) {
-  const op = {max: 'MaxPool', avg: 'AvgPool'}[layer.pooling?.type] ?? layer.layer_class ?? 'the layer';
-  if (role === 'activation') return `forward pass: ${op} output`;
-  if (role === 'input_gradient') return `backward pass: ${layer.pooling ? `${op}Grad` : `gradient through ${op}`} output`;
-  return 'backward pass: upstream gradient arriving from the layer above';
+  const op = {max: 'MaxPool', avg: 'AvgPool'}[layer.pooling?.type];
+  const forward = op ?? layer.layer_class ?? 'layer';
+  if (role === 'activation') return `${forward} output (forward pass)`;
+  if (role === 'input_gradient') return op ? `${op}Grad output (backward pass)` : 'passed to the layer below (backward)';
+  return op ? `upstream gradient, ${op}Grad's input` : 'upstream gradient from the layer above';
 }
 
 export function renderLayerTitle(title, layer, step) {
@@ -326,7 +335,8 @@ function magnitudeTicks(bins, range, {left, half, barWidth, gap}) {
   for (let offset = 0; offset <= range.last - range.first + 1; offset++) {
     const bin = range.first + offset;
     const edge = bin <= range.last ? bins[bin].low : bins[range.last].high;
-    if (edge > 0 && Number.isFinite(edge) && model.isDecade(edge)) decades.push({offset, edge});
+    // The innermost boundary is left to the "0" label, which it would overlap.
+    if (offset > 0 && edge > 0 && Number.isFinite(edge) && model.isDecade(edge)) decades.push({offset, edge});
   }
   const every = Math.max(1, Math.ceil(decades.length / 4));
   const ticks = [];
@@ -354,19 +364,20 @@ function routingCard(layer, routing, outputGradientStats) {
   const predicted = model.predictedRoutedFraction(routing);
   const scale = outputGradientStats ? model.absoluteSumBound(outputGradientStats) : 0;
   const mass = model.massConservation(routing.input_gradient_sum, routing.output_gradient_sum, scale);
-  const isMax = layer.pooling?.type === 'max';
+  const count = model.formatCount;
   const rows = [
-    ['Routed input positions', `${model.formatPercent(routed)} (${model.formatCount(routing.routed_positions)} of ${model.formatCount(routing.input_positions)})`],
-    ['Geometry allows at most', `${model.formatPercent(predicted)} (windows / input positions = ${model.formatCount(routing.windows)} / ${model.formatCount(routing.input_positions)})`],
+    ['Routed', `${model.formatPercent(routed)} of input positions (${count(routing.routed_positions)} of ${count(routing.input_positions)})`],
+    ['Predicted', `≤ ${model.formatPercent(predicted)}: windows / input positions (${count(routing.windows)} / ${count(routing.input_positions)})`],
   ];
-  if (isMax) rows.push(['Tied windows', `${model.formatCount(routing.tied_windows)} of ${model.formatCount(routing.windows)} (gradient goes to the first maximum)`]);
+  if (layer.pooling?.type === 'max') rows.push(['Tied windows', `${count(routing.tied_windows)} of ${count(routing.windows)}`]);
   rows.push(
-    ['Σ gradient w.r.t. input', model.formatNumber(routing.input_gradient_sum, 6)],
-    ['Σ gradient w.r.t. output', model.formatNumber(routing.output_gradient_sum, 6)],
+    ['Σ grad input', model.formatNumber(routing.input_gradient_sum, 6)],
+    ['Σ grad output', model.formatNumber(routing.output_gradient_sum, 6)],
   );
   const verdict = mass.conserved
-    ? `✓ mass conserved (relative difference ${model.formatNumber(mass.relative, 2)})`
-    : `✗ mass not conserved: the sums differ by ${model.formatNumber(mass.difference, 3)} (${model.formatPercent(mass.relative, 2)} of the gradient's size)`;
+    ? `✓ Gradient mass conserved (relative difference ${model.formatNumber(mass.relative, 2)}).`
+    : `✗ Gradient mass not conserved: the sums differ by ${model.formatNumber(mass.difference, 3)} `
+      + `(${model.formatPercent(mass.relative, 2)} of the gradient's size).`;
   return html('section', {className: 'card routing'}, [
     html('h3', {text: `Routing at step ${routing.step}`}),
     html('dl', {}, rows.flatMap(([name, value]) => [html('dt', {text: name}), html('dd', {text: value})])),
@@ -374,41 +385,45 @@ function routingCard(layer, routing, outputGradientStats) {
   ]);
 }
 
+const HISTOGRAM_NOTE = 'Exact zeros are counted apart (the striped bar); the histogram shows the non-zero '
+  + 'values by log magnitude, negative mirrored to the left of 0.';
+
 function explanation(layer) {
-  const paragraphs = [];
   const type = layer.pooling?.type;
+  let intro;
+  let roles;
   if (type === 'max') {
-    paragraphs.push(
-      'Why two tensors for one MaxPool layer? TensorFlow builds a forward op, MaxPool, and for '
-      + 'backprop a second op, MaxPoolGrad. Graph views show both; this tab shows what each produced.',
-      'Activation: the MaxPool output, each window\'s maximum.',
-      'Gradient w.r.t. output: the upstream gradient MaxPoolGrad receives, one value per window.',
-      'Gradient w.r.t. input: what MaxPoolGrad hands to the layer below. Each window\'s gradient goes '
-      + 'to the one input position that held the maximum (the first one on ties) and every other position '
-      + 'gets an exact zero. With 2×2 windows and stride 2 only 1 input in 4 can receive gradient: 75 % '
-      + 'zeros is the geometry at work, not dead units. Overlapping windows can share a position, so a '
-      + '3×3/2 pool gives more zeros.',
-      'The zeros are counted apart from the histogram, which shows the non-zero values on a log '
-      + 'magnitude axis: negative to the left, positive to the right.',
-    );
+    intro = 'Why two tensors? In the TensorFlow graph a MaxPool layer is two ops: MaxPool in the forward '
+      + 'pass, and MaxPoolGrad, which backprop runs.';
+    roles = [
+      ['Activation', 'MaxPool\'s output: the maximum of each window.'],
+      ['Gradient w.r.t. output', 'the upstream gradient MaxPoolGrad receives, one value per window.'],
+      ['Gradient w.r.t. input', 'MaxPoolGrad\'s output. Each window\'s gradient goes to the position '
+        + 'that held its maximum (the first one on ties); every other position gets an exact zero. '
+        + 'A 2×2 pool with stride 2 thus leaves 75 % zeros: geometry, not dead units. Overlapping '
+        + 'windows (3×3, stride 2) share positions and leave more.'],
+    ];
   } else if (type) {
-    paragraphs.push(
-      'An average pool has a forward op, AvgPool, and for backprop AvgPoolGrad, which spreads each '
-      + 'window\'s gradient evenly over the window: no zeros appear from the pooling itself.',
-      'Activation: the layer output. Gradient w.r.t. output: the upstream gradient. Gradient w.r.t. '
-      + 'input: what backprop hands to the layer below.',
-    );
+    intro = 'An average pool is two ops: AvgPool forward, and AvgPoolGrad in backprop, which spreads each '
+      + 'window\'s gradient evenly over the window, so pooling itself adds no zeros.';
+    roles = [
+      ['Activation', 'the window averages.'],
+      ['Gradient w.r.t. output', 'the upstream gradient, one value per window.'],
+      ['Gradient w.r.t. input', 'AvgPoolGrad\'s output, handed to the layer below.'],
+    ];
   } else {
-    paragraphs.push(
-      'Activation: the layer output in the forward pass. Gradient w.r.t. output: the upstream gradient '
-      + 'arriving at the layer. Gradient w.r.t. input: what backprop hands to the layer below.',
-      'The zeros are counted apart from the histogram, which shows the non-zero values on a log '
-      + 'magnitude axis: negative to the left, positive to the right.',
-    );
+    intro = 'The forward output of the layer and the two gradients backprop computes around it.';
+    roles = [
+      ['Activation', 'the layer\'s output.'],
+      ['Gradient w.r.t. output', 'the upstream gradient arriving from the layer above.'],
+      ['Gradient w.r.t. input', 'what backprop hands to the layer below.'],
+    ];
   }
   return html('section', {className: 'card'}, [
     html('h3', {text: 'What am I looking at?'}),
-    ...paragraphs.map((text) => html('p', {text})),
+    html('p', {text: intro}),
+    html('dl', {className: 'roles'}, roles.flatMap(([name, text]) => [html('dt', {text: name}), html('dd', {text})])),
+    html('p', {className: 'hint', text: HISTOGRAM_NOTE}),
   ]);
 }
 
@@ -421,7 +436,7 @@ export function renderHeatmaps(container, tensors, step) {
   container.replaceChildren(...tensors.map(({info, series}) => {
     const role = model.tensorRole(info.tensor);
     const figure = html('figure', {className: `heatmap-figure role-${role}`, attrs: {'data-tensor': info.tensor}}, [
-      html('figcaption', {text: `${ROLE_TITLES[role] ?? info.tensor} (${info.tensor})`}),
+      html('figcaption', {text: info.tensor === role ? ROLE_TITLES[role] : `${ROLE_TITLES[role] ?? role} (${info.tensor})`}),
     ]);
     figure.append(series ? heatmap(series, step) : html('p', {className: 'empty', text: 'no data'}));
     return figure;
@@ -495,9 +510,13 @@ const SPARK = {width: 120, height: 26};
  */
 export function renderLayerGrid(container, title, snapshot, currentLayer, onSelect) {
   title.textContent = `All layers of ${snapshot.run} at step ${snapshot.step}`;
-  const binLists = snapshot.layers.flatMap((layer) =>
-    Object.values(layer.tensors).flatMap((tensor) => [tensor.log.negative, tensor.log.positive]));
-  const range = model.padToDecades(model.occupiedRange(binLists), snapshot.log_edges);
+  // One axis per column: activations and gradients live decades apart.
+  const ranges = Object.fromEntries(model.ROLES.map((role) => {
+    const binLists = snapshot.layers.flatMap((layer) => Object.entries(layer.tensors)
+      .filter(([name]) => model.tensorRole(name) === role)
+      .flatMap(([, tensor]) => [tensor.log.negative, tensor.log.positive]));
+    return [role, model.padToDecades(model.occupiedRange(binLists), snapshot.log_edges)];
+  }));
 
   const head = html('thead', {}, [html('tr', {}, [
     html('th', {text: 'Layer', attrs: {scope: 'col'}}),
@@ -515,7 +534,7 @@ export function renderLayerGrid(container, title, snapshot, currentLayer, onSele
       html('td', {text: layer.layer_class ?? ''}),
       html('td', {className: 'number', text: String(layer.step)}),
       ...model.ROLES.map((role) => html('td', {className: 'tensor-cell'}, groups[role].map((name) =>
-        gridTensor(name, role, layer.tensors[name], snapshot.log_edges, range)))),
+        gridTensor(name, role, layer.tensors[name], snapshot.log_edges, ranges[role])))),
       html('td', {className: 'number', text: layer.routing
         ? `${model.formatPercent(model.routedFraction(layer.routing))} (${model.formatPercent(model.predictedRoutedFraction(layer.routing))})`
         : '—'}),

@@ -1,0 +1,367 @@
+"""End to end: train with the real callback, serve the logs with a real
+TensorBoard, and read the GradViz tab in Chromium.
+
+Expected numbers come from the event files (through TensorBoard's own event
+reader, `eventdata`), not from the plugin under test.
+"""
+
+import contextlib
+import os
+import pathlib
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+import json
+
+import numpy as np
+import pytest
+
+import eventdata
+from tb_gradviz import format as fmt
+
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
+
+CHROMIUM = "/usr/bin/chromium"
+# Headless Debian Chromium as root, with nothing that reaches for the network.
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+PLUGIN_FRAME = 'iframe[src*="plugin_entry.html?name=gradviz"]'
+STARTUP_TIMEOUT_S = 90
+UI_TIMEOUT_MS = 20_000
+
+PROBE_BATCH = 8
+EPOCHS = 3
+STEPS_PER_EPOCH = 4
+REPO_ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+
+def _missing_browser(reason):
+    # In CI a missing browser is a broken machine, not a reason to pass.
+    if os.environ.get("CI", "").lower() == "true":
+        pytest.fail(f"{reason}, and CI=true: browser tests must run in CI")
+    pytest.skip(reason)
+
+
+@pytest.fixture(scope="module")
+def browser():
+    if not os.path.exists(CHROMIUM):
+        _missing_browser(f"{CHROMIUM} is missing (apt-get install chromium)")
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        _missing_browser("Python playwright is not installed")
+    with sync_playwright() as playwright:
+        chromium = playwright.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+        try:
+            yield chromium
+        finally:
+            chromium.close()
+
+
+class PageProblems:
+    """Collects what must not happen on a page: errors, failed requests, dialogs."""
+
+    def __init__(self, page):
+        self.errors = []
+        page.on("pageerror", lambda error: self.errors.append(f"pageerror: {error}"))
+        page.on("console", lambda message: message.type == "error" and self.errors.append(
+            f"console error: {message.text} at {message.location}"))
+        page.on("requestfailed", lambda request: self.errors.append(f"request failed: {request.url}"))
+        page.on("response", lambda response: response.status >= 400 and self.errors.append(
+            f"HTTP {response.status}: {response.url}"))
+        self.dialogs = []
+
+        def on_dialog(dialog):
+            self.dialogs.append(dialog.message)
+            dialog.dismiss()
+
+        page.on("dialog", on_dialog)
+
+
+def _artifacts_dir():
+    path = pathlib.Path(os.environ.get("TB_GRADVIZ_ARTIFACTS") or REPO_ROOT / "artifacts")
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _get_json(url):
+    with urllib.request.urlopen(url, timeout=10) as response:
+        return json.loads(response.read())
+
+
+@contextlib.contextmanager
+def running_tensorboard(logdir, log_path, ready):
+    """Starts `tensorboard` on a free port and yields its URL once `ready(url)` holds."""
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}"
+    command = [sys.executable, "-m", "tensorboard.main", "--logdir", str(logdir), "--host", "127.0.0.1",
+               "--port", str(port), "--samples_per_plugin", "gradviz=0,histograms=0"]
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+    with open(log_path, "wb") as log:
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
+    try:
+        deadline = time.monotonic() + STARTUP_TIMEOUT_S
+        while True:
+            if process.poll() is not None:
+                raise AssertionError(f"tensorboard exited with {process.returncode}:\n{pathlib.Path(log_path).read_text()}")
+            with contextlib.suppress(OSError, ValueError):
+                listing = _get_json(f"{url}/data/plugins_listing")
+                # The plugin is enabled as soon as some data is loaded; wait for all of it.
+                if listing.get("gradviz", {}).get("enabled") and ready(url):
+                    break
+            if time.monotonic() > deadline:
+                raise AssertionError(f"GradViz not ready within {STARTUP_TIMEOUT_S} s:\n{pathlib.Path(log_path).read_text()}")
+            time.sleep(0.5)
+        yield url
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(timeout=10)
+
+
+def _runs_loaded(expected_max_step):
+    """A readiness check: every run lists every layer, up to its last step."""
+
+    def ready(url):
+        runs = _get_json(f"{url}/data/plugin/gradviz/runs")["runs"]
+        return len(runs) == len(expected_max_step) and all(
+            layer["max_step"] == expected_max_step[run["run"]] for run in runs for layer in run["layers"])
+
+    return ready
+
+
+# ---------------------------------------------------------------- logs
+
+
+def _train_cnn(log_dir, seed):
+    """A small CNN whose first pool sees continuous, ReLU-free values: no ties, so
+    the 2x2/2 max pool's input gradient is exactly 75 % zeros."""
+    import keras
+
+    keras.utils.set_random_seed(seed)
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((PROBE_BATCH * 8, 16, 16, 3)).astype("float32")
+    y = rng.integers(0, 3, size=len(x))
+    model = keras.Sequential([
+        keras.Input((16, 16, 3)),
+        keras.layers.Conv2D(8, 3, padding="same", name="conv"),
+        keras.layers.MaxPooling2D(2, name="pool"),
+        keras.layers.Conv2D(4, 3, padding="same", activation="relu", name="conv2"),
+        keras.layers.AveragePooling2D(2, name="avg"),
+        keras.layers.Flatten(),
+        keras.layers.Dense(3, name="head"),
+    ])
+    model.compile(optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    import tb_gradviz
+
+    callback = tb_gradviz.GradVizCallback(log_dir, probe_data=(x[:PROBE_BATCH], y[:PROBE_BATCH]))
+    model.fit(x, y, batch_size=len(x) // STEPS_PER_EPOCH, epochs=EPOCHS, callbacks=[callback], verbose=0)
+    return model
+
+
+@pytest.fixture(scope="module")
+def trained_logs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("e2e")
+    logdir = root / "logs"
+    shapes = {}
+    for run, seed in (("cnn_a", 0), ("cnn_b", 1)):
+        model = _train_cnn(logdir / run, seed)
+        for name in ("pool", "avg"):
+            layer = model.get_layer(name)
+            shapes[name] = {
+                "input": (PROBE_BATCH, *layer.input.shape[1:]),
+                "output": (PROBE_BATCH, *layer.output.shape[1:]),
+            }
+    return root, logdir, shapes
+
+
+def _shape_text(shape):
+    return "×".join(str(n) for n in shape)
+
+
+def _percent_text(zeros, count):
+    return f"{100 * zeros / count:.1f} %"
+
+
+def _expected_zeros(log, layer, tensor, step):
+    """The zero fraction at `step` as the tab prints it, from the event file."""
+    stats = dict(eventdata.values(log, fmt.stats_tag(layer, tensor)))[step]
+    decoded = fmt.decode_stats(stats)
+    return _percent_text(decoded["zeros"], decoded["count"])
+
+
+def test_layer_view_of_a_trained_cnn(browser, trained_logs):
+    root, logdir, shapes = trained_logs
+    steps = [STEPS_PER_EPOCH * (epoch + 1) for epoch in range(EPOCHS)]
+    log = eventdata.load(logdir / "cnn_a")
+    assert [s for s, _ in eventdata.values(log, fmt.stats_tag("pool", "input_gradient"))] == steps
+
+    ready = _runs_loaded({"cnn_a": steps[-1], "cnn_b": steps[-1]})
+    with running_tensorboard(logdir, root / "tensorboard.log", ready) as url:
+        page = browser.new_page(viewport={"width": 1600, "height": 1000})
+        page.set_default_timeout(UI_TIMEOUT_MS)
+        problems = PageProblems(page)
+        try:
+            page.goto(f"{url}/#gradviz")
+            frame = page.frame_locator(PLUGIN_FRAME)
+            activation = frame.locator('.panel[data-tensor="activation"]')
+            input_gradient = frame.locator('.panel[data-tensor="input_gradient"]')
+            output_gradient = frame.locator('.panel[data-tensor="output_gradient"]')
+            input_gradient.wait_for()
+
+            # The max pool is chosen first, at the last step: forward output and MaxPoolGrad side by side.
+            assert frame.get_by_label("Layer", exact=True).input_value() == "pool"
+            assert frame.locator(".layer-name").text_content() == "pool"
+            assert activation.locator(".side").text_content() == "output"
+            assert activation.locator(".shape-value").text_content().strip() == _shape_text(shapes["pool"]["output"])
+            assert input_gradient.locator(".side").text_content() == "input"
+            assert input_gradient.locator(".shape-value").text_content().strip() == _shape_text(shapes["pool"]["input"])
+            assert output_gradient.locator(".shape-value").text_content().strip() == _shape_text(shapes["pool"]["output"])
+            assert "MaxPoolGrad" in input_gradient.locator(".produced-by").text_content()
+            for panel in (activation, input_gradient, output_gradient):
+                assert panel.get_attribute("data-step") == str(steps[-1])
+                assert panel.locator("svg.histogram rect.bar").count() > 0
+            # Exact for a 2x2/2 pool without ties, and what the event file says.
+            assert input_gradient.locator(".zero-fraction").text_content() == "75.0 %"
+            assert _expected_zeros(log, "pool", "input_gradient", steps[-1]) == "75.0 %"
+            assert activation.locator(".zero-fraction").text_content() == _expected_zeros(log, "pool", "activation", steps[-1])
+            routing = frame.locator(".card.routing")
+            assert "25.0 % of input positions" in routing.text_content()
+            assert "mass conserved" in routing.text_content()
+            assert "MaxPoolGrad" in frame.locator(".explanation").text_content()
+
+            frame.locator("table.layer-grid").wait_for()
+            page.screenshot(path=str(_artifacts_dir() / "gradviz_layer_view.png"))
+
+            histogram = input_gradient.locator("svg.histogram")
+            assert "linear count axis" in histogram.get_attribute("aria-label")
+            frame.get_by_label("Log count axis", exact=True).check()
+            assert "log count axis" in histogram.get_attribute("aria-label")
+            frame.get_by_label("Log count axis", exact=True).uncheck()
+
+            # The slider, from the keyboard: Home goes to the first logged step.
+            slider = frame.get_by_label("Step", exact=True)
+            last_stats = activation.locator(".stats").text_content()
+            slider.focus()
+            slider.press("Home")
+            assert frame.locator(".step-value").text_content().startswith(f"{steps[0]} ")
+            for panel in (activation, input_gradient, output_gradient):
+                assert panel.get_attribute("data-step") == str(steps[0])
+            assert activation.locator(".stats").text_content() != last_stats
+            assert activation.locator(".zero-fraction").text_content() == _expected_zeros(log, "pool", "activation", steps[0])
+            slider.press("ArrowRight")
+            assert activation.get_attribute("data-step") == str(steps[1])
+
+            # Another layer: the average pool, whose gradient is spread, not routed.
+            frame.get_by_label("Layer", exact=True).select_option("avg")
+            frame.locator(".layer-name", has_text="avg").wait_for()
+            assert activation.locator(".shape-value").text_content().strip() == _shape_text(shapes["avg"]["output"])
+            assert input_gradient.locator(".shape-value").text_content().strip() == _shape_text(shapes["avg"]["input"])
+            assert input_gradient.locator(".zero-fraction").text_content() == _expected_zeros(log, "avg", "input_gradient", steps[1])
+            assert "AvgPoolGrad" in frame.locator(".explanation").text_content()
+
+            # The grid of all layers at this step, and its way back to the max pool.
+            grid = frame.locator("table.layer-grid")
+            assert grid.locator("tbody tr").count() == 2
+            grid.get_by_role("button", name="pool", exact=True).click()
+            frame.locator(".layer-name", has_text="pool").wait_for()
+            assert frame.get_by_label("Layer", exact=True).input_value() == "pool"
+
+            # The overlay of the two runs.
+            assert frame.get_by_label("Against run", exact=True).input_value() == "cnn_b"
+            assert frame.locator(".run-legend li").all_text_contents() == ["cnn_a", "cnn_b"]
+            assert frame.locator(".compare-charts path.line").count() == 2
+
+            slider.press("End")
+            assert activation.get_attribute("data-step") == str(steps[-1])
+
+            # TensorBoard's own dark-mode switch reaches into the tab's iframe.
+            page.get_by_role("button", name="Menu for changing light or dark theme").click()
+            page.get_by_role("menuitem", name="Dark").click()
+            frame.locator("html.dark-mode").wait_for(state="attached")
+            page.get_by_role("menu").wait_for(state="detached")
+            background = frame.locator("body").evaluate("body => getComputedStyle(body).backgroundColor")
+            assert background == "rgb(48, 48, 48)"
+            page.screenshot(path=str(_artifacts_dir() / "gradviz_layer_view_dark.png"))
+            assert problems.errors == []
+            assert problems.dialogs == []
+        finally:
+            page.close()
+
+
+# ---------------------------------------------------------------- hostile names
+
+PAYLOAD_LAYER = "<img src=x onerror=alert(1)>"
+PAYLOAD_RUN = '"><svg onload=alert(2)>'
+
+
+def _write_run_with_layer_name(run_dir, layer, steps=3):
+    """A synthetic 2x2/2 max pool named `layer`, written through the format functions."""
+    rng = np.random.default_rng(0)
+    pooling = {"type": "max", "global": False, "pool_size": [2, 2], "strides": [2, 2],
+               "padding": "valid", "data_format": "channels_last"}
+    common = {"layer_index": 0, "layer_class": "MaxPooling2D", "layer_dtype": "float32", "pooling": pooling}
+    log = fmt.EventLog(run_dir)
+    try:
+        for step in range(1, steps + 1):
+            activation = rng.standard_normal((2, 4, 4, 3))
+            output_gradient = rng.standard_normal((2, 4, 4, 3)) * 1e-3
+            input_gradient = np.zeros((2, 8, 8, 3))
+            input_gradient[:, ::2, ::2, :] = output_gradient
+            records = []
+            for role, array in zip(fmt.ROLES, (activation, input_gradient, output_gradient)):
+                content = dict(common, role=role, index=0, shape=list(array.shape), dtype="float32")
+                records += fmt.tensor_records(layer, role, fmt.linear_histogram(array), fmt.stats_vector(array), content)
+            routing = np.array([input_gradient.size, activation.size, activation.size, 0,
+                                input_gradient.sum(), output_gradient.sum()])
+            records += fmt.routing_records(layer, routing, common)
+            log.write(step, records)
+    finally:
+        log.close()
+
+
+def test_hostile_names_render_as_text(browser, tmp_path):
+    logdir = tmp_path / "logs"
+    _write_run_with_layer_name(logdir / PAYLOAD_RUN, PAYLOAD_LAYER)
+    with running_tensorboard(logdir, tmp_path / "tensorboard.log", _runs_loaded({PAYLOAD_RUN: 3})) as url:
+        page = browser.new_page(viewport={"width": 1400, "height": 900})
+        page.set_default_timeout(UI_TIMEOUT_MS)
+        problems = PageProblems(page)
+        try:
+            page.goto(f"{url}/#gradviz")
+            frame = page.frame_locator(PLUGIN_FRAME)
+            frame.locator('.panel[data-tensor="input_gradient"]').wait_for()
+            frame.locator("table.layer-grid").wait_for()
+            assert frame.locator(".layer-name").text_content() == PAYLOAD_LAYER
+            assert frame.get_by_label("Layer", exact=True).input_value() == PAYLOAD_LAYER
+            assert frame.get_by_label("Run", exact=True).input_value() == PAYLOAD_RUN
+            assert frame.get_by_role("button", name=PAYLOAD_LAYER, exact=True).count() == 1
+            assert PAYLOAD_RUN in frame.locator("table.layer-grid").locator("xpath=..").locator("xpath=preceding-sibling::h2[1]").text_content()
+            # Had the name been parsed as HTML there would be an <img> (and a request for "x") or an <svg onload>.
+            assert frame.locator("img").count() == 0
+            assert frame.locator("svg[onload]").count() == 0
+            assert frame.locator(".panel[data-tensor='input_gradient'] .zero-fraction").text_content() == "75.0 %"
+            page.wait_for_timeout(500)  # let a stray onerror fire, were there one
+            assert problems.dialogs == []
+            assert problems.errors == []
+        finally:
+            page.close()
