@@ -131,6 +131,8 @@ class App {
     this.layer = null; // the /runs entry of the selected layer
     this.steps = [];
     this.step = null;
+    // At the last step, a reload that brings new steps moves on to the new last one.
+    this.followLatest = true;
     this.tensors = []; // {info, series} of the selected layer
     this.routing = null;
     this.compareRun = null;
@@ -160,7 +162,7 @@ class App {
     if (this.host) {
       this.host.listen('experimental.RunsChanged', (runs) => {
         this.hostRuns = Array.isArray(runs) ? runs : null;
-        this.loadRuns();
+        this.reload(); // new runs mean new data: /runs is stale too
       });
       this.host.listen('experimental.DataReloaded', () => this.reload());
       try {
@@ -257,7 +259,9 @@ class App {
     this.tensors = tensors;
     this.routing = routing;
     this.steps = model.unionSteps(tensors.map(({series}) => series.steps));
-    const index = this.step === null ? this.steps.length - 1 : Math.max(0, model.latestIndexAtOrBefore(this.steps, this.step));
+    const index = this.followLatest
+      ? this.steps.length - 1
+      : Math.max(0, model.latestIndexAtOrBefore(this.steps, this.step));
     this.ui.stepSlider.max = String(Math.max(0, this.steps.length - 1));
     this.ui.stepSlider.disabled = this.steps.length < 2;
     this.comparison = null;
@@ -270,6 +274,7 @@ class App {
     if (step === undefined) return;
     this.step = step;
     const index = model.latestIndexAtOrBefore(this.steps, step);
+    this.followLatest = index === this.steps.length - 1;
     this.ui.stepSlider.value = String(index);
     this.ui.stepSlider.setAttribute('aria-valuetext', `step ${step}`);
     this.ui.stepOutput.textContent = `${step} (${index + 1} of ${this.steps.length})`;
