@@ -350,6 +350,21 @@ export function logTicks(max) {
   return ticks;
 }
 
+/**
+ * Keeps the labels that fit: `pinned` ones first, then the others in order,
+ * each at least `minGap` away from every label kept.
+ *
+ * @param {{position: number, pinned?: boolean}[]} labels
+ */
+export function spacedLabels(labels, minGap) {
+  const kept = [];
+  const fits = (label) => kept.every((other) => Math.abs(other.position - label.position) >= minGap);
+  for (const label of [...labels.filter((l) => l.pinned), ...labels.filter((l) => !l.pinned)]) {
+    if (fits(label)) kept.push(label);
+  }
+  return kept.sort((a, b) => a.position - b.position);
+}
+
 /** Position of a count on a 0..1 axis; the log axis is log(1 + count) so 0 stays 0. */
 export function countScale(count, max, logarithmic) {
   if (!(max > 0)) return 0;

@@ -467,12 +467,15 @@ function heatmap(series, step) {
       });
       chart.append(cell);
     });
-    const label = sign === 0 ? '0' : heatmapRowLabel(bins, sign, bin);
-    if (label) {
-      chart.append(svg('text', {className: 'tick', text: label,
-        attrs: {x: left - 4, y: round(top + (r + 0.5) * cellHeight + 3), 'text-anchor': 'end'}}));
-    }
   });
+  const rowLabels = grid.rows.map(({sign, bin}, r) => ({
+    position: top + (r + 0.5) * cellHeight,
+    text: sign === 0 ? '0' : heatmapRowLabel(bins, sign, bin),
+    pinned: sign === 0,
+  })).filter((label) => label.text);
+  for (const {position, text} of model.spacedLabels(rowLabels, 12)) {
+    chart.append(svg('text', {className: 'tick', text, attrs: {x: left - 4, y: round(position + 3), 'text-anchor': 'end'}}));
+  }
 
   chart.append(svg('rect', {className: 'frame', attrs: {x: left, y: top, width: plotWidth, height: plotHeight}}));
   const first = grid.steps[0];
@@ -491,11 +494,10 @@ function heatmap(series, step) {
   return chart;
 }
 
-/** Labels the rows whose upper magnitude edge is a decade, every other decade if crowded. */
+/** The label of a row whose upper magnitude edge is a decade; '' for the others. */
 function heatmapRowLabel(bins, sign, bin) {
   const edge = bins[bin].high;
   if (!Number.isFinite(edge) || !model.isDecade(edge)) return '';
-  if (Math.round(Math.log10(edge)) % 2 !== 0) return '';
   return `${sign < 0 ? '−' : ''}${model.edgeLabel(edge)}`;
 }
 

@@ -233,3 +233,10 @@ test('formatting numbers, shapes and labels', () => {
   );
   assert.equal(model.describePooling({type: 'avg', global: true}), 'global average pool');
 });
+
+test('spacedLabels keeps pinned labels and drops the ones that would overlap', () => {
+  const labels = [0, 5, 10, 15, 20, 25].map((position) => ({position, pinned: position === 15}));
+  assert.deepEqual(model.spacedLabels(labels, 12).map((l) => l.position), [0, 15]);
+  assert.deepEqual(model.spacedLabels(labels, 5).map((l) => l.position), [0, 5, 10, 15, 20, 25]);
+  assert.deepEqual(model.spacedLabels([], 5), []);
+});
