@@ -135,7 +135,7 @@ class App {
     this.followLatest = true;
     this.tensors = []; // {info, series} of the selected layer
     this.routing = null;
-    this.compareRun = null;
+    this.compareRun = undefined; // undefined: not chosen yet; null: "(none)" chosen
     this.compareTensor = null;
     this.comparison = null; // [{run, series}] of the compared tensor
     this.cache = new Map();
@@ -307,6 +307,7 @@ class App {
       return;
     }
     if (run !== this.run || step !== this.step) return;
+    // Choosing a layer in the grid brings the keyboard (and the view) back up to its panels.
     views.renderLayerGrid(this.ui.grid, this.ui.gridTitle, snapshot, this.layer?.layer,
       (name) => this.selectLayer(name).then(() => this.ui.layerSelect.focus()));
   }
@@ -320,7 +321,10 @@ class App {
     views.setOptions(ui.compareTensorSelect, tensors, this.compareTensor);
     const others = this.runs.filter(({run, layers}) =>
       run !== this.run && layers.some((entry) => entry.layer === layer.layer));
-    if (!others.some(({run}) => run === this.compareRun)) this.compareRun = others[0]?.run ?? null;
+    const offered = others.some(({run}) => run === this.compareRun);
+    if (this.compareRun === undefined || (this.compareRun !== null && !offered)) {
+      this.compareRun = others[0]?.run ?? undefined;
+    }
     views.setOptions(ui.compareRunSelect,
       [{value: '', label: '(none)'}, ...others.map(({run}) => ({value: run}))], this.compareRun ?? '');
   }

@@ -187,22 +187,25 @@ function tensorPanel(layer, info, series, snapshot, logarithmic) {
     panel.append(html('p', {className: 'empty', text: 'No value logged at or before this step.'}));
     return panel;
   }
+  // Axes span every step of the series, so that moving the slider moves the
+  // bars, not the axes.
   const range = model.padToDecades(model.seriesRange(series), series.log.edges);
   const yMax = Math.max(1, ...series.log.negative.flat(), ...series.log.positive.flat());
+  panel.dataset.step = snapshot.step;
   panel.append(
-    massBar(snapshot.stats, snapshot),
+    massBar(snapshot),
     histogram({
       negative: snapshot.negative, positive: snapshot.positive, total: snapshot.stats.count,
       edges: series.log.edges, range, yMax, logarithmic,
     }),
     statsList(snapshot.stats),
   );
-  if (snapshot.step !== undefined) panel.dataset.step = snapshot.step;
   return panel;
 }
 
 /** The split of all elements: exact zeros, negative, positive, non-finite. */
-function massBar(stats, snapshot) {
+function massBar(snapshot) {
+  const {stats} = snapshot;
   const sum = (bins) => bins.reduce((a, b) => a + b, 0);
   const parts = [
     ['zeros', 'exact zeros', stats.zeros],
