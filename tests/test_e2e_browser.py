@@ -6,21 +6,21 @@ reader, `eventdata`), not from the plugin under test.
 """
 
 import contextlib
+import json
 import os
 import pathlib
 import socket
 import subprocess
 import sys
 import time
-import urllib.error
 import urllib.request
-import json
 
 import numpy as np
 import pytest
 
 import eventdata
 from tb_gradviz import format as fmt
+from tb_gradviz import synthetic
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -373,11 +373,21 @@ def test_hostile_names_render_as_text(browser, tmp_path):
             assert frame.locator(".panel[data-tensor='input_gradient'] .zero-fraction").text_content() == "75.0 %"
             page.wait_for_timeout(500)  # let a stray onerror fire, were there one
 
+            # A run that appears later shows up after TensorBoard's reload button.
+            synthetic.write_run(logdir / "later", layers=1, steps=2)
+            run_options = frame.get_by_label("Run", exact=True).locator("option")
+            deadline = time.monotonic() + 30
+            while run_options.all_text_contents() != [PAYLOAD_RUN, "later"]:
+                assert time.monotonic() < deadline, f"runs after reload: {run_options.all_text_contents()}"
+                page.locator('button[title^="Last Updated"]').click()
+                page.wait_for_timeout(1000)
+            assert frame.locator(".layer-name").text_content() == PAYLOAD_LAYER
+
             # Outside TensorBoard (no host page to ask for runs) the tab shows every run.
             page.goto(f"{url}/data/plugin_entry.html?name=gradviz")
             page.locator(".layer-name").wait_for()
             assert page.locator(".layer-name").text_content() == PAYLOAD_LAYER
-            assert page.get_by_label("Run", exact=True).locator("option").all_text_contents() == [PAYLOAD_RUN]
+            assert page.get_by_label("Run", exact=True).locator("option").all_text_contents() == [PAYLOAD_RUN, "later"]
             assert page.locator("img").count() == 0
             page.wait_for_timeout(500)
             assert problems.dialogs == []
