@@ -308,8 +308,12 @@ class App {
     }
     if (run !== this.run || step !== this.step) return;
     // Choosing a layer in the grid brings the keyboard (and the view) back up to its panels.
-    views.renderLayerGrid(this.ui.grid, this.ui.gridTitle, snapshot, this.layer?.layer,
-      (name) => this.selectLayer(name).then(() => this.ui.layerSelect.focus()));
+    const layers = this.runs.find((entry) => entry.run === run)?.layers ?? [];
+    views.renderLayerGrid(this.ui.grid, this.ui.gridTitle, snapshot, {
+      currentLayer: this.layer?.layer,
+      poolingOf: (name) => layers.find((layer) => layer.layer === name)?.pooling ?? null,
+      onSelect: (name) => this.selectLayer(name).then(() => this.ui.layerSelect.focus()),
+    });
   }
 
   setCompareOptions() {

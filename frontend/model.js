@@ -180,9 +180,20 @@ export function nonFiniteCount(stats) {
   return stats.nan + stats.pos_inf + stats.neg_inf;
 }
 
-/** What the window geometry allows: one routed position per window at most. */
-export function predictedRoutedFraction(routing) {
-  return routing.input_positions > 0 ? routing.windows / routing.input_positions : NaN;
+/**
+ * What the window geometry predicts for a max pool: one routed position per
+ * window at most. NaN for average pooling, which gives every position inside
+ * a window a share.
+ */
+export function predictedRoutedFraction(routing, pooling) {
+  if (pooling?.type !== 'max' || !(routing.input_positions > 0)) return NaN;
+  return routing.windows / routing.input_positions;
+}
+
+/** Whether a pooling layer's windows overlap (stride smaller than the window). */
+export function windowsOverlap(pooling) {
+  if (!pooling || pooling.global || !pooling.pool_size || !pooling.strides) return false;
+  return pooling.pool_size.some((size, axis) => pooling.strides[axis] < size);
 }
 
 export function routedFraction(routing) {
@@ -207,14 +218,15 @@ export function absoluteSumBound(stats) {
  * @param {number} inputSum sum of the gradient w.r.t. the layer input.
  * @param {number} outputSum sum of the gradient w.r.t. the layer output.
  * @param {number} scale size of the gradient (see `absoluteSumBound`).
- * @returns {{difference: number, relative: number, conserved: boolean}}
+ * @returns {{difference: number, scale: number, relative: number, conserved: boolean}}
+ *   `scale` is what the difference was compared with.
  */
 export function massConservation(inputSum, outputSum, scale = 0) {
   const difference = inputSum - outputSum;
   const size = Math.max(Math.abs(inputSum), Math.abs(outputSum), scale);
-  if (!Number.isFinite(difference)) return {difference, relative: NaN, conserved: false};
+  if (!Number.isFinite(difference)) return {difference, scale: size, relative: NaN, conserved: false};
   const relative = size > 0 ? Math.abs(difference) / size : 0;
-  return {difference, relative, conserved: relative <= MASS_RELATIVE_TOLERANCE};
+  return {difference, scale: size, relative, conserved: relative <= MASS_RELATIVE_TOLERANCE};
 }
 
 // ------------------------------------------------------------ magnitude bins

@@ -363,24 +363,31 @@ export function renderAside(aside, layer, routing, outputGradientStats) {
 }
 
 function routingCard(layer, routing, outputGradientStats) {
+  const count = model.formatCount;
   const routed = model.routedFraction(routing);
-  const predicted = model.predictedRoutedFraction(routing);
+  const predicted = model.predictedRoutedFraction(routing, layer.pooling);
   const scale = outputGradientStats ? model.absoluteSumBound(outputGradientStats) : 0;
   const mass = model.massConservation(routing.input_gradient_sum, routing.output_gradient_sum, scale);
-  const count = model.formatCount;
   const rows = [
     ['Routed', `${model.formatPercent(routed)} of input positions (${count(routing.routed_positions)} of ${count(routing.input_positions)})`],
-    ['Predicted', `≤ ${model.formatPercent(predicted)}: windows / input positions (${count(routing.windows)} / ${count(routing.input_positions)})`],
   ];
-  if (layer.pooling?.type === 'max') rows.push(['Tied windows', `${count(routing.tied_windows)} of ${count(routing.windows)}`]);
+  if (layer.pooling?.type === 'max') {
+    rows.push(
+      ['Predicted', `≤ ${model.formatPercent(predicted)} = windows / input positions (${count(routing.windows)} / ${count(routing.input_positions)})`],
+      ['Tied windows', `${count(routing.tied_windows)} of ${count(routing.windows)}`],
+    );
+  } else {
+    rows.push(['Predicted', 'every input position inside a window gets a share']);
+  }
   rows.push(
     ['Σ grad input', model.formatNumber(routing.input_gradient_sum, 6)],
     ['Σ grad output', model.formatNumber(routing.output_gradient_sum, 6)],
   );
-  const verdict = mass.conserved
-    ? `✓ Gradient mass conserved (relative difference ${model.formatNumber(mass.relative, 2)}).`
-    : `✗ Gradient mass not conserved: the sums differ by ${model.formatNumber(mass.difference, 3)} `
-      + `(${model.formatPercent(mass.relative, 2)} of the gradient's size).`;
+  const difference = model.formatNumber(Math.abs(mass.difference), 2);
+  const verdict = mass.difference === 0 ? '✓ Gradient mass conserved: the sums are equal.' : mass.conserved
+    ? `✓ Gradient mass conserved: the sums differ by ${difference}, rounding next to Σ|grad| ≈ ${model.formatNumber(mass.scale, 2)}.`
+    : `✗ Gradient mass not conserved: the sums differ by ${difference}, `
+      + `${model.formatPercent(mass.relative, 2)} of Σ|grad| ≈ ${model.formatNumber(mass.scale, 2)}.`;
   return html('section', {className: 'card routing'}, [
     html('h3', {text: `Routing at step ${routing.step}`}),
     html('dl', {}, rows.flatMap(([name, value]) => [html('dt', {text: name}), html('dd', {text: value})])),
@@ -390,6 +397,14 @@ function routingCard(layer, routing, outputGradientStats) {
 
 const HISTOGRAM_NOTE = 'Exact zeros are counted apart (the striped bar); the histogram shows the non-zero '
   + 'values by log magnitude, negative mirrored to the left of 0.';
+
+function maxPoolGeometry(pooling) {
+  if (pooling.global) return 'This global pool has one window per map: one position per channel receives gradient.';
+  const windows = `This layer's ${model.formatShape(pooling.pool_size)} windows with stride ${model.formatShape(pooling.strides)}`;
+  return model.windowsOverlap(pooling)
+    ? `${windows} overlap: one position can be the maximum of several windows, which leaves more zeros still.`
+    : `${windows} do not overlap: each input position belongs to one window at most.`;
+}
 
 function explanation(layer) {
   const type = layer.pooling?.type;
@@ -403,8 +418,8 @@ function explanation(layer) {
       ['Gradient w.r.t. output', 'the upstream gradient MaxPoolGrad receives, one value per window.'],
       ['Gradient w.r.t. input', 'MaxPoolGrad\'s output. Each window\'s gradient goes to the position '
         + 'that held its maximum (the first one on ties); every other position gets an exact zero. '
-        + 'A 2×2 pool with stride 2 thus leaves 75 % zeros: geometry, not dead units. Overlapping '
-        + 'windows (3×3, stride 2) share positions and leave more.'],
+        + 'A 2×2 pool with stride 2 thus leaves 75 % zeros: geometry, not dead units. '
+        + maxPoolGeometry(layer.pooling)],
     ];
   } else if (type) {
     intro = 'An average pool is two ops: AvgPool forward, and AvgPoolGrad in backprop, which spreads each '
@@ -511,9 +526,10 @@ const SPARK = {width: 120, height: 26};
 /**
  * All layers of a run at one step (the `/step` answer) as a table: zero
  * fraction and a magnitude sparkline per tensor, routing for pooling layers.
- * `onSelect(layer)` is called when a layer name is activated.
+ * `poolingOf(layer)` gives a layer's pooling from /runs; `onSelect(layer)` is
+ * called when a layer name is activated.
  */
-export function renderLayerGrid(container, title, snapshot, currentLayer, onSelect) {
+export function renderLayerGrid(container, title, snapshot, {currentLayer, poolingOf, onSelect}) {
   title.textContent = `All layers of ${snapshot.run} at step ${snapshot.step}`;
   // One axis per column: activations and gradients live decades apart.
   const ranges = Object.fromEntries(model.ROLES.map((role) => {
@@ -528,7 +544,7 @@ export function renderLayerGrid(container, title, snapshot, currentLayer, onSele
     html('th', {text: 'Class', attrs: {scope: 'col'}}),
     html('th', {text: 'Step', attrs: {scope: 'col'}}),
     ...model.ROLES.map((role) => html('th', {text: ROLE_TITLES[role], attrs: {scope: 'col'}})),
-    html('th', {text: 'Routed (allowed)', attrs: {scope: 'col'}}),
+    html('th', {text: 'Routed (predicted)', attrs: {scope: 'col'}}),
   ])]);
   const body = html('tbody', {}, snapshot.layers.map((layer) => {
     const button = html('button', {className: 'link', text: layer.layer, attrs: {type: 'button'}});
@@ -540,14 +556,19 @@ export function renderLayerGrid(container, title, snapshot, currentLayer, onSele
       html('td', {className: 'number', text: String(layer.step)}),
       ...model.ROLES.map((role) => html('td', {className: 'tensor-cell'}, groups[role].map((name) =>
         gridTensor(name, role, layer.tensors[name], snapshot.log_edges, ranges[role])))),
-      html('td', {className: 'number', text: layer.routing
-        ? `${model.formatPercent(model.routedFraction(layer.routing))} (${model.formatPercent(model.predictedRoutedFraction(layer.routing))})`
-        : '—'}),
+      html('td', {className: 'number', text: routingSummary(layer.routing, poolingOf(layer.layer))}),
     ]);
     if (layer.layer === currentLayer) row.setAttribute('aria-current', 'true');
     return row;
   }));
   container.replaceChildren(html('table', {className: 'layer-grid'}, [head, body]));
+}
+
+function routingSummary(routing, pooling) {
+  if (!routing) return '—';
+  const routed = model.formatPercent(model.routedFraction(routing));
+  const predicted = model.predictedRoutedFraction(routing, pooling);
+  return Number.isNaN(predicted) ? routed : `${routed} (≤ ${model.formatPercent(predicted)})`;
 }
 
 function gridTensor(name, role, tensor, edges, range) {

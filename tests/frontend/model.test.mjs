@@ -121,13 +121,18 @@ test('routed fraction against the window geometry', () => {
     input_gradient_sum: [0.5, 0.5], output_gradient_sum: [0.5, 0.5],
   }, 25);
   assert.equal(routing.step, 20);
-  assert.equal(model.predictedRoutedFraction(routing), 0.25);
+  const maxPool = {type: 'max', global: false, pool_size: [2, 2], strides: [2, 2]};
+  assert.equal(model.predictedRoutedFraction(routing, maxPool), 0.25);
+  assert.ok(Number.isNaN(model.predictedRoutedFraction(routing, {...maxPool, type: 'avg'})));
+  assert.equal(model.windowsOverlap(maxPool), false);
+  assert.equal(model.windowsOverlap({...maxPool, pool_size: [3, 3]}), true);
+  assert.equal(model.windowsOverlap({type: 'max', global: true, pool_size: null, strides: null}), false);
   assert.equal(model.routedFraction(routing), 21000 / 100352);
   assert.equal(routing.tied_windows, 7);
 });
 
 test('mass conservation is judged relative to the size of the gradient', () => {
-  assert.deepEqual(model.massConservation(0.5, 0.5), {difference: 0, relative: 0, conserved: true});
+  assert.deepEqual(model.massConservation(0.5, 0.5), {difference: 0, scale: 0.5, relative: 0, conserved: true});
   const rounding = model.massConservation(1.0000001, 1.0);
   assert.ok(rounding.conserved);
   const lost = model.massConservation(0.25, 1.0);
