@@ -1,0 +1,70 @@
+"""The bench scripts run (tiny sizes, `--smoke`) and produce their tables and JSON.
+
+Not a measurement: this only keeps bench/ from rotting. Each script runs in
+its own process, as a user runs it.
+"""
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+BENCH = pathlib.Path(__file__).resolve().parent.parent / "bench"
+TIMEOUT_S = 120
+
+
+def run_smoke(tmp_path, script, *extra):
+    out = tmp_path / "out.json"
+    command = [sys.executable, str(BENCH / script), "--smoke", "--json", str(out), *extra]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=TIMEOUT_S, cwd=tmp_path,
+                            env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+    assert result.returncode == 0, f"{script} failed:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
+    results = [line for line in result.stdout.splitlines() if line.startswith("RESULT ")]
+    assert results, result.stdout
+    payload = json.loads(out.read_text())
+    assert payload["rows"] and payload["machine"]["cpus"]
+    return payload["rows"]
+
+
+def test_log_event_bench_compares_variants_and_baseline(tmp_path):
+    pytest.importorskip("tensorflow")
+    rows = run_smoke(tmp_path, "bench_log_event.py", "--summary", "current,fast")
+    assert [row["summary"] for row in rows] == ["current", "fast"]
+    for row in rows:
+        assert row["log_event_s"] > 0 and row["train_step_s"] > 0 and row["baseline_s"] > 0
+        assert row["tensors"] == 3 * row["n_layers"]
+
+
+def test_fit_bench_reports_overhead(tmp_path):
+    pytest.importorskip("tensorflow")
+    (row,) = run_smoke(tmp_path, "bench_fit.py")
+    assert row["fit_with_s"] > 0 and row["fit_without_s"] > 0
+
+
+def test_disk_bench_measures_growth_per_event(tmp_path):
+    pytest.importorskip("tensorflow")
+    (row,) = run_smoke(tmp_path, "bench_disk.py")
+    # Metadata goes out with the first event only, so later events are smaller and all alike.
+    assert row["growth_min"] == row["growth_max"] < row["first_event_bytes"]
+    assert 0 < row["bytes_per_tensor_per_event"] < 4096
+
+
+def test_plugin_bench_serves_both_loaders(tmp_path):
+    extra = []
+    try:
+        import playwright  # noqa: F401
+    except ImportError:
+        extra = ["--no-browser"]
+    if not os.path.exists("/usr/bin/chromium"):
+        extra = ["--no-browser"]
+    rows = run_smoke(tmp_path, "bench_plugin.py", "--cache", str(tmp_path / "logs"), *extra)
+    assert [row["loader"].split()[0] for row in rows] == ["python", "rust"]
+    for row in rows:
+        assert row["series_warm_p50_ms"] > 0 and row["peak_rss_mb"] > 0
+        if not extra:
+            assert row["browser_layer_view_s"] > 0 and row["browser_grid_s"] > 0
