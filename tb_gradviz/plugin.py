@@ -327,8 +327,9 @@ def _routing_columns(values):
 def _frontend_dir():
     """Returns the folder of the `tb_gradviz.frontend` package, or None.
 
-    The frontend is a package without `__init__.py`; an editable install maps
-    it to the top-level `frontend/` folder, a wheel puts it under the package.
+    pyproject maps the top-level `frontend/` folder to this package: an
+    editable install resolves it there, a wheel puts it under `tb_gradviz/`.
+    The paths after it cover a source checkout that is not installed.
     """
     try:
         spec = importlib.util.find_spec("tb_gradviz.frontend")
