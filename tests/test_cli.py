@@ -214,14 +214,7 @@ def test_readme_main_job_trains_writes_and_serves_within_five_minutes(tmp_path):
         process.wait(timeout=30)
     assert elapsed < 300, f"the default demo took {elapsed:.0f} s"
     assert [r["run"] for r in runs] == ["cnn_averagepool", "cnn_maxpool", "resnet50"]
-    resnet = [layer["layer"] for layer in runs[2]["layers"]]
-    assert resnet == [
-        "resnet50/conv1_relu",
-        "resnet50/pool1_pool",
-        "resnet50/conv2_block3_out",
-        "resnet50/conv3_block4_out",
-        "resnet50/conv4_block6_out",
-        "resnet50/conv5_block3_out",
-        "resnet50/avg_pool",
-    ]
+    from tb_gradviz import demos
+
+    assert [layer["layer"] for layer in runs[2]["layers"]] == list(demos.RESNET50_LAYERS)
     assert os.path.isdir(logs / "resnet50")
