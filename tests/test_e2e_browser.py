@@ -5,20 +5,15 @@ Expected numbers come from the event files (through TensorBoard's own event
 reader, `eventdata`), not from the plugin under test.
 """
 
-import contextlib
-import json
 import os
 import pathlib
-import socket
-import subprocess
-import sys
 import time
-import urllib.request
 
 import numpy as np
 import pytest
 
 import eventdata
+from tbserver import get_json, running_tensorboard
 from tb_gradviz import format as fmt
 from tb_gradviz import synthetic
 
@@ -36,7 +31,7 @@ CHROMIUM_ARGS = [
     "--disable-sync",
 ]
 PLUGIN_FRAME = 'iframe[src*="plugin_entry.html?name=gradviz"]'
-STARTUP_TIMEOUT_S = 90
+
 UI_TIMEOUT_MS = 20_000
 
 PROBE_BATCH = 8
@@ -105,55 +100,11 @@ def _artifacts_dir():
     return path
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _get_json(url):
-    with urllib.request.urlopen(url, timeout=10) as response:
-        return json.loads(response.read())
-
-
-@contextlib.contextmanager
-def running_tensorboard(logdir, log_path, ready):
-    """Starts `tensorboard` on a free port and yields its URL once `ready(url)` holds."""
-    port = _free_port()
-    url = f"http://127.0.0.1:{port}"
-    command = [sys.executable, "-m", "tensorboard.main", "--logdir", str(logdir), "--host", "127.0.0.1",
-               "--port", str(port), "--samples_per_plugin", "gradviz=0,histograms=0"]
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
-    with open(log_path, "wb") as log:
-        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
-    try:
-        deadline = time.monotonic() + STARTUP_TIMEOUT_S
-        while True:
-            if process.poll() is not None:
-                raise AssertionError(f"tensorboard exited with {process.returncode}:\n{pathlib.Path(log_path).read_text()}")
-            with contextlib.suppress(OSError, ValueError):
-                listing = _get_json(f"{url}/data/plugins_listing")
-                # The plugin is enabled as soon as some data is loaded; wait for all of it.
-                if listing.get("gradviz", {}).get("enabled") and ready(url):
-                    break
-            if time.monotonic() > deadline:
-                raise AssertionError(f"GradViz not ready within {STARTUP_TIMEOUT_S} s:\n{pathlib.Path(log_path).read_text()}")
-            time.sleep(0.5)
-        yield url
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(timeout=10)
-
-
 def _runs_loaded(expected_max_step):
     """A readiness check: every run lists every layer, up to its last step."""
 
     def ready(url):
-        runs = _get_json(f"{url}/data/plugin/gradviz/runs")["runs"]
+        runs = get_json(f"{url}/data/plugin/gradviz/runs")["runs"]
         return len(runs) == len(expected_max_step) and all(
             layer["max_step"] == expected_max_step[run["run"]] for run in runs for layer in run["layers"])
 

@@ -7,7 +7,6 @@ HTTP through `TensorBoardWSGI`, as TensorBoard's histogram plugin tests do.
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -23,6 +22,8 @@ from tensorboard.backend.event_processing import data_provider
 from tensorboard.backend.event_processing import plugin_event_multiplexer
 from tensorboard.plugins import base_plugin
 from werkzeug import test as werkzeug_test
+
+import tbserver
 
 from tb_gradviz import format as fmt
 from tb_gradviz import metadata, plugin, synthetic
@@ -632,12 +633,6 @@ def test_tab_is_inactive_on_an_empty_logdir(tmp_path):
 # A real TensorBoard process, with each loader.
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _get(url):
     with urllib.request.urlopen(url, timeout=10) as response:
         return response.status, response.headers.get_content_type(), response.read()
@@ -647,46 +642,23 @@ def _get(url):
 @pytest.mark.parametrize("load_fast", ["false", "true"])
 def test_real_tensorboard_serves_the_plugin(tmp_path, load_fast):
     synthetic.write_run(tmp_path / "logs" / "cnn", layers=2, steps=30)
-    port = _free_port()
-    command = [sys.executable, "-m", "tensorboard.main", "--logdir", str(tmp_path / "logs"), "--host", "127.0.0.1",
-               "--port", str(port), f"--load_fast={load_fast}", "--reload_interval=1",
-               "--samples_per_plugin=gradviz=0,histograms=0"]
-    base = f"http://127.0.0.1:{port}"
-    with open(tmp_path / "tensorboard.log", "wb") as log:
-        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+
+    def runs_listed(url):
+        return bool(tbserver.get_json(url + PREFIX + "/runs")["runs"])
+
+    extra = [f"--load_fast={load_fast}", "--reload_interval=1"]
+    with tbserver.running_tensorboard(tmp_path / "logs", tmp_path / "tensorboard.log", runs_listed, extra) as base:
+        body = tbserver.get_json(base + PREFIX + "/runs")
+        assert [layer["layer"] for layer in body["runs"][0]["layers"]] == ["block0/pool", "block1/pool"]
+        query = "?run=cnn&layer=block1%2Fpool&tensor=input_gradient"
+        series = json.loads(_get(base + PREFIX + "/series" + query)[2], parse_constant=_reject_constant)
+        assert series["steps"] == list(range(1, 31))
+        assert None not in series["histogram"]["counts"]
+        assert series["stats"]["count"] == [512] * 30
+        step = json.loads(_get(base + PREFIX + "/step?run=cnn&step=12")[2])
+        assert step["step"] == 12
         try:
-            deadline = time.monotonic() + 90
-            listing = None
-            while time.monotonic() < deadline:
-                try:
-                    listing = json.loads(_get(base + "/data/plugins_listing")[2])
-                    if listing.get("gradviz", {}).get("enabled"):
-                        body = json.loads(_get(base + PREFIX + "/runs")[2])
-                        if body["runs"]:
-                            break
-                except (urllib.error.URLError, ConnectionError, OSError):
-                    pass
-                assert process.poll() is None, (tmp_path / "tensorboard.log").read_text()
-                time.sleep(0.5)
-            else:
-                pytest.fail(f"tensorboard did not enable gradviz: {listing}\n" + (tmp_path / "tensorboard.log").read_text())
-            assert [layer["layer"] for layer in body["runs"][0]["layers"]] == ["block0/pool", "block1/pool"]
-            query = "?run=cnn&layer=block1%2Fpool&tensor=input_gradient"
-            series = json.loads(_get(base + PREFIX + "/series" + query)[2], parse_constant=_reject_constant)
-            assert series["steps"] == list(range(1, 31))
-            assert None not in series["histogram"]["counts"]
-            assert series["stats"]["count"] == [512] * 30
-            step = json.loads(_get(base + PREFIX + "/step?run=cnn&step=12")[2])
-            assert step["step"] == 12
-            try:
-                _get(base + PREFIX + "/series?run=cnn")
-                pytest.fail("a missing argument must be 400")
-            except urllib.error.HTTPError as e:
-                assert e.code == 400
-        finally:
-            process.terminate()
-            try:
-                process.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+            _get(base + PREFIX + "/series?run=cnn")
+            pytest.fail("a missing argument must be 400")
+        except urllib.error.HTTPError as e:
+            assert e.code == 400
