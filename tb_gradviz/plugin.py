@@ -576,7 +576,7 @@ class GradVizPlugin(base_plugin.TBPlugin):
         }
 
     def _list_stats(self, ctx, experiment, run, tag, histogram_series):
-        """Lists one stats series, reusing the last listing while its histogram is unchanged.
+        """Lists a stats or routing series, reusing its last listing while a sibling histogram is unchanged.
 
         With the Rust data server, listing a `gradviz` series (its metadata
         is a JSON object) took ~44 ms where listing its `histograms` sibling
@@ -640,7 +640,13 @@ class GradVizPlugin(base_plugin.TBPlugin):
           NotFoundError: no such run or layer, or the layer is not a pooling layer.
         """
         tag = fmt.routing_tag(layer)
-        time_series = self._list_one(ctx, experiment, metadata.PLUGIN_NAME, run, tag)
+        # Routing is recorded only for one-input pooling layers, in the same
+        # events as their `input_gradient` histogram: its (cheap) listing
+        # validates the last listing of the routing series.
+        histogram_series = self._list_one(
+            ctx, experiment, histogram_metadata.PLUGIN_NAME, run, fmt.histogram_tag(layer, fmt.INPUT_GRADIENT)
+        )
+        time_series = self._list_stats(ctx, experiment, run, tag, histogram_series)
         content = _parse_content(time_series) if time_series is not None else None
         if content is None or content["kind"] != metadata.KIND_ROUTING or content["layer"] != layer:
             raise errors.NotFoundError(f"no routing record of layer {layer!r} in run {run!r} (not a pooling layer?)")
