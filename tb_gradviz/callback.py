@@ -20,6 +20,12 @@ class GradVizCallback(keras.callbacks.Callback):
     the training: weights, optimizer state, BatchNorm statistics, seed
     generators and metrics are left as they were.
 
+    Under a `tf.distribute` strategy the whole probe batch runs on one device
+    in cross-replica context, and only the chief writes. Under mixed
+    precision, gradients are taken on the loss scaled by the optimizer's
+    loss scale, as in `train_step`, and divided back in float64, so float16
+    underflow shows as it happens in training.
+
     Example:
     ```python
     cb = tb_gradviz.GradVizCallback("logs/run1", probe_data=(x[:16], y[:16]))
@@ -68,6 +74,15 @@ class GradVizCallback(keras.callbacks.Callback):
             raise ValueError("log_dir must be a non-empty path; received ''")
         if os.path.exists(log_dir) and not os.path.isdir(log_dir):
             raise ValueError(f"log_dir must be a directory; received {log_dir!r}, which is a file")
+        # Fail now rather than at the first log event, after training has run.
+        ancestor = os.path.dirname(os.path.abspath(log_dir))
+        while not os.path.exists(ancestor):
+            ancestor = os.path.dirname(ancestor)
+        if not os.path.isdir(ancestor):
+            raise ValueError(
+                f"log_dir must be a directory; received {log_dir!r}, which cannot be created "
+                f"inside {ancestor!r}, a file"
+            )
         if every_n_batches is not None:
             _check_frequency("every_n_batches", every_n_batches)
             if every_n_epochs not in (1, None):
@@ -87,7 +102,7 @@ class GradVizCallback(keras.callbacks.Callback):
         self.layers = capture.check_layer_spec(layers)
         self.every_n_epochs = every_n_epochs
         self.every_n_batches = every_n_batches
-        self.loss = None if loss is None else keras.losses.get(loss)
+        self.loss = None if loss is None else capture.as_loss(loss)
         self.training = training
         self._probe = probe_batch(probe_data)
         self._log = fmt.EventLog(log_dir)
@@ -106,6 +121,7 @@ class GradVizCallback(keras.callbacks.Callback):
                     "GradVizCallback needs a loss: compile the model with one, or pass loss= "
                     "(a Keras loss name, function or Loss instance)"
                 )
+            check_probe_inputs(self.model, self._probe[0])
             self._capture = capture.LayerCapture(self.model, chosen, loss=self.loss, training=self.training)
 
     def on_epoch_end(self, epoch, logs=None):
@@ -120,13 +136,30 @@ class GradVizCallback(keras.callbacks.Callback):
         self._log.close()
 
     def log_now(self):
-        """Runs the probe pass and writes one log event at the current step."""
+        """Runs the probe pass and writes one log event at the current step.
+
+        Under a multi-worker strategy only the chief writes. The pass runs on
+        one device in cross-replica context and contains no collective op,
+        so the other workers skip it; if a model ever made it contain one,
+        every worker runs it (and all but the chief drop the result), since
+        a collective that only some workers enter never completes.
+        """
         if self._capture is None:
             self.on_train_begin()
         x, y, sample_weight = self._probe
+        if not self._writes_summaries():
+            if self._capture.collective_ops(x, y, sample_weight):
+                self._capture.run(x, y, sample_weight)
+            return
         records, skipped = self._capture.run(x, y, sample_weight)
         capture.warn_skipped(skipped)
         self._log.write(self._step(), records)
+
+    def _writes_summaries(self):
+        # False on the workers of MultiWorkerMirroredStrategy other than the
+        # chief (Keras' own TensorBoard callback sends theirs to a temporary
+        # directory; these write nothing).
+        return bool(self.model.distribute_strategy.extended.should_save_summary)
 
     def _step(self):
         return int(self.model.optimizer.iterations.numpy())
@@ -135,6 +168,56 @@ class GradVizCallback(keras.callbacks.Callback):
 def _check_frequency(name, value):
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"{name} must be a positive integer; received {value!r}")
+
+
+def check_probe_inputs(model, x):
+    """Checks the probe's `x` against the inputs the model declares.
+
+    Functional and Sequential models declare their inputs (`keras.Input`);
+    dimensions given as None there (the batch, or a free image size) accept
+    any size. Subclassed models declare none, and are not checked.
+
+    Raises:
+      ValueError: an input is missing, or has another rank or size than
+        declared; the message gives the received and the expected shapes.
+    """
+    try:
+        declared = model.inputs
+    except AttributeError:
+        return  # a subclassed model, or a Sequential one without an Input
+    if isinstance(model, keras.Sequential) or len(declared) == 1:
+        expected = [(None, declared[0])]
+    elif isinstance(model.input, dict):
+        expected = list(model.input.items())
+    else:
+        expected = [(t.name, t) for t in declared]
+
+    if isinstance(x, dict) and expected[0][0] is not None:
+        missing = [name for name, _ in expected if name not in x]
+        if missing:
+            raise ValueError(
+                f"probe_data x has no input named {', '.join(map(repr, missing))} for model "
+                f"{model.name!r}; received a dict with keys {sorted(x)}, expected keys {[n for n, _ in expected]}"
+            )
+        pairs = [(name, spec, x[name]) for name, spec in expected]
+    else:
+        received = keras.tree.flatten(x)
+        if len(received) != len(expected):
+            raise ValueError(
+                f"probe_data x must hold {len(expected)} input(s) for model {model.name!r}; "
+                f"received {len(received)}"
+            )
+        pairs = [(name, spec, t) for (name, spec), t in zip(expected, received)]
+
+    for name, spec, tensor in pairs:
+        want, got = tuple(spec.shape), tuple(tensor.shape)
+        fits = len(want) == len(got) and all(w is None or w == g for w, g in zip(want[1:], got[1:]))
+        if not fits:
+            which = "" if name is None else f" {name!r}"
+            raise ValueError(
+                f"probe_data x{which} has shape {got}, which does not fit model {model.name!r}: "
+                f"it expects {want} (None: any size)"
+            )
 
 
 def probe_batch(probe_data):

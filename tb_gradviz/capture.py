@@ -269,6 +269,34 @@ def _identity_if_float(t):
     return tf.identity(t) if _is_float(t) else t
 
 
+def as_loss(loss):
+    """Returns `loss` as a `keras.losses.Loss`, which takes `sample_weight`.
+
+    `keras.losses.get("mse")` returns the plain function `mean_squared_error`,
+    which gives one value per example and knows no sample weights; wrapping it
+    reduces it the way `compile` does.
+
+    Raises:
+      ValueError: Keras does not know the loss (Keras' own message).
+      TypeError: it resolves to something that is not callable.
+    """
+    loss = keras.losses.get(loss)
+    if isinstance(loss, keras.losses.Loss):
+        return loss
+    if not callable(loss):
+        raise TypeError(f"loss must be a Keras loss name, a function (y_true, y_pred) or a Loss; received {loss!r}")
+    return _FunctionLoss(loss)
+
+
+class _FunctionLoss(keras.losses.Loss):
+    def __init__(self, fn):
+        super().__init__(name=getattr(fn, "__name__", "loss"))
+        self.fn = fn
+
+    def call(self, y_true, y_pred):
+        return self.fn(y_true, y_pred)
+
+
 @dataclass
 class TensorPlan:
     """Python-side description of one captured tensor (set at trace time)."""
@@ -278,6 +306,7 @@ class TensorPlan:
     index: int
     shape: list
     dtype: str
+    loss_scaled: bool = False  # a gradient taken on the loss times the optimizer's loss scale
 
 
 @dataclass
@@ -319,7 +348,7 @@ class LayerCapture:
         self.model = model
         self.chosen = list(chosen)
         self.training = bool(training)
-        self._loss = None if loss is None else keras.losses.get(loss)
+        self._loss = None if loss is None else as_loss(loss)
         self.plans = None
         self._probe = tf.function(self._probe_fn, autograph=False)
 
@@ -333,35 +362,93 @@ class LayerCapture:
         `step_records` is a list of `(tag, array, summary_metadata)` ready
         for `format.EventLog.write`.
         """
-        outputs = self._probe(x, y, sample_weight)
+        # Always in the model's strategy scope, whether or not `fit` was
+        # called inside it: Keras divides losses by the number of replicas
+        # only in scope, and one trace must serve every call.
+        with self.model.distribute_strategy.scope():
+            outputs = self._probe(x, y, sample_weight)
         outputs = [np.asarray(t) for t in outputs]  # counts and scalars only
         return self._records(outputs)
 
-    def _state_variables(self):
-        # Everything a forward pass in training mode or a loss computation may
-        # write: BatchNorm moving statistics, seed generator states (Dropout),
-        # metric accumulators (CompileLoss tracks per-output losses).
+    def collective_ops(self, x, y, sample_weight=None):
+        """Returns the sorted op types of the pass that communicate across workers.
+
+        Traces the pass if it is not traced yet (the trace is kept, so `run`
+        does not trace again). Empty when the pass runs on this worker alone.
+        """
+        with self.model.distribute_strategy.scope():
+            graph = self._probe.get_concrete_function(x, y, sample_weight).graph
+        types = {op.type for op in graph.get_operations()}
+        for function in graph.as_graph_def().library.function:
+            types.update(node.op for node in function.node_def)
+        return sorted(t for t in types if t.startswith(("Collective", "Nccl")))
+
+    def _state_components(self):
+        """Returns the per-device variables behind all state the pass may write.
+
+        That is BatchNorm moving statistics, seed generator states (Dropout)
+        and metric accumulators (CompileLoss tracks per-output losses).
+        Under a `tf.distribute` strategy these are MirroredVariables and
+        SyncOnReadVariables, and the pass runs in cross-replica context, where
+        neither round-trips through `read` + `assign`: reading a mirrored
+        variable gives the primary replica's copy and assigning writes it to
+        every copy (Keras 3 BatchNorm updates each replica's copy on its own,
+        so the copies differ); reading a SUM on-read variable sums the copies
+        (a collective under MultiWorkerMirroredStrategy) and assigning divides
+        by the number of copies. Each local copy is saved and restored by
+        itself instead, which needs no cross-device communication.
+        """
+        strategy = self.model.distribute_strategy
         seen, result = set(), []
         for v in list(self.model.non_trainable_variables) + list(self.model.metrics_variables):
-            if id(v) not in seen:
-                seen.add(id(v))
-                result.append(v)
+            backing = v.value if isinstance(v, keras.Variable) else v
+            for component in strategy.experimental_local_results(backing):
+                if id(component) not in seen:
+                    seen.add(id(component))
+                    result.append(component)
         return result
 
     def _compute_loss(self, x, y, y_pred, sample_weight):
         if self._loss is not None:
-            return self._loss(y, y_pred, sample_weight=sample_weight)
-        return self.model.compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=self.training)
+            loss = self._loss(y, y_pred, sample_weight=sample_weight)
+        else:
+            loss = self.model.compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=self.training)
+        # In a strategy's scope Keras divides each replica's loss by the
+        # number of replicas, so that the all-reduced sum is the batch's mean.
+        # The probe runs the whole batch at once: undo it.
+        replicas = tf.distribute.get_strategy().num_replicas_in_sync
+        if replicas > 1:
+            loss = loss * tf.cast(replicas, loss.dtype)
+        return loss
+
+    def _loss_scale(self):
+        """The factor `train_step` multiplies the loss by, or None.
+
+        Keras' `train_step` backpropagates `optimizer.scale_loss(loss)`:
+        under mixed_float16, `LossScaleOptimizer` multiplies by its current
+        dynamic scale so that small float16 gradients do not underflow.
+        """
+        optimizer = getattr(self.model, "optimizer", None)
+        if optimizer is None:
+            return None
+        one = tf.constant(1.0, tf.float32)
+        scale = optimizer.scale_loss(one)
+        return None if scale is one else tf.cast(scale, tf.float64)
 
     def _probe_fn(self, x, y, sample_weight):
-        state = self._state_variables()
-        saved = [tf.identity(v.value) for v in state]
+        state = self._state_components()
+        saved = [tf.identity(v.read_value()) for v in state]
+        scale = self._loss_scale()
         with _recording_calls(self.chosen) as recordings, tf.GradientTape() as tape:
             for t in keras.tree.flatten(x):
                 if _is_float(t):
                     tape.watch(t)
             y_pred = self.model(x, training=self.training)
             loss = self._compute_loss(x, y, y_pred, sample_weight)
+            if scale is not None:
+                # Backpropagate what train_step backpropagates, so float16
+                # gradients underflow (or overflow) exactly as in training.
+                loss = loss * tf.cast(scale, loss.dtype)
 
         plans, sources = [], []
         for c in self.chosen:
@@ -373,7 +460,7 @@ class LayerCapture:
             sources.extend(rec.outputs)
         gradients = tape.gradient(loss, sources, unconnected_gradients=tf.UnconnectedGradients.ZERO)
 
-        outputs, self.plans, skipped = [], [], []
+        outputs, self.plans = [], []
         g = iter(gradients)
         for c, rec in plans:
             input_grads = [next(g) for _ in rec.inputs]
@@ -385,15 +472,25 @@ class LayerCapture:
                 (fmt.OUTPUT_GRADIENT, output_grads),
             )
             for role, tensors in groups:
+                divisor = None if role == fmt.ACTIVATION else scale
                 for i, t in enumerate(tensors):
                     plan.tensors.append(
-                        TensorPlan(fmt.tensor_name(role, i, len(tensors)), role, i, t.shape.as_list(), t.dtype.name)
+                        TensorPlan(
+                            fmt.tensor_name(role, i, len(tensors)),
+                            role,
+                            i,
+                            t.shape.as_list(),
+                            t.dtype.name,
+                            loss_scaled=divisor is not None,
+                        )
                     )
-                    outputs.extend(tensor_summary(t))
+                    outputs.extend(tensor_summary(t, divisor=divisor))
             if plan.pooling is not None and len(rec.inputs) == 1 and len(rec.outputs) == 1:
                 plan.has_routing = True
                 outputs.append(
-                    routing_summary(rec.original_call, rec.inputs[0], input_grads[0], output_grads[0], plan.pooling)
+                    routing_summary(
+                        rec.original_call, rec.inputs[0], input_grads[0], output_grads[0], plan.pooling, divisor=scale
+                    )
                 )
             self.plans.append(plan)
         self._skipped = [c.path for c in self.chosen if not recordings[c.path].outputs]
@@ -413,19 +510,29 @@ class LayerCapture:
             for t in plan.tensors:
                 histogram, stats = next(it), next(it)
                 content = dict(layer_content, role=t.role, index=t.index, shape=t.shape, dtype=t.dtype)
+                if t.role != fmt.ACTIVATION:
+                    content["loss_scaled"] = t.loss_scaled
                 records += fmt.tensor_records(plan.chosen.path, t.name, histogram, stats, content)
             if plan.has_routing:
                 records += fmt.routing_records(plan.chosen.path, next(it), layer_content)
         return records, list(self._skipped)
 
 
-def tensor_summary(t, buckets=fmt.HISTOGRAM_BUCKETS):
+def tensor_summary(t, buckets=fmt.HISTOGRAM_BUCKETS, divisor=None):
     """Returns `[histogram [k, 3], stats [STATS_LENGTH]]` of a tensor, on device.
 
     The same computation as `format.linear_histogram` and `format.stats_vector`,
     in float64, so counts agree exactly with the numpy definition.
+
+    Args:
+      t: a floating-point tensor (float16 and bfloat16 widen exactly).
+      buckets: the number of linear histogram buckets.
+      divisor: None, or a float64 scalar that the widened values are divided
+        by first (the loss scale; a power of two divides exactly).
     """
     v = tf.reshape(tf.cast(t, tf.float64), [-1])
+    if divisor is not None:
+        v = _divide(v, divisor)
     count = tf.size(v, out_type=tf.int64)
     zeros = tf.math.count_nonzero(tf.equal(v, 0.0))
     nans = tf.math.count_nonzero(tf.math.is_nan(v))
@@ -453,6 +560,17 @@ def tensor_summary(t, buckets=fmt.HISTOGRAM_BUCKETS):
     return [_linear_histogram(finite, low, high, n, buckets), stats]
 
 
+def _divide(x, y):
+    """`x / y`, correctly rounded even when `y` is a constant.
+
+    In a tf.function, Grappler rewrites division by a constant into
+    multiplication by its reciprocal, which can differ in the last bit
+    (span / 30 did), so bucket edges would not be `format.linear_histogram`'s.
+    DivNoNan is not rewritten; `y` is never zero here.
+    """
+    return tf.math.divide_no_nan(x, y)
+
+
 def _bincount(indices, length):
     return tf.math.bincount(tf.cast(indices, tf.int32), minlength=length, maxlength=length, dtype=tf.float64)
 
@@ -460,7 +578,7 @@ def _bincount(indices, length):
 def _linear_histogram(finite, low, high, n, buckets):
     span = high - low
     spread = tf.logical_and(n > 0, span > 0)
-    width = tf.where(spread, span / buckets, 1.0)
+    width = tf.where(spread, _divide(span, tf.constant(buckets, tf.float64)), 1.0)
     index = tf.cast(tf.floor((finite - tf.where(spread, low, 0.0)) / width), tf.int64)
     index = tf.clip_by_value(index, 0, buckets - 1)
     counts = _bincount(index, buckets)
@@ -480,14 +598,20 @@ def _linear_histogram(finite, low, high, n, buckets):
     return tf.where(spread, spread_histogram, tf.where(n > 0, single, empty))
 
 
-def routing_summary(original_call, inputs, input_gradient, output_gradient, pooling):
+def routing_summary(original_call, inputs, input_gradient, output_gradient, pooling, divisor=None):
     """Returns the routing record (`format.ROUTING_FIELDS`) of a pooling layer.
 
     Routing is the gradient of `sum(pool(x))`: for each input position, how
     many windows send their gradient to it (TensorFlow's MaxPoolGrad picks the
     first maximum of a tied window). It depends on where the maxima are, not
-    on the upstream values.
+    on the upstream values. The gradient sums are divided by `divisor` (the
+    loss scale) when it is given, as in `tensor_summary`.
     """
+
+    def gradient(t):
+        t = tf.cast(t, tf.float64)
+        return t if divisor is None else _divide(t, divisor)
+
     with tf.GradientTape() as tape:
         tape.watch(inputs)
         pooled = original_call(inputs)
@@ -502,9 +626,9 @@ def routing_summary(original_call, inputs, input_gradient, output_gradient, pool
             tf.cast(tf.math.count_nonzero(routes > 0), tf.float64),
             tf.cast(tf.size(pooled), tf.float64),
             tf.cast(tied, tf.float64),
-            tf.reduce_sum(tf.cast(input_gradient, tf.float64)),
-            tf.reduce_sum(tf.cast(output_gradient, tf.float64)),
-            tf.reduce_sum(tf.abs(tf.cast(output_gradient, tf.float64))),
+            tf.reduce_sum(gradient(input_gradient)),
+            tf.reduce_sum(gradient(output_gradient)),
+            tf.reduce_sum(tf.abs(gradient(output_gradient))),
         ]
     )
 
