@@ -327,6 +327,8 @@ def _blank_if_none(value):
 
 
 def _demo(args):
+    if os.path.exists(args.logdir) and not os.path.isdir(args.logdir):
+        raise CommandError(f"--logdir must be a directory; received {args.logdir!r}, which is a file")
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     started = time.monotonic()
     print(f"Training into {os.path.abspath(args.logdir)} (data generated, no download)...", flush=True)
@@ -362,7 +364,10 @@ def serve(logdir, host, port, seconds=None):
             "gradviz=0,histograms=0",
         ]
     )
-    url = board.launch()
+    try:
+        url = board.launch()
+    except program.TensorBoardServerException as e:
+        raise CommandError(f"cannot serve TensorBoard on {host}:{port}: {e.msg}", EXIT_NO_DATA) from None
     print(f"GradViz tab: {url}#gradviz", flush=True)
     print("Press Ctrl-C to stop.", flush=True)
     deadline = None if seconds is None else time.monotonic() + seconds

@@ -5,6 +5,7 @@ import io
 import json
 import os
 import re
+import socket
 import subprocess
 import sys
 import time
@@ -135,6 +136,19 @@ def test_bad_arguments_give_a_message_and_a_status(logdir, args, status, message
     code, out, err = run_cli(*[a.format(logdir=logdir) for a in args])
     assert code == status
     assert message in err and "Traceback" not in err + out
+
+
+def test_demo_into_a_file_or_onto_a_busy_port_fails_cleanly(tmp_path):
+    a_file = tmp_path / "f.txt"
+    a_file.write_text("x")
+    status, out, err = run_cli("demo", "--logdir", a_file)
+    assert status == 2 and "--logdir must be a directory" in err and "Traceback" not in err + out
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        status, out, err = run_cli("demo", "--model", "cnn", "--steps", "1", "--logdir", tmp_path / "logs",
+                                   "--port", busy.getsockname()[1], "--serve-seconds", "1")
+    assert status == 1 and "cannot serve TensorBoard on 127.0.0.1:" in err and "Traceback" not in err
 
 
 def test_a_file_an_empty_folder_and_a_foreign_logdir(tmp_path):
