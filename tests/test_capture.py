@@ -205,3 +205,75 @@ def test_resnet50_nested_in_sequential_logs_its_two_pooling_layers(tmp_path):
     ]
     avg = eventdata.routing(log, "resnet50/avg_pool")
     assert avg["windows"] == 4 * 2048 and avg["routed_positions"] == avg["input_positions"] == 4 * 1 * 1 * 2048
+
+
+def awkward_rows(rng, size):
+    """Rows that exercise every branch of the statistics: NaN, ±Inf, zeros of
+    both signs, all equal, nothing finite, values on and next to every
+    magnitude edge (both signs), and a wide spread of magnitudes."""
+    f32 = np.float32
+    edges = fmt.LOG_EDGES.astype(f32)
+    near = np.concatenate([edges, np.nextafter(edges, f32(0)), np.nextafter(edges, f32(np.inf)), [1e-13, 1e-37, 3e38]])
+    near = np.concatenate([near, -near]).astype(f32)
+    rows = [
+        rng.standard_normal(size).astype(f32),
+        np.resize(near, size),
+        (rng.standard_normal(size) * 10.0 ** rng.uniform(-14, 8, size)).astype(f32),
+        np.zeros(size, f32),
+        np.full(size, -0.0, f32),
+        np.full(size, 2.5, f32),
+        np.full(size, np.nan, f32),
+    ]
+    special = rng.standard_normal(size).astype(f32)
+    special[:5] = [np.nan, np.inf, -np.inf, 0.0, -0.0]
+    rows.append(special)
+    return rows
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "float64"])
+@pytest.mark.parametrize("divisor", [None, 1024.0])
+def test_group_summary_rows_equal_the_numpy_definition(dtype, divisor):
+    from tb_gradviz import capture
+
+    rng = np.random.default_rng(5)
+    with np.errstate(over="ignore"):  # float16: 3e38 and 1e6 become inf, as intended
+        rows = [r.astype(dtype) for r in awkward_rows(rng, 4 * 9 * 9)]
+    finite_only = [r for r in rows if np.isfinite(r).all()]
+    summarise = tf.function(
+        lambda ts: capture.group_summary(ts, divisor=None if divisor is None else tf.constant(divisor, tf.float64)),
+        autograph=False,
+    )
+    # Each group once with non-finite rows (masked branch) and once without.
+    for group in (rows, finite_only):
+        histograms, stats = [o.numpy() for o in summarise([tf.constant(r.reshape(4, 9, 9)) for r in group])]
+        for r, row in enumerate(group):
+            values = row.astype(np.float64) / (divisor or 1.0)
+            expected = fmt.stats_vector(values)
+            summed = [fmt.STATS_FIELDS.index(f) for f in ("mean", "std", "sum")]
+            exact = np.setdiff1d(np.arange(fmt.STATS_LENGTH), summed)
+            np.testing.assert_array_equal(stats[r, exact], expected[exact], err_msg=f"row {r}")
+            # Sums agree to float64 rounding, judged against the sum of |x| (rows cancel).
+            scale = np.abs(values[np.isfinite(values)]).sum()
+            np.testing.assert_allclose(stats[r, summed], expected[summed], rtol=1e-9, atol=1e-12 * scale, err_msg=f"row {r}")
+            np.testing.assert_array_equal(histograms[r], fmt.linear_histogram(values), err_msg=f"row {r}")
+
+
+def test_float32_values_are_far_enough_from_the_magnitude_edges_for_a_float64_log():
+    # capture's float32 path bins by floor(2 log10 |x|) in float64 without
+    # comparing against the edges: that needs every float32 value that is not
+    # an edge to stay well away from one (in relative terms), see _LOG_NUDGE.
+    from decimal import Decimal, getcontext
+
+    from tb_gradviz import capture
+
+    getcontext().prec = 50
+    closest = Decimal(1)
+    for k in range(len(fmt.LOG_EDGES)):
+        edge = Decimal(10) ** (Decimal(k + 2 * fmt.LOG_MIN_EXPONENT) / 2)
+        f = np.float32(float(edge))
+        for a in (np.nextafter(f, np.float32(0)), f, np.nextafter(f, np.float32(np.inf))):
+            gap = abs(Decimal(float(a)) - edge) / edge
+            if gap:
+                closest = min(closest, gap)
+    # In units of 2 log10 |x|, a relative gap g is ~0.87 g; the nudge must sit well inside it.
+    assert float(closest) * 0.8 > 10 * capture._LOG_NUDGE
