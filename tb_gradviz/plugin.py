@@ -73,6 +73,10 @@ _LOG_EDGES = fmt.LOG_EDGES.tolist()
 # Upper bound of the decoded-series cache, in time series (a 500-step stats
 # series is ~350 kB): enough for a few runs of 50 layers.
 _CACHE_MAX_SERIES = 2048
+# Tags per `read_tensors` request: 16 stats series of 1000 steps are ~11 MB,
+# far below the data server's 256 MB message limit (that allows ~20 000
+# steps per series).
+_READ_BATCH_TAGS = 16
 
 
 class _MethodNotAllowedError(errors.PublicError):
@@ -469,18 +473,73 @@ class GradVizPlugin(base_plugin.TBPlugin):
                 stale[tag] = time_series
             else:
                 result[tag] = series
-        if stale:
-            data = self._data_provider.read_tensors(
-                ctx,
-                experiment_id=experiment,
-                plugin_name=plugin_name,
-                downsample=_ALL_SAMPLES,
-                run_tag_filter=provider.RunTagFilter(runs=[run], tags=sorted(stale)),
-            ).get(run, {})
-            for tag, time_series in stale.items():
-                series = _decode_series(data.get(tag, []), row_shape, count_columns, min_length)
-                self._cache.put((experiment, plugin_name, run, tag), _version(time_series), series)
+        data = self._read_points(ctx, experiment, plugin_name, run, sorted(stale), _ALL_SAMPLES)
+        for tag, time_series in stale.items():
+            series = _decode_series(data.get(tag, []), row_shape, count_columns, min_length)
+            self._cache.put((experiment, plugin_name, run, tag), _version(time_series), series)
+            result[tag] = series
+        return result
+
+    def _read_points(self, ctx, experiment, plugin_name, run, tags, downsample):
+        """Returns `{tag: [provider.TensorDatum]}`, asking for `_READ_BATCH_TAGS` tags at a time.
+
+        The Rust data server answers in one gRPC message, which TensorBoard
+        caps at 256 MB: all 800 stats series of 200 layers x 1000 steps
+        (~560 MB) in one request failed with a 500. Last points alone
+        (`downsample=1`) are asked for at once: each request costs ~40 ms.
+        """
+        data = {}
+        batch = len(tags) if downsample == 1 else _READ_BATCH_TAGS
+        for start in range(0, len(tags), max(batch, 1)):
+            data.update(
+                self._data_provider.read_tensors(
+                    ctx,
+                    experiment_id=experiment,
+                    plugin_name=plugin_name,
+                    downsample=downsample,
+                    run_tag_filter=provider.RunTagFilter(runs=[run], tags=tags[start : start + batch]),
+                ).get(run, {})
+            )
+        return data
+
+    def _read_at(self, ctx, experiment, plugin_name, run, time_series_by_tag, limit, row_shape, count_columns,
+                 min_length=None):
+        """Like `_read`, for `/step`: series whose rows up to `limit` are all that is needed.
+
+        A series whose last step is `<= limit`, and whose full decoding is not
+        cached, is read as its last point alone (the provider always keeps
+        it): the grid at the latest step of 200 layers x 1000 steps reads 800
+        points, not 800 000. Any other series is read whole, through `_read`.
+        """
+        result = {}
+        full = {}
+        last_only = {}
+        for tag, time_series in time_series_by_tag.items():
+            cached = self._cache.get((experiment, plugin_name, run, tag), _version(time_series))
+            if cached is not None:
+                result[tag] = cached
+            elif time_series.max_step is not None and time_series.max_step <= limit:
+                last_only[tag] = time_series
+            else:
+                full[tag] = time_series
+        stale = {}
+        for tag, time_series in last_only.items():
+            series = self._cache.get((experiment, plugin_name, run, tag, "last"), _version(time_series))
+            if series is None:
+                stale[tag] = time_series
+            else:
                 result[tag] = series
+        data = self._read_points(ctx, experiment, plugin_name, run, sorted(stale), 1)
+        for tag, time_series in stale.items():
+            series = _decode_series(data.get(tag, []), row_shape, count_columns, min_length)
+            # A last point with a bad layout, or not at the listed last step:
+            # the row wanted is further back.
+            if len(series.steps) != 1 or int(series.steps[0]) != time_series.max_step:
+                full[tag] = time_series
+                continue
+            self._cache.put((experiment, plugin_name, run, tag, "last"), _version(time_series), series)
+            result[tag] = series
+        result.update(self._read(ctx, experiment, plugin_name, run, full, row_shape, count_columns, min_length))
         return result
 
     def _run_layers(self, ctx, experiment, run):
@@ -679,9 +738,11 @@ class GradVizPlugin(base_plugin.TBPlugin):
         limit = _INT64_MAX if step is None else step
         stats_series = {tag: ts for layer in layers.values() for tag, _, ts in layer["tensors"].values()}
         routing_series = {layer["routing"][0]: layer["routing"][2] for layer in layers.values() if layer["routing"]}
-        stats = self._read(ctx, experiment, metadata.PLUGIN_NAME, run, stats_series, (fmt.STATS_LENGTH,), _stats_counts)
-        routing = self._read(
-            ctx, experiment, metadata.PLUGIN_NAME, run, routing_series, _ROUTING_SHAPE, _routing_counts,
+        stats = self._read_at(
+            ctx, experiment, metadata.PLUGIN_NAME, run, stats_series, limit, (fmt.STATS_LENGTH,), _stats_counts
+        )
+        routing = self._read_at(
+            ctx, experiment, metadata.PLUGIN_NAME, run, routing_series, limit, _ROUTING_SHAPE, _routing_counts,
             _ROUTING_MIN_LENGTH,
         )
         snapshots = []
