@@ -78,7 +78,7 @@ def main():
     p.add_argument("--batch", type=int, default=16)
     p.add_argument("--layers", default="pool,all", help="comma list of pool, all")
     p.add_argument("--events", type=int, default=6)
-    p.add_argument("--summary", default="fast", choices=sorted(summary_variants.VARIANTS),
+    p.add_argument("--summary", default="current", choices=sorted(summary_variants.VARIANTS),
                    help="the records are identical for current and fast; fast traces and runs sooner")
     args = p.parse_args()
     if args.smoke:
