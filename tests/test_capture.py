@@ -277,3 +277,14 @@ def test_float32_values_are_far_enough_from_the_magnitude_edges_for_a_float64_lo
                 closest = min(closest, gap)
     # In units of 2 log10 |x|, a relative gap g is ~0.87 g; the nudge must sit well inside it.
     assert float(closest) * 0.8 > 10 * capture._LOG_NUDGE
+
+
+def test_float32_subnormals_count_as_zeros_on_device():
+    # TensorFlow's CPU kernels flush float32 subnormals to zero (docs/FORMAT.md).
+    from tb_gradviz import capture
+
+    values = tf.constant([1e-45, -1e-40, 0.0, 1.0], tf.float32)
+    _, stats = tf.function(lambda t: capture.tensor_summary(t))(values)
+    record = fmt.decode_stats(stats.numpy())
+    assert record["zeros"] == 3
+    assert sum(record["log_counts"]["positive"]) + sum(record["log_counts"]["negative"]) == 1
