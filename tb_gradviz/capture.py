@@ -458,20 +458,26 @@ class LayerCapture:
             plans.append((c, rec))
             sources.extend(rec.inputs)
             sources.extend(rec.outputs)
+        sole_inputs = _sole_inputs_of_outputs(rec for _, rec in plans)
         gradients = tape.gradient(loss, sources, unconnected_gradients=tf.UnconnectedGradients.ZERO)
 
         routings, summarised, self.plans = [], [], []
+        # Which summarised item each plan tensor reads: its own, or, for the
+        # input gradient that is the same values as another layer's output
+        # gradient, that one's (resolved once every item is known).
+        item_of_tensor, same_as_output = [], {}
+        item_of_output_gradient = {}
         g = iter(gradients)
         for c, rec in plans:
             input_grads = [next(g) for _ in rec.inputs]
             output_grads = [next(g) for _ in rec.outputs]
             plan = LayerPlan(c, [], pooling_description(c.layer))
             groups = (
-                (fmt.ACTIVATION, rec.outputs),
-                (fmt.INPUT_GRADIENT, input_grads),
-                (fmt.OUTPUT_GRADIENT, output_grads),
+                (fmt.ACTIVATION, rec.outputs, rec.outputs),
+                (fmt.INPUT_GRADIENT, input_grads, rec.inputs),
+                (fmt.OUTPUT_GRADIENT, output_grads, rec.outputs),
             )
-            for role, tensors in groups:
+            for role, tensors, forward in groups:
                 divisor = None if role == fmt.ACTIVATION else scale
                 for i, t in enumerate(tensors):
                     plan.tensors.append(
@@ -484,6 +490,14 @@ class LayerCapture:
                             loss_scaled=divisor is not None,
                         )
                     )
+                    producer = sole_inputs.get(id(forward[i])) if role == fmt.INPUT_GRADIENT else None
+                    if producer is not None:
+                        same_as_output[len(item_of_tensor)] = producer
+                        item_of_tensor.append(None)
+                        continue
+                    if role == fmt.OUTPUT_GRADIENT:
+                        item_of_output_gradient[id(forward[i])] = len(summarised)
+                    item_of_tensor.append(len(summarised))
                     summarised.append((t, divisor))
             if plan.pooling is not None and len(rec.inputs) == 1 and len(rec.outputs) == 1:
                 plan.has_routing = True
@@ -495,14 +509,18 @@ class LayerCapture:
             self.plans.append(plan)
         self._skipped = [c.path for c in self.chosen if not recordings[c.path].outputs]
 
+        for position, producer in same_as_output.items():
+            item_of_tensor[position] = item_of_output_gradient[id(producer)]
+
         # All tensors' statistics at once, a group of equal-sized tensors per
-        # op (see group_summary); `_records` finds tensor i at self._rows[i].
-        outputs, self._rows = [], [None] * len(summarised)
+        # op (see group_summary); `_records` finds plan tensor k at self._rows[k].
+        outputs, rows = [], [None] * len(summarised)
         for indices, divisor in summary_chunks(summarised):
             histograms, stats = group_summary([summarised[i][0] for i in indices], divisor=divisor)
             for row, i in enumerate(indices):
-                self._rows[i] = (len(outputs), row)
+                rows[i] = (len(outputs), row)
             outputs += [histograms, stats]
+        self._rows = [rows[item] for item in item_of_tensor]
         self._routing_start = len(outputs)
         outputs += routings
 
@@ -529,6 +547,36 @@ class LayerCapture:
             if plan.has_routing:
                 records += fmt.routing_records(plan.chosen.path, next(routings), layer_content)
         return records, list(self._skipped)
+
+
+def _sole_inputs_of_outputs(recordings):
+    """Maps each recorded input that is the only use of a recorded output to that output.
+
+    When layer B's input is layer A's output and nothing else uses it, the
+    gradient through B's input (what B hands back) is all the gradient A's
+    output gets: B's input gradient and A's output gradient are the same
+    values, bit for bit, and are summarised once. In a chain of chosen layers
+    (conv, BatchNorm, ReLU, ...) that is every other gradient tensor.
+
+    Returns:
+      `{id(input identity tensor): output tensor}`; empty when executing
+      eagerly, where tensors have no consumers to look at.
+    """
+    if tf.executing_eagerly():
+        return {}
+    recordings = list(recordings)
+    # Graph tensors are named uniquely; `op.inputs` need not return the same Python objects.
+    outputs = {t.name: t for rec in recordings for t in rec.outputs}
+    result = {}
+    for rec in recordings:
+        for t in rec.inputs:
+            source = t.op.inputs[0] if t.op.type == "Identity" else None
+            if source is None or source.name not in outputs:
+                continue
+            # Consumers in the forward graph only: the backward pass is built after this.
+            if [op.name for op in source.consumers()] == [t.op.name]:
+                result[id(t)] = outputs[source.name]
+    return result
 
 
 # Statistics are computed for many tensors at once: the captured tensors are

@@ -288,3 +288,31 @@ def test_float32_subnormals_count_as_zeros_on_device():
     record = fmt.decode_stats(stats.numpy())
     assert record["zeros"] == 3
     assert sum(record["log_counts"]["positive"]) + sum(record["log_counts"]["negative"]) == 1
+
+
+def test_a_chain_summarises_each_shared_gradient_once_with_the_same_records(monkeypatch):
+    # conv -> bn -> relu -> pool -> flat -> dense: each layer's input gradient is
+    # the previous layer's output gradient, bit for bit.
+    from tb_gradviz import capture
+
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential(
+        [keras.Input((8, 8, 3)), layers.Conv2D(4, 3, padding="same", name="conv"), layers.BatchNormalization(name="bn"),
+         layers.ReLU(name="relu"), layers.MaxPooling2D(name="pool"), layers.Flatten(name="flat"), layers.Dense(2, name="dense")]
+    )
+    model.compile("sgd", "mse")
+    rng = np.random.default_rng(0)
+    x, y = tf.constant(rng.random((4, 8, 8, 3), "float32")), tf.constant(rng.random((4, 2), "float32"))
+    chosen = capture.select_layers(model, ["*"])
+
+    found = []
+    sole_inputs = capture._sole_inputs_of_outputs
+    monkeypatch.setattr(capture, "_sole_inputs_of_outputs", lambda recs: found.append(sole_inputs(recs)) or found[-1])
+    shared, _ = capture.LayerCapture(model, chosen).run(x, y)
+    monkeypatch.setattr(capture, "_sole_inputs_of_outputs", lambda recs: {})
+    separate, _ = capture.LayerCapture(model, chosen).run(x, y)
+
+    assert len(found[0]) == 5  # every link of the chain
+    assert [tag for tag, _, _ in shared] == [tag for tag, _, _ in separate]
+    for (tag, a, _), (_, b, _) in zip(shared, separate):
+        np.testing.assert_array_equal(a, b, err_msg=tag)
