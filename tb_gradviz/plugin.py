@@ -464,21 +464,38 @@ class GradVizPlugin(base_plugin.TBPlugin):
           row_shape, count_columns, min_length: the record layout (see
             `_decode_series`).
         """
-        result = {}
-        stale = {}
+        layout = (row_shape, count_columns, min_length)
+        return self._read_cached(ctx, experiment, plugin_name, run, time_series_by_tag, layout, _ALL_SAMPLES)[0]
+
+    def _read_cached(self, ctx, experiment, plugin_name, run, time_series_by_tag, layout, downsample, accept=None):
+        """Reads and decodes the series not cached for this listing; caches what `accept`s.
+
+        Args:
+          layout: `(row_shape, count_columns, min_length)` for `_decode_series`.
+          downsample: what to ask the provider for; series read with
+            different `downsample` are cached apart.
+          accept: None, or `(series, time_series) -> bool`; a decoded series
+            it refuses is neither cached nor returned.
+
+        Returns:
+          `({tag: _Series}, {tag: time_series refused by accept})`.
+        """
+        result, stale, refused = {}, {}, {}
         for tag, time_series in time_series_by_tag.items():
-            key = (experiment, plugin_name, run, tag)
-            series = self._cache.get(key, _version(time_series))
+            series = self._cache.get((experiment, plugin_name, run, tag, downsample), _version(time_series))
             if series is None:
                 stale[tag] = time_series
             else:
                 result[tag] = series
-        data = self._read_points(ctx, experiment, plugin_name, run, sorted(stale), _ALL_SAMPLES)
+        data = self._read_points(ctx, experiment, plugin_name, run, sorted(stale), downsample)
         for tag, time_series in stale.items():
-            series = _decode_series(data.get(tag, []), row_shape, count_columns, min_length)
-            self._cache.put((experiment, plugin_name, run, tag), _version(time_series), series)
+            series = _decode_series(data.get(tag, []), *layout)
+            if accept is not None and not accept(series, time_series):
+                refused[tag] = time_series
+                continue
+            self._cache.put((experiment, plugin_name, run, tag, downsample), _version(time_series), series)
             result[tag] = series
-        return result
+        return result, refused
 
     def _read_points(self, ctx, experiment, plugin_name, run, tags, downsample):
         """Returns `{tag: [provider.TensorDatum]}`, asking for `_READ_BATCH_TAGS` tags at a time.
@@ -511,35 +528,28 @@ class GradVizPlugin(base_plugin.TBPlugin):
         it): the grid at the latest step of 200 layers x 1000 steps reads 800
         points, not 800 000. Any other series is read whole, through `_read`.
         """
-        result = {}
-        full = {}
-        last_only = {}
+        layout = (row_shape, count_columns, min_length)
+        result, full, last_only = {}, {}, {}
         for tag, time_series in time_series_by_tag.items():
-            cached = self._cache.get((experiment, plugin_name, run, tag), _version(time_series))
+            cached = self._cache.get((experiment, plugin_name, run, tag, _ALL_SAMPLES), _version(time_series))
             if cached is not None:
                 result[tag] = cached
             elif time_series.max_step is not None and time_series.max_step <= limit:
                 last_only[tag] = time_series
             else:
                 full[tag] = time_series
-        stale = {}
-        for tag, time_series in last_only.items():
-            series = self._cache.get((experiment, plugin_name, run, tag, "last"), _version(time_series))
-            if series is None:
-                stale[tag] = time_series
-            else:
-                result[tag] = series
-        data = self._read_points(ctx, experiment, plugin_name, run, sorted(stale), 1)
-        for tag, time_series in stale.items():
-            series = _decode_series(data.get(tag, []), row_shape, count_columns, min_length)
+
+        def is_listed_last_point(series, time_series):
             # A last point with a bad layout, or not at the listed last step:
             # the row wanted is further back.
-            if len(series.steps) != 1 or int(series.steps[0]) != time_series.max_step:
-                full[tag] = time_series
-                continue
-            self._cache.put((experiment, plugin_name, run, tag, "last"), _version(time_series), series)
-            result[tag] = series
-        result.update(self._read(ctx, experiment, plugin_name, run, full, row_shape, count_columns, min_length))
+            return len(series.steps) == 1 and int(series.steps[0]) == time_series.max_step
+
+        last, refused = self._read_cached(
+            ctx, experiment, plugin_name, run, last_only, layout, 1, accept=is_listed_last_point
+        )
+        result.update(last)
+        full.update(refused)
+        result.update(self._read(ctx, experiment, plugin_name, run, full, *layout))
         return result
 
     def _run_layers(self, ctx, experiment, run):
