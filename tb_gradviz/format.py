@@ -187,6 +187,23 @@ def _tensor_proto(array):
     )
 
 
+def summary_proto(records, carries_metadata):
+    """Returns a `Summary` holding `records`, each a `(tag, array, summary_metadata)`.
+
+    Args:
+      records: the values, in order; arrays are written as float64 tensors.
+      carries_metadata: `tag -> bool`, whether that value carries its
+        metadata (TensorBoard keeps a series' first metadata, so writers send
+        it once per tag and file).
+    """
+    summary = summary_pb2.Summary()
+    for tag, array, summary_metadata in records:
+        value = summary.value.add(tag=tag, tensor=_tensor_proto(array))
+        if carries_metadata(tag):
+            value.metadata.CopyFrom(summary_metadata)
+    return summary
+
+
 class EventLog:
     """Writes tb_gradviz records into one event file of a run directory.
 
@@ -209,12 +226,10 @@ class EventLog:
           records: iterable of `(tag, array, summary_metadata)`.
           wall_time: seconds since the epoch; defaults to now.
         """
-        summary = summary_pb2.Summary()
-        for tag, array, summary_metadata in records:
-            value = summary.value.add(tag=tag, tensor=_tensor_proto(array))
-            if tag not in self._tags_with_metadata:
-                value.metadata.CopyFrom(summary_metadata)
-                self._tags_with_metadata.add(tag)
+        records = list(records)
+        first_values = {tag for tag, _, _ in records} - self._tags_with_metadata
+        summary = summary_proto(records, first_values.__contains__)
+        self._tags_with_metadata |= first_values
         if not summary.value:
             return
         if self._writer is None:
@@ -223,11 +238,6 @@ class EventLog:
         event.wall_time = time.time() if wall_time is None else wall_time
         self._writer.add_event(event)
         self._writer.flush()
-
-    @property
-    def path(self):
-        """The event file's path, or None before the first write."""
-        return None if self._writer is None else self._writer.get_logdir()
 
     def close(self):
         """Closes the file; a later `write` opens a new one."""

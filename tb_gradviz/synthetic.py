@@ -19,7 +19,7 @@ import struct
 import time
 
 import numpy as np
-from tensorboard.compat.proto import event_pb2, summary_pb2
+from tensorboard.compat.proto import event_pb2
 
 from tb_gradviz import format as fmt
 
@@ -182,11 +182,7 @@ def _write_records(stream, events):
 
 def _summary_field(records, with_metadata):
     """The serialized `summary` field (number 5) of an Event holding `records`."""
-    summary = summary_pb2.Summary()
-    for tag, array, summary_metadata in records:
-        value = summary.value.add(tag=tag, tensor=fmt._tensor_proto(array))
-        if with_metadata:
-            value.metadata.CopyFrom(summary_metadata)
+    summary = fmt.summary_proto(records, lambda tag: with_metadata)
     return event_pb2.Event(summary=summary).SerializeToString()
 
 
