@@ -350,6 +350,7 @@ class LayerCapture:
         self.training = bool(training)
         self._loss = None if loss is None else as_loss(loss)
         self.plans = None
+        self._collective_ops = None
         self._probe = tf.function(self._probe_fn, autograph=False)
 
     @property
@@ -375,13 +376,18 @@ class LayerCapture:
 
         Traces the pass if it is not traced yet (the trace is kept, so `run`
         does not trace again). Empty when the pass runs on this worker alone.
+        Computed once: the probe batch, hence the trace, does not change, and
+        serialising the graph at every log event would cost each worker time.
         """
+        if self._collective_ops is not None:
+            return self._collective_ops
         with self.model.distribute_strategy.scope():
             graph = self._probe.get_concrete_function(x, y, sample_weight).graph
         types = {op.type for op in graph.get_operations()}
         for function in graph.as_graph_def().library.function:
             types.update(node.op for node in function.node_def)
-        return sorted(t for t in types if t.startswith(("Collective", "Nccl")))
+        self._collective_ops = sorted(t for t in types if t.startswith(("Collective", "Nccl")))
+        return self._collective_ops
 
     def _state_components(self):
         """Returns the per-device variables behind all state the pass may write.
