@@ -1,13 +1,18 @@
-"""Variants of `capture.group_summary`, to measure capture's statistics against alternatives.
+"""Variants of capture's statistics, to measure them against alternatives.
 
-The bench scripts swap `capture.group_summary` (looked up at trace time by
-`LayerCapture._probe_fn`) for one of these with `--summary NAME`. Each takes
-`(tensors, divisor=None, buckets=30)`, tensors of one size and dtype, and
-returns `(histograms [R, k, 3], stats [R, STATS_LENGTH])`.
+The bench scripts pick one with `--summary NAME` before the pass is traced:
+where the statistics are computed (`capture.default_statistics`, looked up
+when a `LayerCapture` is made) and, on the device, which `group_summary`
+(looked up at trace time by `LayerCapture._probe_fn`). A device variant
+takes `(tensors, divisor=None, buckets=30)`, tensors of one size and dtype,
+and returns `(histograms [R, k, 3], stats [R, STATS_LENGTH])`.
 
-- `current`: capture.py as it is (grouped tensors, row-wise ops, no masks
-  unless a value is NaN or Inf, magnitude bins from a float64 log).
-- `previous`: capture.py before the grouping (commit 2610232): per tensor,
+- `current`: capture.py as it is on this machine (on a CPU: the tensors
+  leave the pass and `kernels` summarises each in two fused passes).
+- `device`: capture.py's TensorFlow statistics, what it runs on an
+  accelerator (grouped tensors, row-wise ops, no masks unless a value is NaN
+  or Inf, magnitude bins from a float64 log).
+- `previous`: capture.py's device statistics before the grouping (commit 2610232): per tensor,
   `tf.boolean_mask` of the finite and non-zero values, `tf.searchsorted` for
   the magnitude bins, ~70 ops per tensor.
 - `null`: no statistics at all (one sum per tensor): the floor that the
@@ -19,6 +24,7 @@ import tensorflow as tf
 
 from tb_gradviz import capture
 from tb_gradviz import format as fmt
+from tb_gradviz import kernels
 
 
 def _previous_tensor_summary(t, buckets, divisor):
@@ -74,21 +80,38 @@ def null_group_summary(tensors, divisor=None, buckets=fmt.HISTOGRAM_BUCKETS):
     return tf.tile(totals[:, None, None], [1, buckets, 3]), tf.tile(totals[:, None], [1, fmt.STATS_LENGTH])
 
 
+_DEFAULT_STATISTICS = capture.default_statistics
+
+
+def _host_group_summary(tensors, divisor=None, buckets=fmt.HISTOGRAM_BUCKETS):
+    """What the host path computes, on numpy arrays (for `check_exact`)."""
+    rows = kernels.summaries((np.asarray(t), divisor) for t in tensors)
+    return np.stack([h for h, _ in rows]), np.stack([s for _, s in rows])
+
+
+# name -> (where, device group_summary)
 VARIANTS = {
-    "current": capture.group_summary,
-    "previous": previous_group_summary,
-    "null": null_group_summary,
+    "current": (None, capture.group_summary),
+    "device": ("device", capture.group_summary),
+    "previous": ("device", previous_group_summary),
+    "null": ("device", null_group_summary),
 }
 
 
 def use(name):
-    """Makes `LayerCapture` trace with the variant `name` from now on."""
-    capture.group_summary = VARIANTS[name]
+    """Makes the next `LayerCapture`s summarise with the variant `name`."""
+    where, group_summary = VARIANTS[name]
+    capture.default_statistics = _DEFAULT_STATISTICS if where is None else (lambda: where)
+    capture.group_summary = group_summary
 
 
 def check_exact(name, seed=0):
     """Asserts the variant gives format's numpy reference records, on awkward values."""
-    fn = tf.function(VARIANTS[name], autograph=False)
+    where, group_summary = VARIANTS[name]
+    if (where or _DEFAULT_STATISTICS()) == "host":
+        fn = _host_group_summary
+    else:
+        fn = tf.function(group_summary, autograph=False)
     rng = np.random.default_rng(seed)
     a = rng.standard_normal((4, 9, 9, 5)).astype(np.float32)
     a[a < 0.3] = 0
@@ -97,7 +120,7 @@ def check_exact(name, seed=0):
               [np.full(5, np.nan, np.float32), np.full(5, 2.5, np.float32)],
               [(rng.standard_normal(1000) * 10.0 ** rng.uniform(-14, 8, 1000)).astype(np.float32)]]
     for group in groups:
-        histograms, stats = [o.numpy() for o in fn([tf.constant(array) for array in group])]
+        histograms, stats = [np.asarray(o) for o in fn([tf.constant(array) for array in group])]
         for r, array in enumerate(group):
             expected = fmt.stats_vector(array)
             np.testing.assert_array_equal(histograms[r], fmt.linear_histogram(array))

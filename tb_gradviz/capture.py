@@ -3,8 +3,11 @@
 `LayerCapture` traces, once, a `tf.function` that runs the model forward on
 the probe batch, takes the loss, and backpropagates to the input and output of
 every chosen layer, wherever it sits (Sequential, Functional, subclassed or
-nested models). Histograms and statistics are computed on device; only bucket
-counts and scalars leave the function. The records follow `format`.
+nested models). The records follow `format`. Where the statistics are
+computed depends on where the model runs (see `default_statistics`): on a CPU
+the function returns the tensors and `kernels` summarises each in two fused
+passes; on an accelerator TensorFlow ops summarise them on the device and only
+bucket counts and scalars leave it.
 
 The tensors are caught inside the layer's own `call`: while the function is
 traced, each chosen layer's `call` is swapped for a wrapper that passes the
@@ -26,6 +29,7 @@ import numpy as np
 import tensorflow as tf
 
 from tb_gradviz import format as fmt
+from tb_gradviz import kernels
 
 _MAX_POOLING = tuple(
     getattr(keras.layers, name)
@@ -340,14 +344,22 @@ class LayerCapture:
         batch statistics, Dropout drops), as in a train step. The state that
         this changes (moving statistics, seed generators, metrics) is saved
         before the pass and written back after it, inside the same function.
+      statistics: `"host"` (the tensors leave the function and `kernels`
+        summarises them), `"device"` (TensorFlow ops summarise them in the
+        function, `group_summary`), or None for `default_statistics()`.
+        Both give the same records.
 
     Call `run(x, y, sample_weight)` to get the records of one log event.
     """
 
-    def __init__(self, model, chosen, loss=None, training=True):
+    def __init__(self, model, chosen, loss=None, training=True, statistics=None):
+        statistics = default_statistics() if statistics is None else statistics
+        if statistics not in STATISTICS:
+            raise ValueError(f"statistics must be one of {STATISTICS} or None; received {statistics!r}")
         self.model = model
         self.chosen = list(chosen)
         self.training = bool(training)
+        self.statistics = statistics
         self._loss = None if loss is None else as_loss(loss)
         self.plans = None
         self._collective_ops = None
@@ -368,8 +380,16 @@ class LayerCapture:
         # only in scope, and one trace must serve every call.
         with self.model.distribute_strategy.scope():
             outputs = self._probe(x, y, sample_weight)
-        outputs = [np.asarray(t) for t in outputs]  # counts and scalars only
-        return self._records(outputs)
+        outputs = [np.asarray(t) for t in outputs]  # on a CPU, no copy
+        routings = outputs[self._routing_start :]
+        if self.statistics == "host":
+            scale = float(outputs[self._routing_start - 1]) if self._divided else None
+            summaries = kernels.summaries(
+                (values, scale if divided else None) for values, divided in zip(outputs, self._divided_items)
+            )
+        else:
+            summaries = [(outputs[position][row], outputs[position + 1][row]) for position, row in self._group_rows]
+        return self._records([summaries[item] for item in self._items], routings)
 
     def collective_ops(self, x, y, sample_weight=None):
         """Returns the sorted op types of the pass that communicate across workers.
@@ -518,15 +538,25 @@ class LayerCapture:
         for position, producer in same_as_output.items():
             item_of_tensor[position] = item_of_output_gradient[id(producer)]
 
-        # All tensors' statistics at once, a group of equal-sized tensors per
-        # op (see group_summary); `_records` finds plan tensor k at self._rows[k].
-        outputs, rows = [], [None] * len(summarised)
-        for indices, divisor in summary_chunks(summarised):
-            histograms, stats = group_summary([summarised[i][0] for i in indices], divisor=divisor)
-            for row, i in enumerate(indices):
-                rows[i] = (len(outputs), row)
-            outputs += [histograms, stats]
-        self._rows = [rows[item] for item in item_of_tensor]
+        self._items = item_of_tensor  # plan tensor k is summarised item self._items[k]
+        if self.statistics == "host":
+            # The values themselves, float16 and bfloat16 widened (exactly)
+            # to what the kernel takes, then the loss scale if any divides.
+            outputs = [t if t.dtype in (tf.float32, tf.float64) else tf.cast(t, tf.float32) for t, _ in summarised]
+            self._divided_items = [divisor is not None for _, divisor in summarised]
+            self._divided = any(self._divided_items)
+            if self._divided:
+                outputs.append(scale)
+        else:
+            # All tensors' statistics at once, a group of equal-sized tensors
+            # per op (see group_summary); item i is row self._group_rows[i][1]
+            # of outputs self._group_rows[i][0] (histograms) and the next (stats).
+            outputs, self._group_rows = [], [None] * len(summarised)
+            for indices, divisor in summary_chunks(summarised):
+                histograms, stats = group_summary([summarised[i][0] for i in indices], divisor=divisor)
+                for row, i in enumerate(indices):
+                    self._group_rows[i] = (len(outputs), row)
+                outputs += [histograms, stats]
         self._routing_start = len(outputs)
         outputs += routings
 
@@ -537,15 +567,14 @@ class LayerCapture:
                 v.assign(value)
         return [tf.identity(t) for t in outputs]
 
-    def _records(self, outputs):
+    def _records(self, summaries, routings):
+        """Returns `run`'s result from each plan tensor's `(histogram, stats)` and the routings."""
         records = []
-        tensor_rows = iter(self._rows)
-        routings = iter(outputs[self._routing_start :])
+        summaries, routings = iter(summaries), iter(routings)
         for plan in self.plans:
             layer_content = plan.content
             for t in plan.tensors:
-                position, row = next(tensor_rows)
-                histogram, stats = outputs[position][row], outputs[position + 1][row]
+                histogram, stats = next(summaries)
                 content = dict(layer_content, role=t.role, index=t.index, shape=t.shape, dtype=t.dtype)
                 if t.role != fmt.ACTIVATION:
                     content["loss_scaled"] = t.loss_scaled
@@ -553,6 +582,21 @@ class LayerCapture:
             if plan.has_routing:
                 records += fmt.routing_records(plan.chosen.path, next(routings), layer_content)
         return records, list(self._skipped)
+
+
+STATISTICS = ("host", "device")
+
+
+def default_statistics():
+    """Returns where `LayerCapture` computes statistics: `"host"` when TensorFlow sees no accelerator.
+
+    On a CPU the host is the device: the tensors leave the function without a
+    copy and the fused `kernels` beat TensorFlow's one-pass-per-op CPU kernels
+    by ~10x (bench/RESULTS.md). An accelerator summarises its own tensors
+    rather than send every value over the bus.
+    """
+    accelerators = [d for d in tf.config.list_logical_devices() if d.device_type not in ("CPU",)]
+    return "device" if accelerators else "host"
 
 
 def _sole_inputs_of_outputs(recordings):

@@ -316,3 +316,40 @@ def test_a_chain_summarises_each_shared_gradient_once_with_the_same_records(monk
     assert [tag for tag, _, _ in shared] == [tag for tag, _, _ in separate]
     for (tag, a, _), (_, b, _) in zip(shared, separate):
         np.testing.assert_array_equal(a, b, err_msg=tag)
+
+
+def test_host_and_device_statistics_give_the_same_records():
+    # On a CPU the tensors leave the pass and `kernels` summarises them; on an
+    # accelerator TensorFlow ops do (`group_summary`). Both paths run here.
+    from tb_gradviz import capture
+
+    keras.utils.set_random_seed(3)
+    model = keras.Sequential(
+        [keras.Input((8, 8, 3)), layers.Conv2D(4, 3, padding="same", name="conv"), layers.BatchNormalization(name="bn"),
+         layers.ReLU(name="relu"), layers.MaxPooling2D(name="pool"), layers.Flatten(name="flat"), layers.Dense(2, name="dense")]
+    )
+    model.compile("sgd", "mse")
+    rng = np.random.default_rng(3)
+    x, y = tf.constant(rng.random((4, 8, 8, 3), "float32")), tf.constant(rng.random((4, 2), "float32"))
+    chosen = capture.select_layers(model, ["*"])
+    assert capture.default_statistics() == "host"  # this machine has no accelerator
+
+    host, _ = capture.LayerCapture(model, chosen, statistics="host").run(x, y)
+    device, _ = capture.LayerCapture(model, chosen, statistics="device").run(x, y)
+    assert [tag for tag, _, _ in host] == [tag for tag, _, _ in device]
+    summed = [fmt.STATS_FIELDS.index(f) for f in ("mean", "std", "sum")]
+    for (tag, a, _), (_, b, _) in zip(host, device):
+        if tag.endswith("/stats"):
+            exact = np.setdiff1d(np.arange(fmt.STATS_LENGTH), summed)
+            np.testing.assert_array_equal(a[exact], b[exact], err_msg=tag)
+            np.testing.assert_allclose(a[summed], b[summed], rtol=1e-9, atol=1e-15, err_msg=tag)
+        else:
+            np.testing.assert_array_equal(a, b, err_msg=tag)
+
+
+def test_an_unknown_statistics_path_is_refused():
+    from tb_gradviz import capture
+
+    model = keras.Sequential([keras.Input((4,)), layers.Dense(2, name="dense")])
+    with pytest.raises(ValueError, match=r"statistics must be one of \('host', 'device'\) or None; received 'gpu'"):
+        capture.LayerCapture(model, capture.select_layers(model, ["dense"]), statistics="gpu")

@@ -1,0 +1,131 @@
+"""The host kernel against format's numpy definition of the records."""
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+from tb_gradviz import format as fmt
+from tb_gradviz import kernels
+
+SUMMED = [fmt.STATS_FIELDS.index(f) for f in ("mean", "std", "sum")]
+EXACT = np.setdiff1d(np.arange(fmt.STATS_LENGTH), SUMMED)
+
+
+def assert_records_equal(values, divisor=None):
+    histogram, stats = kernels.summary(values, divisor)
+    widened = np.asarray(values, np.float64).ravel() / (1.0 if divisor is None else divisor)
+    expected = fmt.stats_vector(widened)
+    np.testing.assert_array_equal(stats[EXACT], expected[EXACT])
+    # Sums agree to float64 rounding, judged against the sum of |x| (values may cancel).
+    scale = np.abs(widened[np.isfinite(widened)]).sum()
+    np.testing.assert_allclose(stats[SUMMED], expected[SUMMED], rtol=1e-12, atol=1e-13 * scale)
+    np.testing.assert_array_equal(histogram, fmt.linear_histogram(widened))
+
+
+def edge_neighbours():
+    """Every magnitude edge, every power of two in float32's range, and their float64 neighbours."""
+    points = np.concatenate([fmt.LOG_EDGES, np.ldexp(1.0, np.arange(-149, 128))])
+    down, up = np.nextafter(points, 0), np.nextafter(points, np.inf)
+    return np.concatenate([points, down, up, np.nextafter(down, 0), np.nextafter(up, np.inf)])
+
+
+def test_octave_lookup_is_searchsorted_on_every_edge_and_its_neighbours():
+    magnitudes = np.concatenate([edge_neighbours(), [5e-324, 2.2e-308, 1e-300, 1e150]])
+    values = np.concatenate([magnitudes, -magnitudes])
+    _, stats = kernels.summary(values)
+    expected = fmt.stats_vector(values)
+    np.testing.assert_array_equal(stats[len(fmt.STATS_FIELDS) :], expected[len(fmt.STATS_FIELDS) :])
+    # The bins are not all alike: every one of the 2 x 38 holds some of these values.
+    assert np.all(stats[len(fmt.STATS_FIELDS) :] > 0)
+
+
+def test_float32_edge_neighbours_and_specials():
+    f = np.float32
+    edges = fmt.LOG_EDGES.astype(f)
+    values = np.concatenate(
+        [edges, np.nextafter(edges, f(0)), np.nextafter(edges, f(np.inf)), [0.0, -0.0, np.nan, np.inf, -np.inf, 1e-45, -1e-40]]
+    ).astype(f)
+    values = np.concatenate([values, -values])
+    assert_records_equal(values)
+    _, stats = kernels.summary(values)
+    record = fmt.decode_stats(stats)
+    # The four zeros are +-0.0 only: float32 subnormals are non-zero values
+    # here, in magnitude bin 0, as format defines (no flush-to-zero).
+    assert (record["count"], record["zeros"], record["nan"], record["pos_inf"], record["neg_inf"]) == (len(values), 4, 2, 2, 2)
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        np.zeros(0, np.float32),
+        np.zeros(7, np.float32),
+        np.full(5, np.nan, np.float32),
+        np.full(5, 2.5, np.float32),
+        np.array([np.inf, -np.inf, 3.0], np.float32),
+        np.array([-1.0, 1.0], np.float64),
+        np.arange(-1000, 1000, dtype=np.float32) / 7,  # values on bucket edges
+    ],
+    ids=["empty", "zeros", "all-nan", "all-equal", "one-finite", "two", "bucket-edges"],
+)
+def test_degenerate_inputs(values):
+    assert_records_equal(values)
+
+
+def test_empty_and_all_nan_give_nan_extrema_and_an_empty_histogram():
+    for values in (np.zeros(0, np.float32), np.full(3, np.nan, np.float32)):
+        histogram, stats = kernels.summary(values)
+        assert np.isnan(stats[5:10]).all()
+        np.testing.assert_array_equal(histogram, np.zeros((fmt.HISTOGRAM_BUCKETS, 3)))
+
+
+@pytest.mark.parametrize("divisor", [1024.0, 3.0, 2.0**-10])
+def test_the_divisor_divides_the_widened_values(divisor):
+    rng = np.random.default_rng(1)
+    values = (rng.standard_normal(5000) * 10.0 ** rng.uniform(-8, 4, 5000)).astype(np.float32)
+    values[:3] = [np.nan, np.inf, 0.0]
+    assert_records_equal(values, divisor)
+
+
+def test_multidimensional_and_non_contiguous_arrays():
+    rng = np.random.default_rng(2)
+    block = rng.standard_normal((4, 6, 6, 8)).astype(np.float32)
+    assert_records_equal(block)
+    assert_records_equal(block[:, ::2, :, 1:5])  # a strided view
+
+
+finite_or_special = st.one_of(
+    st.floats(width=32, allow_nan=True, allow_infinity=True, allow_subnormal=True),
+    st.sampled_from([0.0, -0.0, 1e-12, 1e6, float(np.float32(10**-0.5))]),
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(hnp.arrays(np.float32, st.integers(0, 300), elements=finite_or_special))
+def test_any_float32_array(values):
+    assert_records_equal(values)
+
+
+@settings(max_examples=100, deadline=None)
+# A span wider than float64's range would overflow the bucket width, in format too.
+@given(hnp.arrays(np.float64, st.integers(0, 200), elements=st.one_of(st.floats(-1e150, 1e150), st.sampled_from([np.nan, np.inf, -np.inf, -0.0]))))
+def test_any_float64_array(values):
+    assert_records_equal(values)
+
+
+def test_threads_give_the_sequential_results_in_input_order():
+    rng = np.random.default_rng(3)
+    items = [(rng.standard_normal(size).astype(np.float32), divisor) for size in (10, 100_000, 3, 5000) for divisor in (None, 8.0)]
+    threaded = kernels.summaries(items, workers=2)
+    for (values, divisor), (histogram, stats) in zip(items, threaded):
+        expected_histogram, expected_stats = kernels.summary(values, divisor)
+        np.testing.assert_array_equal(histogram, expected_histogram)
+        np.testing.assert_array_equal(stats, expected_stats)
+
+
+def test_other_dtypes_are_refused_with_what_was_received():
+    with pytest.raises(TypeError, match="float32 or float64 values; received int32"):
+        kernels.summary(np.arange(3, dtype=np.int32))
+    with pytest.raises(TypeError, match="received float16"):
+        kernels.summary(np.ones(3, np.float16))
