@@ -492,7 +492,7 @@ class LayerCapture:
         # input gradient that is the same values as another layer's output
         # gradient, that one's (resolved once every item is known).
         item_of_tensor, same_as_output = [], {}
-        item_of_output_gradient = {}
+        item_of_output_gradient, item_of_graph_tensor = {}, {}
         g = iter(gradients)
         for c, rec in plans:
             input_grads = [next(g) for _ in rec.inputs]
@@ -521,10 +521,14 @@ class LayerCapture:
                         same_as_output[len(item_of_tensor)] = producer
                         item_of_tensor.append(None)
                         continue
+                    # One graph tensor is summarised once: backprop hands the
+                    # same gradient tensor to both inputs of an Add, say.
+                    item = item_of_graph_tensor.setdefault(t.ref(), len(summarised))
+                    if item == len(summarised):
+                        summarised.append((t, divisor))
                     if role == fmt.OUTPUT_GRADIENT:
-                        item_of_output_gradient[id(forward[i])] = len(summarised)
-                    item_of_tensor.append(len(summarised))
-                    summarised.append((t, divisor))
+                        item_of_output_gradient[id(forward[i])] = item
+                    item_of_tensor.append(item)
             if plan.pooling is not None and len(rec.inputs) == 1 and len(rec.outputs) == 1:
                 plan.has_routing = True
                 routings.append(

@@ -353,3 +353,32 @@ def test_an_unknown_statistics_path_is_refused():
     model = keras.Sequential([keras.Input((4,)), layers.Dense(2, name="dense")])
     with pytest.raises(ValueError, match=r"statistics must be one of \('host', 'device'\) or None; received 'gpu'"):
         capture.LayerCapture(model, capture.select_layers(model, ["dense"]), statistics="gpu")
+
+
+def test_a_gradient_tensor_shared_by_two_inputs_is_summarised_once():
+    # Backprop hands Add's output gradient, the same tensor, to both inputs.
+    from tb_gradviz import capture
+
+    keras.utils.set_random_seed(4)
+    inputs = keras.Input((6,))
+    left, right = layers.Dense(5, name="left")(inputs), layers.Dense(5, name="right")(inputs)
+    outputs = layers.Dense(2, name="head")(layers.Add(name="add")([left, right]))
+    model = keras.Model(inputs, outputs)
+    model.compile("sgd", "mse")
+    rng = np.random.default_rng(4)
+    x, y = rng.random((8, 6), "float32"), rng.random((8, 2), "float32")
+
+    probe = capture.LayerCapture(model, capture.select_layers(model, ["add"]))
+    records, _ = probe.run(tf.constant(x), tf.constant(y))
+    assert probe._items == [0, 1, 1, 1]  # activation; input_gradient_0, _1 and output_gradient: one item
+    with tf.GradientTape() as tape:
+        added = model.get_layer("add")([model.get_layer("left")(x), model.get_layer("right")(x)])
+        tape.watch(added)
+        loss = keras.losses.MeanSquaredError()(y, model.get_layer("head")(added))
+    expected = tape.gradient(loss, added).numpy()
+    by_tag = {tag: array for tag, array, _ in records}
+    for tensor in ("input_gradient_0", "input_gradient_1", "output_gradient"):
+        np.testing.assert_array_equal(by_tag[fmt.histogram_tag("add", tensor)], fmt.linear_histogram(expected))
+        stats = by_tag[fmt.stats_tag("add", tensor)]
+        np.testing.assert_array_equal(stats[:7], fmt.stats_vector(expected)[:7])
+        np.testing.assert_allclose(stats[7:], fmt.stats_vector(expected)[7:], rtol=1e-9, atol=1e-15)
