@@ -1,16 +1,20 @@
 """The statistics of one tensor in two fused passes over its values, on the host.
 
 `format.linear_histogram` and `format.stats_vector` define the records; numpy
-computes them in ~20 passes over a float64 copy. Here numba compiles the same
-definition into two loops over the values as they are (float32 or float64):
-the first counts zeros and non-finite values, takes the extrema and the sum,
-and bins magnitudes; the second, which needs the extrema and the mean, fills
-the linear histogram and sums the squared deviations. Every count and edge is
-bit-identical to `format`'s; mean, std and sum differ from numpy's only in
-the order of float64 additions.
+computes them in ~20 passes over a float64 copy, TensorFlow's CPU kernels in
+~25 (one per op). Here numba compiles the same definition into two passes:
+the first takes the sum, the extrema and the zeros, the second, which needs
+the extrema and the mean, sums the squared deviations and fills both
+histograms. Every count and edge is bit-identical to `format`'s; mean, std
+and sum differ from numpy's only in the order of float64 additions.
 
-No fastmath: it would let LLVM turn `/ width` into a multiplication by the
-reciprocal and move values across bucket edges.
+Two kernels: `_summary_float32` for float32 values (what a float32 or mixed
+precision model gives without a loss scale), whose loops LLVM vectorizes,
+and `_summary` for anything else (float64 values, a divisor, or a NaN or Inf
+somewhere), one value at a time. Reassociation (fastmath "reassoc") is
+allowed only in the loops that add: it lets LLVM split a sum into vector
+lanes. Nowhere else: full fastmath would turn `/ width` into a
+multiplication by the reciprocal and move values across bucket edges.
 
 Imports neither TensorFlow nor Keras.
 """
@@ -23,20 +27,28 @@ import numpy as np
 
 from tb_gradviz import format as fmt
 
+_HEAD = len(fmt.STATS_FIELDS)
+_MAGNITUDE_BINS = fmt.MAGNITUDE_BINS
+_SUM = {"reassoc", "nsz", "contract"}  # fastmath flags for the loops that only add
+
+
 # Magnitude bins without a logarithm. A binary octave [2^e, 2^(e+1)) holds at
 # most one half-decade edge (sqrt(10) > 2), so for |v| in that octave
-#   searchsorted(LOG_EDGES, |v|, side="right") == _OCTAVE_BIN[e] + (|v| >= _OCTAVE_EDGE[e]),
-# where e is the float64 biased exponent field (0 for zero and subnormals) and
-# _OCTAVE_EDGE[e] is the edge inside the octave (+inf when there is none).
+#   searchsorted(LOG_EDGES, |v|, side="right") == OCTAVE_BIN[e] + (|v| >= OCTAVE_EDGE[e]),
+# where e is the biased exponent field (0 for zero and subnormals) and
+# OCTAVE_EDGE[e] is the edge inside the octave (+inf when there is none).
 # tests/test_kernels.py checks the identity on every edge and its neighbours.
-def _octave_tables():
-    exponents = np.arange(2047)  # field 2047 is inf and NaN, which never reach the bins
-    lows = np.ldexp(1.0, exponents - 1023)  # 2^e; field 0 covers zero and subnormals
-    lows[0] = 0.0
-    highs = np.append(np.ldexp(1.0, exponents[1:] - 1023), np.inf)
+def _octave_bins_and_edges(exponent_fields):
+    """`(OCTAVE_BIN, OCTAVE_EDGE)` for a binary format, by exponent field (the last, inf/NaN, excluded)."""
+    bias = exponent_fields // 2 - 1
+    fields = np.arange(exponent_fields - 1)
+    lows = np.ldexp(1.0, fields - bias)
+    lows[0] = 0.0  # field 0: zero and subnormals
+    highs = np.append(lows[1:], np.inf)
+    highs[0] = np.ldexp(1.0, 1 - bias)
     bins = np.searchsorted(fmt.LOG_EDGES, lows, side="right").astype(np.int64)
-    edges = np.full(2047, np.inf)
-    for e in exponents:
+    edges = np.full(len(fields), np.inf)
+    for e in fields:
         inside = fmt.LOG_EDGES[(fmt.LOG_EDGES > lows[e]) & (fmt.LOG_EDGES < highs[e])]
         assert inside.size <= 1, "a binary octave holds two half-decade edges"
         if inside.size:
@@ -44,16 +56,153 @@ def _octave_tables():
     return bins, edges
 
 
-_OCTAVE_BIN, _OCTAVE_EDGE = _octave_tables()
-_HEAD = len(fmt.STATS_FIELDS)
-_MAGNITUDE_BINS = fmt.MAGNITUDE_BINS
+_OCTAVE_BIN, _OCTAVE_EDGE = _octave_bins_and_edges(2048)
+
+
+def _float32_octave_table():
+    """Per float32 exponent field: `OCTAVE_BIN << 32 | key`, one load per value.
+
+    `key` is the bit pattern of the smallest float32 >= the octave's edge, so
+    for a float32 magnitude `|v| >= edge` iff `bits(|v|) >= key`.
+    """
+    bins, edges = _octave_bins_and_edges(256)
+    keys = np.full(256, np.iinfo(np.int32).max, np.int64)
+    for e, edge in enumerate(edges):
+        if np.isfinite(edge):
+            f = np.float32(edge)
+            if float(f) < edge:
+                f = np.nextafter(f, np.float32(np.inf))
+            keys[e] = int(f.view(np.int32))
+    bins = np.append(bins, len(fmt.LOG_EDGES))  # field 255 (inf, NaN) never reaches the bins
+    return (bins << 32) | keys
+
+
+_FLOAT32_OCTAVE = _float32_octave_table()
+
+
+# The float32 kernel works on blocks small enough to stay in the L1 cache
+# between its loops.
+_BLOCK = 4096
+
+
+@numba.njit(nogil=True, cache=True, fastmath=_SUM)
+def _sum_extrema_zeros(values, bits):
+    """Sum in float64, min and max as order keys of the bits, and the count of +-0.0."""
+    total = 0.0
+    zeros = 0
+    low = np.int32(0x7FFFFFFF)
+    high = np.int32(-0x80000000)
+    for i in range(values.size):
+        total += np.float64(values[i])
+        x = bits[i]
+        key = x ^ ((x >> 31) & 0x7FFFFFFF)  # ordered as the floats are (-0.0 just below +0.0)
+        low = min(low, key)
+        high = max(high, key)
+        zeros += (x & 0x7FFFFFFF) == 0
+    return total, low, high, zeros
+
+
+@numba.njit(nogil=True, cache=True)
+def _float32_of_key(key):
+    return np.int32(key ^ ((key >> 31) & 0x7FFFFFFF)).view(np.float32)
+
+
+@numba.njit(nogil=True, cache=True, fastmath=_SUM)
+def _squared_deviations(values, mean):
+    total = 0.0
+    for i in range(values.size):
+        d = np.float64(values[i]) - mean
+        total += d * d
+    return total
+
+
+@numba.njit(nogil=True, cache=True)
+def _linear_buckets(values, low, width, last, out):
+    """format.linear_histogram's bucket of each value: floor((v - low) / width), at most `last`."""
+    for i in range(values.size):
+        out[i] = min(np.int32(np.floor((np.float64(values[i]) - low) / width)), last)
+
+
+@numba.njit(nogil=True, cache=True)
+def _count_pairs(bits, linear, octave, joint):
+    """Counts (linear bucket, signed magnitude bin) pairs; zeros land in negative bin 0."""
+    columns = 2 * _MAGNITUDE_BINS
+    for i in range(bits.size):
+        x = bits[i]
+        a = x & 0x7FFFFFFF
+        entry = octave[a >> 23]
+        b = (entry >> 32) + (a >= (entry & 0xFFFFFFFF)) + (x > 0) * _MAGNITUDE_BINS
+        # Two interleaved tables, so that runs of one pair do not wait on each other's increments.
+        joint[i & 1, linear[i] * columns + b] += 1
+
+
+@numba.njit(nogil=True, cache=True)
+def _summary_float32(values, buckets, octave, octave_bin, octave_edge):
+    """`_summary` of float32 values, in vectorized loops; hands NaN and Inf to `_summary`."""
+    n = values.size
+    bits = values.view(np.int32)
+    total, low_key, high_key, zeros = _sum_extrema_zeros(values, bits)
+    if n == 0 or not np.isfinite(total):  # nothing, or a NaN or Inf somewhere
+        return _summary(values, 1.0, buckets, octave_bin, octave_edge)
+    low = np.float64(_float32_of_key(low_key))
+    high = np.float64(_float32_of_key(high_key))
+    mean = total / n
+    width = (high - low) / buckets
+    spread = high > low
+    columns = 2 * _MAGNITUDE_BINS
+    joint = np.zeros((2, buckets * columns), np.int64)
+    linear = np.zeros(_BLOCK, np.int32)  # all in bucket 0 when every value is equal
+    squares = 0.0
+    for begin in range(0, n, _BLOCK):
+        block = values[begin : begin + _BLOCK]
+        squares += _squared_deviations(block, mean)
+        if spread:
+            _linear_buckets(block, low, width, buckets - 1, linear)
+        _count_pairs(bits[begin : begin + _BLOCK], linear, octave, joint)
+    pairs = (joint[0] + joint[1]).reshape(buckets, columns)
+    return _records(n, zeros, 0, 0, 0, low, high, total, squares, pairs.sum(axis=1), pairs.sum(axis=0), buckets)
+
+
+@numba.njit(nogil=True, cache=True)
+def _records(n, zeros, nans, pos_inf, neg_inf, low, high, total, squares, linear, magnitude, buckets):
+    """`(histogram, stats)` from the sums and counts; zeros are still in negative magnitude bin 0."""
+    stats = np.zeros(_HEAD + 2 * _MAGNITUDE_BINS)
+    stats[0] = n
+    stats[1] = zeros
+    stats[2] = nans
+    stats[3] = pos_inf
+    stats[4] = neg_inf
+    stats[_HEAD:] = magnitude
+    stats[_HEAD] -= zeros
+    histogram = np.zeros((buckets, 3))
+    finite = n - nans - pos_inf - neg_inf
+    if finite == 0:
+        stats[5:_HEAD] = np.nan
+        return histogram, stats
+    stats[5] = low
+    stats[6] = high
+    stats[7] = total / finite
+    stats[8] = np.sqrt(squares / finite)
+    stats[9] = total
+    if high > low:
+        width = (high - low) / buckets
+        for j in range(buckets):
+            histogram[j, 0] = low + width * j
+            histogram[j, 1] = low + width * (j + 1)
+            histogram[j, 2] = linear[j]
+        histogram[buckets - 1, 1] = high
+    else:  # all equal: every row [x, x, 0] but the first, which counts them
+        histogram[:, 0] = low
+        histogram[:, 1] = low
+        histogram[0, 2] = finite
+    return histogram, stats
 
 
 @numba.njit(nogil=True, cache=True)
 def _summary(values, divisor, buckets, octave_bin, octave_edge):
+    """The records of `values / divisor`, one value at a time (any finite or non-finite values)."""
     n = values.size
     scaled = divisor != 1.0
-    stats = np.zeros(_HEAD + 2 * _MAGNITUDE_BINS)
     zeros = nans = pos_inf = neg_inf = 0
     low, high, total = np.inf, -np.inf, 0.0
     magnitude = np.zeros(2 * _MAGNITUDE_BINS, np.int64)
@@ -73,28 +222,17 @@ def _summary(values, divisor, buckets, octave_bin, octave_edge):
         low = min(low, v)
         high = max(high, v)
         zeros += v == 0.0
-        # Zeros land in negative bin 0 and are taken out below.
+        # Zeros land in negative bin 0; _records takes them out.
         a = np.float64(abs(v))
         e = (a.view(np.int64) >> 52) & 0x7FF
         b = octave_bin[e] + (a >= octave_edge[e]) + (v > 0.0) * _MAGNITUDE_BINS
         magnitude[b] += 1
-    magnitude[0] -= zeros
-    stats[_HEAD:] = magnitude
     finite = n - nans - pos_inf - neg_inf
-    stats[0] = n
-    stats[1] = zeros
-    stats[2] = nans
-    stats[3] = pos_inf
-    stats[4] = neg_inf
-    histogram = np.zeros((buckets, 3))
-    if finite == 0:
-        stats[5:_HEAD] = np.nan
-        return histogram, stats
-    mean = total / finite
-    counts = np.zeros(buckets, np.int64)
+    mean = total / max(finite, 1)
     width = (high - low) / buckets
+    linear = np.zeros(buckets, np.int64)
     squares = 0.0
-    for i in range(n):
+    for i in range(n if finite else 0):
         v = np.float64(values[i])
         if scaled:
             v = v / divisor
@@ -103,25 +241,8 @@ def _summary(values, divisor, buckets, octave_bin, octave_edge):
         d = v - mean
         squares += d * d
         if high > low:
-            counts[min(int(np.floor((v - low) / width)), buckets - 1)] += 1
-    stats[5] = low
-    stats[6] = high
-    stats[7] = mean
-    stats[8] = np.sqrt(squares / finite)
-    stats[9] = total
-    if high > low:
-        for j in range(buckets):
-            histogram[j, 0] = low + width * j
-            histogram[j, 1] = low + width * (j + 1)
-            histogram[j, 2] = counts[j]
-        histogram[buckets - 1, 1] = high
-    else:
-        for j in range(buckets):
-            histogram[j, 0] = low
-            histogram[j, 1] = low
-        histogram[0, 2] = finite
-    return histogram, stats
-
+            linear[min(int(np.floor((v - low) / width)), buckets - 1)] += 1
+    return _records(n, zeros, nans, pos_inf, neg_inf, low, high, total, squares, linear, magnitude, buckets)
 
 def summary(values, divisor=None, buckets=fmt.HISTOGRAM_BUCKETS):
     """Returns `(format.linear_histogram(v), format.stats_vector(v))` of `v = values / divisor`.
@@ -135,7 +256,9 @@ def summary(values, divisor=None, buckets=fmt.HISTOGRAM_BUCKETS):
     values = np.asarray(values)
     if values.dtype not in (np.float32, np.float64):
         raise TypeError(f"summary takes float32 or float64 values; received {values.dtype}")
-    flat = values.reshape(-1)
+    flat = np.ascontiguousarray(values).reshape(-1)
+    if divisor is None and flat.dtype == np.float32:
+        return _summary_float32(flat, int(buckets), _FLOAT32_OCTAVE, _OCTAVE_BIN, _OCTAVE_EDGE)
     return _summary(flat, 1.0 if divisor is None else float(divisor), int(buckets), _OCTAVE_BIN, _OCTAVE_EDGE)
 
 

@@ -129,3 +129,20 @@ def test_other_dtypes_are_refused_with_what_was_received():
         kernels.summary(np.arange(3, dtype=np.int32))
     with pytest.raises(TypeError, match="received float16"):
         kernels.summary(np.ones(3, np.float16))
+
+
+@pytest.mark.parametrize("kind", ["normal", "relu", "wide", "all-negative"])
+def test_float32_kernel_over_many_blocks_equals_the_definition_and_the_one_value_kernel(kind):
+    rng = np.random.default_rng(6)
+    size = 3 * kernels._BLOCK + 123
+    values = {
+        "normal": rng.standard_normal(size),
+        "relu": np.maximum(rng.standard_normal(size), 0),
+        "wide": rng.standard_normal(size) * 10.0 ** rng.uniform(-40, 38, size),
+        "all-negative": -rng.random(size) - 1e-3,
+    }[kind].astype(np.float32)
+    assert_records_equal(values)
+    fast = kernels.summary(values)
+    one_at_a_time = kernels._summary(values, 1.0, fmt.HISTOGRAM_BUCKETS, kernels._OCTAVE_BIN, kernels._OCTAVE_EDGE)
+    np.testing.assert_array_equal(fast[0], one_at_a_time[0])
+    np.testing.assert_array_equal(fast[1][EXACT], one_at_a_time[1][EXACT])
