@@ -16,12 +16,15 @@ and, per pooling layer, `gradviz/<layer>/routing`: a float64 vector of
 `ROUTING_FIELDS`.
 """
 
+import itertools
 import os
+import socket
+import struct
 import time
 
+import google_crc32c
 import numpy as np
 from tensorboard.compat.proto import event_pb2, summary_pb2, tensor_pb2, tensor_shape_pb2, types_pb2
-from tensorboard.summary.writer.event_file_writer import EventFileWriter
 
 from tb_gradviz import metadata
 
@@ -204,6 +207,49 @@ def summary_proto(records, carries_metadata):
     return summary
 
 
+def masked_crc32c(data):
+    """TFRecord's checksum: CRC32C, rotated right by 15 bits, plus a constant (mod 2^32)."""
+    crc = google_crc32c.value(data)
+    return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
+
+
+def tfrecord(data):
+    """Returns `data` framed as a TFRecord: length, its checksum, the data, its checksum."""
+    header = struct.pack("<Q", len(data))
+    return header + struct.pack("<I", masked_crc32c(header)) + data + struct.pack("<I", masked_crc32c(data))
+
+
+_file_numbers = itertools.count()
+
+
+class EventFile:
+    """An event file that TensorBoard reads: `events.out.tfevents.<time>.<host>.<pid>.<n><suffix>`.
+
+    Writes the file-version event first, as TensorBoard's writers do, then
+    serialized events as they come. TensorBoard's own `EventFileWriter`
+    checksums in pure Python (~8 MB/s measured, 0.1 s for one ResNet50
+    event of all layers); `google_crc32c` does it in C.
+    """
+
+    def __init__(self, logdir, suffix=".gradviz", wall_time=None):
+        wall_time = time.time() if wall_time is None else wall_time
+        os.makedirs(logdir, exist_ok=True)
+        name = f"events.out.tfevents.{int(wall_time):010d}.{socket.gethostname()}.{os.getpid()}.{next(_file_numbers)}{suffix}"
+        self.path = os.path.join(os.fspath(logdir), name)
+        self._stream = open(self.path, "wb")
+        self.write(event_pb2.Event(wall_time=wall_time, file_version="brain.Event:2").SerializeToString())
+
+    def write(self, *events):
+        """Writes serialized events; `flush` makes them visible to readers."""
+        self._stream.write(b"".join(tfrecord(event) for event in events))
+
+    def flush(self):
+        self._stream.flush()
+
+    def close(self):
+        self._stream.close()
+
+
 class EventLog:
     """Writes tb_gradviz records into one event file of a run directory.
 
@@ -215,7 +261,7 @@ class EventLog:
 
     def __init__(self, logdir):
         self.logdir = os.fspath(logdir)
-        self._writer = None
+        self._file = None
         self._tags_with_metadata = set()
 
     def write(self, step, records, wall_time=None):
@@ -232,18 +278,18 @@ class EventLog:
         self._tags_with_metadata |= first_values
         if not summary.value:
             return
-        if self._writer is None:
-            self._writer = EventFileWriter(self.logdir, filename_suffix=".gradviz")
+        if self._file is None:
+            self._file = EventFile(self.logdir)
         event = event_pb2.Event(step=int(step), summary=summary)
         event.wall_time = time.time() if wall_time is None else wall_time
-        self._writer.add_event(event)
-        self._writer.flush()
+        self._file.write(event.SerializeToString())
+        self._file.flush()
 
     def close(self):
         """Closes the file; a later `write` opens a new one."""
-        if self._writer is not None:
-            self._writer.close()
-            self._writer = None
+        if self._file is not None:
+            self._file.close()
+            self._file = None
             self._tags_with_metadata.clear()
 
 

@@ -5,17 +5,13 @@ For plugin tests and benchmarks that need many layers and steps quickly
 metadata, the values are random but shaped like the real thing (ReLU-like
 activations, 75 % sparse input-gradients of 2x2/2 max pools).
 
-`write_run` computes every record from its own arrays and writes through
-TensorBoard's event writer, whose CRC32C is pure Python (~0.5 MB/s): about
-9 ms per layer and step. `write_large_run` is for scale tests (200 layers x
-1000 steps is ~0.9 GB of records): it computes a few records per layer,
-reuses them across steps, and frames and checksums the events itself with a
-CRC32C vectorised over events.
+`write_run` computes every record from its own arrays and writes it with
+`format.EventLog`. `write_large_run` is for scale tests (200 layers x 1000
+steps is ~0.9 GB of records): it computes a few records per layer, reuses
+them across steps, and writes serialized events straight to a
+`format.EventFile`.
 """
 
-import os
-import socket
-import struct
 import time
 
 import numpy as np
@@ -120,66 +116,6 @@ def write_run(logdir, layers=4, steps=10, batch=2, size=8, channels=4, seed=0, f
 
 
 # CRC32C (Castagnoli, reflected polynomial 0x82F63B78), as TFRecord framing uses it.
-def _crc32c_table():
-    table = np.arange(256, dtype=np.uint32)
-    for _ in range(8):
-        table = np.where(table & 1, (table >> 1) ^ np.uint32(0x82F63B78), table >> 1).astype(np.uint32)
-    return table
-
-
-_CRC32C_TABLE = _crc32c_table()
-# Events checksummed together: a batch is a (longest event x batch) byte matrix.
-_CRC_BATCH_BYTES = 64 << 20
-
-
-def _masked_crc32c_many(messages):
-    """Returns the masked CRC32C of each bytes object, as a uint32 array.
-
-    The table-driven CRC runs once per byte position over all messages at
-    once. Messages are right-aligned in a zero-padded matrix: a CRC started
-    from 0 stays 0 over leading zero bytes, and the usual 0xFFFFFFFF start
-    is the same as inverting a message's first four bytes.
-    """
-    lengths = np.fromiter((len(m) for m in messages), dtype=np.int64, count=len(messages))
-    if not len(messages):
-        return np.zeros(0, np.uint32)
-    if lengths.min() < 4:
-        raise ValueError(f"messages shorter than 4 bytes are not supported; received length {lengths.min()}")
-    width = int(lengths.max())
-    matrix = np.zeros((width, len(messages)), dtype=np.uint8)
-    for column, message in enumerate(messages):
-        matrix[width - len(message) :, column] = np.frombuffer(message, dtype=np.uint8)
-    columns = np.arange(len(messages))
-    for k in range(4):
-        matrix[width - lengths + k, columns] ^= 0xFF
-    crc = np.zeros(len(messages), dtype=np.uint32)
-    for row in matrix:
-        crc = _CRC32C_TABLE[(crc ^ row) & 0xFF] ^ (crc >> 8)
-    crc ^= np.uint32(0xFFFFFFFF)
-    # TFRecord's mask: rotate right by 15 and add a constant, modulo 2**32.
-    rotated = (crc >> 15) | (crc << 17)
-    return (rotated.astype(np.uint64) + 0xA282EAD8).astype(np.uint32)
-
-
-def _write_records(stream, events):
-    """Writes serialized events as TFRecords: length, its CRC, data, its CRC."""
-    headers = [struct.pack("<Q", len(event)) for event in events]
-    header_crcs = _masked_crc32c_many(headers)
-    data_crcs = np.zeros(0, np.uint32)
-    start = 0
-    while start < len(events):
-        width = max(len(events[start]), 1)
-        stop = start + max(1, _CRC_BATCH_BYTES // width)
-        data_crcs = np.concatenate([data_crcs, _masked_crc32c_many(events[start:stop])])
-        start = stop
-    stream.write(
-        b"".join(
-            header + struct.pack("<I", header_crc) + event + struct.pack("<I", data_crc)
-            for header, header_crc, event, data_crc in zip(headers, header_crcs.tolist(), events, data_crcs.tolist())
-        )
-    )
-
-
 def _summary_field(records, with_metadata):
     """The serialized `summary` field (number 5) of an Event holding `records`."""
     summary = fmt.summary_proto(records, lambda tag: with_metadata)
@@ -218,20 +154,11 @@ def write_large_run(logdir, layers=200, steps=1000, variants=4, seed=0, first_st
         fields.append([_summary_field(records, with_metadata=False) for records in sets])
         first_fields.append(_summary_field(sets[0], with_metadata=True))
     start = time.time() if wall_time is None else wall_time
-    os.makedirs(logdir, exist_ok=True)
-    path = os.path.join(
-        os.fspath(logdir), f"events.out.tfevents.{int(start):010d}.{socket.gethostname()}.{os.getpid()}.0.gradviz"
-    )
-    with open(path, "wb") as stream:
-        _write_records(stream, [event_pb2.Event(wall_time=start, file_version="brain.Event:2").SerializeToString()])
-        # A few steps at a time keeps memory to a few tens of MB.
-        chunk = max(1, 20_000 // max(layers, 1))
-        for chunk_start in range(0, steps, chunk):
-            events = []
-            for s in range(chunk_start, min(steps, chunk_start + chunk)):
-                prefix = event_pb2.Event(wall_time=start + s, step=first_step + s).SerializeToString()
-                for index in range(layers):
-                    field = first_fields[index] if s == 0 else fields[index][s % variants]
-                    events.append(prefix + field)
-            _write_records(stream, events)
-    return names, path
+    events = fmt.EventFile(logdir, wall_time=start)
+    try:
+        for s in range(steps):
+            prefix = event_pb2.Event(wall_time=start + s, step=first_step + s).SerializeToString()
+            events.write(*(prefix + (first_fields[i] if s == 0 else fields[i][s % variants]) for i in range(layers)))
+    finally:
+        events.close()
+    return names, events.path

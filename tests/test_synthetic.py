@@ -1,4 +1,4 @@
-"""`synthetic.write_large_run`: the real event-file format, checked by TensorBoard's own readers."""
+"""`synthetic.write_large_run` and `format.EventFile`: the real event-file format, checked by TensorBoard's own readers."""
 
 import numpy as np
 from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import masked_crc32c
@@ -8,11 +8,11 @@ from tb_gradviz import format as fmt
 from tb_gradviz import synthetic
 
 
-def test_vectorised_crc_matches_tensorboards():
+def test_record_checksums_match_tensorboards():
     rng = np.random.default_rng(0)
-    messages = [rng.integers(0, 256, size=n, dtype=np.uint8).tobytes() for n in (4, 5, 8, 31, 300, 1000)]
+    messages = [rng.integers(0, 256, size=n, dtype=np.uint8).tobytes() for n in (0, 1, 4, 5, 8, 31, 300, 1000)]
     messages.append(b"\x00" * 40)
-    assert synthetic._masked_crc32c_many(messages).tolist() == [masked_crc32c(m) for m in messages]
+    assert [fmt.masked_crc32c(m) for m in messages] == [masked_crc32c(m) for m in messages]
 
 
 def test_large_run_reads_back_with_metadata_and_every_step(tmp_path):
