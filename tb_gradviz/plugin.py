@@ -8,6 +8,7 @@ in docs/API.md, the records it reads in docs/FORMAT.md.
 """
 
 import collections
+import concurrent.futures
 import importlib.util
 import os
 import re
@@ -73,6 +74,7 @@ _LOG_EDGES = fmt.LOG_EDGES.tolist()
 # Upper bound of the decoded-series cache, in time series (a 500-step stats
 # series is ~350 kB): enough for a few runs of 50 layers.
 _CACHE_MAX_SERIES = 2048
+_CACHE_MAX_LISTINGS = 16384
 # Tags per `read_tensors` request: 16 stats series of 1000 steps are ~11 MB,
 # far below the data server's 256 MB message limit (that allows ~20 000
 # steps per series).
@@ -300,6 +302,24 @@ def _layer_summary(name, layer):
     }
 
 
+def _histogram_columns(histograms, steps):
+    """The linear histograms (a `_Series` or None) aligned with `steps`, None where missing."""
+    empty = [None] * len(steps)
+    result = {"buckets": fmt.HISTOGRAM_BUCKETS, "low": empty, "high": list(empty), "counts": list(empty)}
+    if histograms is None or not len(steps):
+        return result
+    # The last record of a step wins, as the stats rows are also sorted stably by step.
+    row_of_step = {step: row for row, step in enumerate(histograms.steps.tolist())}
+    rows = [row_of_step.get(step) for step in steps.tolist()]
+    low = histograms.values[:, 0, 0].tolist()
+    high = histograms.values[:, -1, 1].tolist()
+    counts = histograms.values[:, :, 2].astype(np.int64).tolist()
+    result["low"] = [None if row is None else low[row] for row in rows]
+    result["high"] = [None if row is None else high[row] for row in rows]
+    result["counts"] = [None if row is None else counts[row] for row in rows]
+    return result
+
+
 def _stats_at(values):
     """The stats record of one row as a dict of scalars (counts as ints)."""
     result = {}
@@ -416,6 +436,11 @@ class GradVizPlugin(base_plugin.TBPlugin):
         self._data_provider = context.data_provider
         self._frontend_dir = frontend_dir if frontend_dir is not None else _frontend_dir()
         self._cache = _SeriesCache()
+        # Listings of gradviz series, each under its own (max_step, max_wall_time).
+        self._listings = _SeriesCache(max_series=_CACHE_MAX_LISTINGS)
+        # /series reads a tensor's stats and its histograms at once: each read
+        # of the Rust data server waits ~45 ms however small the answer.
+        self._readers = concurrent.futures.ThreadPoolExecutor(4, thread_name_prefix="gradviz-read")
 
     def get_plugin_apps(self):
         return {
@@ -558,8 +583,9 @@ class GradVizPlugin(base_plugin.TBPlugin):
         Raises:
           NotFoundError: the run holds no tb_gradviz data.
         """
-        listing = self._list(ctx, experiment, metadata.PLUGIN_NAME, run=run).get(run)
-        layers = _layer_index(listing or {})
+        listing = self._list(ctx, experiment, metadata.PLUGIN_NAME, run=run)
+        self._remember_listings(experiment, listing)
+        layers = _layer_index(listing.get(run) or {})
         if not layers:
             raise errors.NotFoundError(f"no tb_gradviz data in run {run!r}")
         return layers
@@ -577,7 +603,9 @@ class GradVizPlugin(base_plugin.TBPlugin):
           `{"runs": [{"run", "layers"}]}`, runs by name, layers by `layer_index`.
         """
         runs = []
-        for run, time_series_by_tag in sorted(self._list(ctx, experiment, metadata.PLUGIN_NAME).items()):
+        listing = self._list(ctx, experiment, metadata.PLUGIN_NAME)
+        self._remember_listings(experiment, listing)
+        for run, time_series_by_tag in sorted(listing.items()):
             layers = _layer_index(time_series_by_tag)
             if not layers:
                 continue
@@ -612,6 +640,14 @@ class GradVizPlugin(base_plugin.TBPlugin):
             or content["tensor"] != tensor
         ):
             raise errors.NotFoundError(f"no tensor {tensor!r} of layer {layer!r} in run {run!r}")
+        histograms = self._readers.submit(
+            self._read_histograms,
+            ctx,
+            experiment,
+            run,
+            content["histogram_tag"],
+            histogram_series if content["histogram_tag"] == histogram_tag else None,
+        )
         stats = self._read(
             ctx, experiment, metadata.PLUGIN_NAME, run, {tag: time_series}, (fmt.STATS_LENGTH,), _stats_counts
         )[tag]
@@ -629,14 +665,7 @@ class GradVizPlugin(base_plugin.TBPlugin):
                 name: (values[:, i].astype(np.int64) if name in _COUNT_FIELDS else values[:, i]).tolist()
                 for i, name in enumerate(fmt.STATS_FIELDS)
             },
-            "histogram": self._histogram_columns(
-                ctx,
-                experiment,
-                run,
-                content["histogram_tag"],
-                histogram_series if content["histogram_tag"] == histogram_tag else None,
-                stats.steps,
-            ),
+            "histogram": _histogram_columns(histograms.result(), stats.steps),
             "log": {
                 "edges": _LOG_EDGES,
                 "negative": values[:, _NEGATIVE_BINS].astype(np.int64).tolist(),
@@ -658,41 +687,39 @@ class GradVizPlugin(base_plugin.TBPlugin):
         """
         if histogram_series is None:
             return self._list_one(ctx, experiment, metadata.PLUGIN_NAME, run, tag)
-        key = (experiment, "listing", run, tag)
-        time_series = self._cache.get(key, _version(histogram_series))
+        time_series = self._listings.get((experiment, run, tag), _version(histogram_series))
         if time_series is None:
-            time_series = self._list_one(ctx, experiment, metadata.PLUGIN_NAME, run, tag)
-            if time_series is not None:
-                self._cache.put(key, _version(histogram_series), time_series)
+            # One call lists the whole run for about what one tag costs.
+            listing = self._list(ctx, experiment, metadata.PLUGIN_NAME, run=run)
+            self._remember_listings(experiment, listing)
+            time_series = listing.get(run, {}).get(tag)
         return time_series
 
-    def _histogram_columns(self, ctx, experiment, run, tag, time_series, steps):
-        """The linear histograms of a tensor aligned with `steps` (None where missing).
+    def _remember_listings(self, experiment, listing):
+        """Caches each series of a `list_tensors` answer under its own version.
+
+        A stats series and its histogram sibling get their points from the
+        same events, so their versions are equal: `_list_stats` finds an entry
+        only while the sibling's listing says nothing has been added since.
+        """
+        for run, time_series_by_tag in listing.items():
+            for tag, time_series in time_series_by_tag.items():
+                self._listings.put((experiment, run, tag), _version(time_series), time_series)
+
+    def _read_histograms(self, ctx, experiment, run, tag, time_series):
+        """The `_Series` of a tensor's linear histograms, or None.
 
         Args:
           time_series: the histogram series as listed, or None to list it here.
         """
-        buckets = fmt.HISTOGRAM_BUCKETS
-        empty = [None] * len(steps)
-        result = {"buckets": buckets, "low": empty, "high": list(empty), "counts": list(empty)}
         if time_series is None:
             time_series = self._list_one(ctx, experiment, histogram_metadata.PLUGIN_NAME, run, tag)
-        if time_series is None or not len(steps):
-            return result
-        histograms = self._read(
+        if time_series is None:
+            return None
+        buckets = fmt.HISTOGRAM_BUCKETS
+        return self._read(
             ctx, experiment, histogram_metadata.PLUGIN_NAME, run, {tag: time_series}, (buckets, 3), _histogram_counts
         )[tag]
-        # The last record of a step wins, as the stats rows are also sorted
-        # stably by step.
-        row_of_step = {step: row for row, step in enumerate(histograms.steps.tolist())}
-        rows = [row_of_step.get(step) for step in steps.tolist()]
-        low = histograms.values[:, 0, 0].tolist()
-        high = histograms.values[:, -1, 1].tolist()
-        counts = histograms.values[:, :, 2].astype(np.int64).tolist()
-        result["low"] = [None if row is None else low[row] for row in rows]
-        result["high"] = [None if row is None else high[row] for row in rows]
-        result["counts"] = [None if row is None else counts[row] for row in rows]
-        return result
 
     def routing_impl(self, ctx, experiment, run, layer):
         """Returns the `/routing` body: the routing records of a pooling layer.

@@ -303,8 +303,10 @@ def test_series_shows_new_steps_after_a_reload(tmp_path):
     synthetic.write_run(tmp_path / "run", layers=2, steps=3)
     client, multiplexer = make_app(tmp_path)
     query = dict(run="run", layer="block1/pool", tensor="activation")
+    get_json(client, "/runs")  # lists, and remembers, every series of the run
     assert get_json(client, "/series", **query)["steps"] == [1, 2, 3]
     assert get_json(client, "/step", run="run")["step"] == 3
+    assert get_json(client, "/routing", run="run", layer="block1/pool")["steps"] == [1, 2, 3]
     # A second fit() continues the steps in a new event file.
     time.sleep(0.01)
     synthetic.write_run(tmp_path / "run", layers=2, steps=2, first_step=4, seed=5)
