@@ -3,7 +3,7 @@
 For each case (model, chosen layers, probe batch), one loop interleaves:
 a compiled train step (`train_on_batch` on the probe batch), one log event
 of the callback per summary variant (`GradVizCallback.log_now`: the compiled
-probe pass, the copy of counts and scalars to the host, the event write),
+probe pass, the statistics, the event write),
 and the baseline a user would write by hand: per chosen layer, an eager
 `GradientTape` over a probe model `keras.Model(model.inputs, [layer.input,
 layer.output, model.outputs])` and `np.histogram` of `.numpy()` copies of

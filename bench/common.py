@@ -7,6 +7,7 @@ then slows both sides of each ratio alike.
 """
 
 import argparse
+import importlib.metadata
 import json
 import os
 import platform
@@ -50,11 +51,17 @@ def percentile(values, q):
 def machine():
     """What the numbers were measured on."""
     info = {"python": platform.python_version(), "cpus": os.cpu_count(), "platform": platform.platform()}
-    for module in ("tensorflow", "keras", "tensorboard", "numpy"):
-        try:
-            info[module] = __import__(module).__version__
-        except ImportError:
-            info[module] = None
+    # name -> the distributions that may provide it, first found wins
+    distributions = {"tensorflow": ("tensorflow-cpu", "tensorflow"), "keras": ("keras",), "tensorboard": ("tensorboard",),
+                     "numpy": ("numpy",), "numba": ("numba",), "google-crc32c": ("google-crc32c",)}
+    for name, candidates in distributions.items():
+        info[name] = None
+        for distribution in candidates:
+            try:
+                info[name] = importlib.metadata.version(distribution)
+                break
+            except importlib.metadata.PackageNotFoundError:
+                continue
     with open("/proc/loadavg") as f:
         info["loadavg_at_start"] = f.read().split()[:3]
     return info
