@@ -290,19 +290,24 @@ def test_float32_subnormals_count_as_zeros_on_device():
     assert sum(record["log_counts"]["positive"]) + sum(record["log_counts"]["negative"]) == 1
 
 
-def test_a_chain_summarises_each_shared_gradient_once_with_the_same_records(monkeypatch):
-    # conv -> bn -> relu -> pool -> flat -> dense: each layer's input gradient is
-    # the previous layer's output gradient, bit for bit.
-    from tb_gradviz import capture
-
-    keras.utils.set_random_seed(0)
+def chain_model_and_batch(seed):
+    """conv -> bn -> relu -> pool -> flat -> dense, compiled, and a batch for it."""
+    keras.utils.set_random_seed(seed)
     model = keras.Sequential(
         [keras.Input((8, 8, 3)), layers.Conv2D(4, 3, padding="same", name="conv"), layers.BatchNormalization(name="bn"),
          layers.ReLU(name="relu"), layers.MaxPooling2D(name="pool"), layers.Flatten(name="flat"), layers.Dense(2, name="dense")]
     )
     model.compile("sgd", "mse")
-    rng = np.random.default_rng(0)
-    x, y = tf.constant(rng.random((4, 8, 8, 3), "float32")), tf.constant(rng.random((4, 2), "float32"))
+    rng = np.random.default_rng(seed)
+    return model, tf.constant(rng.random((4, 8, 8, 3), "float32")), tf.constant(rng.random((4, 2), "float32"))
+
+
+def test_a_chain_summarises_each_shared_gradient_once_with_the_same_records(monkeypatch):
+    # conv -> bn -> relu -> pool -> flat -> dense: each layer's input gradient is
+    # the previous layer's output gradient, bit for bit.
+    from tb_gradviz import capture
+
+    model, x, y = chain_model_and_batch(0)
     chosen = capture.select_layers(model, ["*"])
 
     found = []
@@ -323,14 +328,7 @@ def test_host_and_device_statistics_give_the_same_records():
     # accelerator TensorFlow ops do (`group_summary`). Both paths run here.
     from tb_gradviz import capture
 
-    keras.utils.set_random_seed(3)
-    model = keras.Sequential(
-        [keras.Input((8, 8, 3)), layers.Conv2D(4, 3, padding="same", name="conv"), layers.BatchNormalization(name="bn"),
-         layers.ReLU(name="relu"), layers.MaxPooling2D(name="pool"), layers.Flatten(name="flat"), layers.Dense(2, name="dense")]
-    )
-    model.compile("sgd", "mse")
-    rng = np.random.default_rng(3)
-    x, y = tf.constant(rng.random((4, 8, 8, 3), "float32")), tf.constant(rng.random((4, 2), "float32"))
+    model, x, y = chain_model_and_batch(3)
     chosen = capture.select_layers(model, ["*"])
     assert capture.default_statistics() == "host"  # this machine has no accelerator
 
