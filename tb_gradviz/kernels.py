@@ -262,13 +262,20 @@ def summary(values, divisor=None, buckets=fmt.HISTOGRAM_BUCKETS):
     return _summary(flat, 1.0 if divisor is None else float(divisor), int(buckets), _OCTAVE_BIN, _OCTAVE_EDGE)
 
 
+def _usable_cpus():
+    """CPUs this process may run on (a container's share, not the host's count)."""
+    if hasattr(os, "sched_getaffinity"):
+        return max(1, len(os.sched_getaffinity(0)))
+    return os.cpu_count() or 1
+
+
 def summaries(items, buckets=fmt.HISTOGRAM_BUCKETS, workers=None):
     """Returns `[(histogram, stats), ...]` for `items` of `(values, divisor)`, using `workers` threads.
 
     The kernel releases the GIL; the largest arrays go first.
     """
     items = list(items)
-    workers = workers or min(len(items), os.cpu_count() or 1)
+    workers = workers or min(len(items), _usable_cpus())
     if workers <= 1:
         return [summary(values, divisor, buckets) for values, divisor in items]
     order = sorted(range(len(items)), key=lambda i: -np.size(items[i][0]))
