@@ -45,7 +45,6 @@ def _octave_bins_and_edges(exponent_fields):
     lows = np.ldexp(1.0, fields - bias)
     lows[0] = 0.0  # field 0: zero and subnormals
     highs = np.append(lows[1:], np.inf)
-    highs[0] = np.ldexp(1.0, 1 - bias)
     bins = np.searchsorted(fmt.LOG_EDGES, lows, side="right").astype(np.int64)
     edges = np.full(len(fields), np.inf)
     for e in fields:
