@@ -68,3 +68,12 @@ def test_plugin_bench_serves_both_loaders(tmp_path):
         assert row["series_warm_p50_ms"] > 0 and row["peak_rss_mb"] > 0
         if not extra:
             assert row["browser_layer_view_s"] > 0 and row["browser_grid_s"] > 0
+
+
+def test_statistics_bench_takes_an_event_apart(tmp_path):
+    pytest.importorskip("tensorflow")
+    kernels_row, crc_row, event_row = run_smoke(tmp_path, "bench_statistics.py")
+    assert kernels_row["float32_kernel_ms"] > 0 and kernels_row["compile_float32_s"] > 0
+    assert crc_row["google_crc32c_ms_per_mb"] > 0 and crc_row["tensorboard_ms_per_mb"] > 0
+    # The tiny CNN with all 7 layers: 21 tensors, of which 6 shared gradients are summarised once.
+    assert event_row["items"] == 15 and event_row["bytes_held"] == 4 * event_row["values"]
