@@ -31,14 +31,14 @@ import tensorflow as tf  # noqa: E402
 
 import summary_variants  # noqa: E402
 import tb_gradviz  # noqa: E402
-from tb_gradviz import capture  # noqa: E402
+from tb_gradviz import selection  # noqa: E402
 
 
 def layer_spec(model, spec):
     """Returns (callback `layers=` argument, number of layers) for "pool", "all" or a count."""
-    paths = [path for path, _ in capture.walk_layers(model)]
+    paths = [path for path, _ in selection.walk_layers(model)]
     if spec == "pool":
-        return None, len(capture.select_layers(model, None))
+        return None, len(selection.select_layers(model, None))
     if spec == "all":
         return (lambda layer: True), len(paths)
     count = int(spec)
@@ -76,8 +76,8 @@ class HandWrittenBaseline:
 
 
 def chosen_layers(model, spec):
-    selection = capture.select_layers(model, capture.check_layer_spec(spec))
-    return [c.layer for c in selection]
+    chosen = selection.select_layers(model, selection.check_layer_spec(spec))
+    return [c.layer for c in chosen]
 
 
 def measure_case(args, model_name, spec, batch_size, variants, log_root):

@@ -92,13 +92,13 @@ def crc_row(args):
 def event_row(args):
     from bench_log_event import layer_spec  # the same layer choices as the log-event bench
 
-    from tb_gradviz import capture
+    from tb_gradviz import capture, selection
 
     model = common.build_model(args.model, args.image_size, args.seed)
     x, y = common.batch(args.batch, args.image_size, args.seed)
     model.train_on_batch(x, y)
     layers, n_layers = layer_spec(model, args.layers)
-    probe = capture.LayerCapture(model, capture.select_layers(model, layers))
+    probe = capture.new_capture(model, selection.select_layers(model, layers))
     log = fmt.EventLog(tempfile.mkdtemp())
     probe.run(x, y)  # traces
     rows = []

@@ -1,7 +1,7 @@
 """Variants of capture's statistics, to measure them against alternatives.
 
 The bench scripts pick one with `--summary NAME` before the pass is traced:
-where the statistics are computed (`capture.default_statistics`, looked up
+where the statistics are computed (`backends.tensorflow.default_statistics`, looked up
 when a `LayerCapture` is made) and, on the device, which `group_summary`
 (looked up at trace time by `LayerCapture._probe_fn`). A device variant
 takes `(tensors, divisor=None, buckets=30)`, tensors of one size and dtype,
@@ -22,7 +22,8 @@ and returns `(histograms [R, k, 3], stats [R, STATS_LENGTH])`.
 import numpy as np
 import tensorflow as tf
 
-from tb_gradviz import capture
+from tb_gradviz.backends import tensorflow as tf_capture
+from tb_gradviz.backends import tf_statistics
 from tb_gradviz import format as fmt
 from tb_gradviz import kernels
 
@@ -30,7 +31,7 @@ from tb_gradviz import kernels
 def _previous_tensor_summary(t, buckets, divisor):
     v = tf.reshape(tf.cast(t, tf.float64), [-1])
     if divisor is not None:
-        v = capture._divide(v, divisor)
+        v = tf_statistics.divide(v, divisor)
     count = tf.size(v, out_type=tf.int64)
     zeros = tf.math.count_nonzero(tf.equal(v, 0.0))
     nans = tf.math.count_nonzero(tf.math.is_nan(v))
@@ -58,7 +59,7 @@ def _previous_tensor_summary(t, buckets, divisor):
 
     span = high - low
     spread = tf.logical_and(n > 0, span > 0)
-    width = tf.where(spread, capture._divide(span, tf.constant(buckets, tf.float64)), 1.0)
+    width = tf.where(spread, tf_statistics.divide(span, tf.constant(buckets, tf.float64)), 1.0)
     index = tf.clip_by_value(tf.cast(tf.floor((finite - tf.where(spread, low, 0.0)) / width), tf.int64), 0, buckets - 1)
     edges = tf.where(spread, low, 0.0) + width * tf.range(buckets + 1, dtype=tf.float64)
     edges = tf.concat([edges[:-1], tf.reshape(tf.where(spread, high, 0.0), [1])], 0)
@@ -80,7 +81,7 @@ def null_group_summary(tensors, divisor=None, buckets=fmt.HISTOGRAM_BUCKETS):
     return tf.tile(totals[:, None, None], [1, buckets, 3]), tf.tile(totals[:, None], [1, fmt.STATS_LENGTH])
 
 
-_DEFAULT_STATISTICS = capture.default_statistics
+_DEFAULT_STATISTICS = tf_capture.default_statistics
 
 
 def _host_group_summary(tensors, divisor=None, buckets=fmt.HISTOGRAM_BUCKETS):
@@ -91,8 +92,8 @@ def _host_group_summary(tensors, divisor=None, buckets=fmt.HISTOGRAM_BUCKETS):
 
 # name -> (where, device group_summary)
 VARIANTS = {
-    "current": (None, capture.group_summary),
-    "device": ("device", capture.group_summary),
+    "current": (None, tf_statistics.group_summary),
+    "device": ("device", tf_statistics.group_summary),
     "previous": ("device", previous_group_summary),
     "null": ("device", null_group_summary),
 }
@@ -101,8 +102,8 @@ VARIANTS = {
 def use(name):
     """Makes the next `LayerCapture`s summarise with the variant `name`."""
     where, group_summary = VARIANTS[name]
-    capture.default_statistics = _DEFAULT_STATISTICS if where is None else (lambda: where)
-    capture.group_summary = group_summary
+    tf_capture.default_statistics = _DEFAULT_STATISTICS if where is None else (lambda: where)
+    tf_statistics.group_summary = group_summary
 
 
 def check_exact(name, seed=0):

@@ -2,11 +2,14 @@
 
 import os
 
+import sys
+
 import keras
-import tensorflow as tf
+import numpy as np
 
 from tb_gradviz import capture
 from tb_gradviz import format as fmt
+from tb_gradviz import selection
 
 
 class GradVizCallback(keras.callbacks.Callback):
@@ -36,8 +39,10 @@ class GradVizCallback(keras.callbacks.Callback):
       log_dir: the run directory to write event files into (created when
         the first event is written). Must not be an existing file.
       probe_data: the batch to measure: `(x, y)` or `(x, y, sample_weight)`
-        (numpy arrays, tensors, or dicts/lists of them for multi-input
-        models), or a `tf.data.Dataset` whose first batch is used.
+        (numpy arrays, tensors of any backend, or dicts/lists of them for
+        multi-input models), or a source whose first batch is used: a
+        `tf.data.Dataset`, a `keras.utils.PyDataset`, a PyTorch
+        `DataLoader`, or any iterable of batches.
       layers: None for every pooling layer (Max/Average/Global, 1D/2D/3D,
         inside nested models too), or a layer name, a path from the model
         (`"resnet50/pool1_pool"`), a glob pattern on paths
@@ -99,10 +104,10 @@ class GradVizCallback(keras.callbacks.Callback):
         if not isinstance(training, bool):
             raise TypeError(f"training must be True or False; received {training!r}")
         self.log_dir = log_dir
-        self.layers = capture.check_layer_spec(layers)
+        self.layers = selection.check_layer_spec(layers)
         self.every_n_epochs = every_n_epochs
         self.every_n_batches = every_n_batches
-        self.loss = None if loss is None else capture.as_loss(loss)
+        self.loss = None if loss is None else selection.as_loss(loss)
         self.training = training
         self._probe = probe_batch(probe_data)
         self._log = fmt.EventLog(log_dir)
@@ -115,14 +120,14 @@ class GradVizCallback(keras.callbacks.Callback):
 
     def on_train_begin(self, logs=None):
         if self._capture is None or self._capture.model is not self.model:
-            chosen = capture.select_layers(self.model, self.layers)
+            chosen = selection.select_layers(self.model, self.layers)
             if self.loss is None and getattr(self.model, "_compile_loss", None) is None and not self.model.losses:
                 raise ValueError(
                     "GradVizCallback needs a loss: compile the model with one, or pass loss= "
                     "(a Keras loss name, function or Loss instance)"
                 )
             check_probe_inputs(self.model, self._probe[0])
-            self._capture = capture.LayerCapture(self.model, chosen, loss=self.loss, training=self.training)
+            self._capture = capture.new_capture(self.model, chosen, loss=self.loss, training=self.training)
 
     def on_epoch_end(self, epoch, logs=None):
         if self.every_n_epochs is not None and (epoch + 1) % self.every_n_epochs == 0:
@@ -135,34 +140,61 @@ class GradVizCallback(keras.callbacks.Callback):
     def on_train_end(self, logs=None):
         self._log.close()
 
-    def log_now(self):
-        """Runs the probe pass and writes one log event at the current step.
+    def log_now(self, step=None):
+        """Runs the probe pass and writes one log event.
 
-        Under a multi-worker strategy only the chief writes. The pass runs on
-        one device in cross-replica context and contains no collective op,
-        so the other workers skip it; if a model ever made it contain one,
-        every worker runs it (and all but the chief drop the result), since
-        a collective that only some workers enter never completes.
+        Called by `fit` at the chosen frequency; call it yourself to log from
+        a custom training loop (after `set_model(model)`), on any backend.
+
+        Args:
+          step: the step to log at; None for the optimizer's iteration count.
+
+        Under a `tf.distribute` multi-worker strategy only the chief writes.
+        The pass runs on one device in cross-replica context and contains no
+        collective op, so the other workers skip it; if a model ever made it
+        contain one, every worker runs it (and all but the chief drop the
+        result), since a collective that only some workers enter never
+        completes. On JAX, only process 0 runs the pass and writes.
         """
-        if self._capture is None:
+        if self._capture is None or self._capture.model is not self.model:
             self.on_train_begin()
         x, y, sample_weight = self._probe
         if not self._writes_summaries():
-            if self._capture.collective_ops(x, y, sample_weight):
+            collective_ops = getattr(self._capture, "collective_ops", None)
+            if collective_ops is not None and collective_ops(x, y, sample_weight):
                 self._capture.run(x, y, sample_weight)
             return
         records, skipped = self._capture.run(x, y, sample_weight)
         capture.warn_skipped(skipped)
-        self._log.write(self._step(), records)
+        self._log.write(self._step() if step is None else _check_step(step), records)
 
     def _writes_summaries(self):
-        # False on the workers of MultiWorkerMirroredStrategy other than the
-        # chief (Keras' own TensorBoard callback sends theirs to a temporary
-        # directory; these write nothing).
-        return bool(self.model.distribute_strategy.extended.should_save_summary)
+        backend = keras.backend.backend()
+        if backend == "tensorflow":
+            # False on the workers of MultiWorkerMirroredStrategy other than
+            # the chief (Keras' own TensorBoard callback sends theirs to a
+            # temporary directory; these write nothing).
+            return bool(self.model.distribute_strategy.extended.should_save_summary)
+        if backend == "jax":
+            import jax
+
+            return jax.process_index() == 0
+        return True
 
     def _step(self):
-        return int(self.model.optimizer.iterations.numpy())
+        optimizer = getattr(self.model, "optimizer", None)
+        if optimizer is None:
+            raise ValueError(
+                "log_now() needs a step: the model has no optimizer to count iterations; "
+                "pass log_now(step=...)"
+            )
+        return int(keras.ops.convert_to_numpy(optimizer.iterations))
+
+
+def _check_step(step):
+    if isinstance(step, bool) or not isinstance(step, (int, np.integer)) or step < 0:
+        raise ValueError(f"step must be a non-negative integer; received {step!r}")
+    return int(step)
 
 
 def _check_frequency(name, value):
@@ -221,20 +253,18 @@ def check_probe_inputs(model, x):
 
 
 def probe_batch(probe_data):
-    """Returns `(x, y, sample_weight)` tensors from the callback's `probe_data`.
+    """Returns `(x, y, sample_weight)` backend tensors from the callback's `probe_data`.
+
+    `probe_data` is `(x, y)` or `(x, y, sample_weight)` (numpy arrays or
+    tensors of any backend, or dicts/lists of them), or a source of such
+    batches whose first batch is taken: a `tf.data.Dataset`, a
+    `keras.utils.PyDataset`, a PyTorch `DataLoader` or any other iterable.
 
     Raises:
-      ValueError: the data is not `(x, y)`, `(x, y, sample_weight)` or a
-        non-empty dataset of those, or its parts disagree on the batch size.
+      ValueError: the data is not one of those, a source yields nothing, or
+        the parts disagree on the batch size.
     """
-    if isinstance(probe_data, tf.data.Dataset):
-        element = next(iter(probe_data.take(1)), None)
-        if element is None:
-            raise ValueError("probe_data is an empty tf.data.Dataset; it must yield at least one (x, y) batch")
-        probe_data = element
-        source = "the first element of probe_data (a tf.data.Dataset)"
-    else:
-        source = "probe_data"
+    probe_data, source = _first_batch(probe_data)
     if not isinstance(probe_data, (tuple, list)) or len(probe_data) not in (2, 3):
         described = f"a {type(probe_data).__name__}"
         if isinstance(probe_data, (tuple, list)):
@@ -244,13 +274,13 @@ def probe_batch(probe_data):
     sample_weight = rest[0] if rest else None
     if x is None or y is None:
         raise ValueError(f"{source} must hold both x and y; received x={type(x).__name__}, y={type(y).__name__}")
-    x, y = (keras.tree.map_structure(tf.convert_to_tensor, part) for part in (x, y))
+    x, y = (keras.tree.map_structure(_as_tensor, part) for part in (x, y))
     if sample_weight is not None:
-        sample_weight = tf.convert_to_tensor(sample_weight)
+        sample_weight = _as_tensor(sample_weight)
     sizes = {
         int(t.shape[0])
         for t in keras.tree.flatten((x, y, sample_weight))
-        if t is not None and t.shape.rank and t.shape[0] is not None
+        if t is not None and len(t.shape) and t.shape[0] is not None
     }
     if len(sizes) > 1:
         raise ValueError(
@@ -259,3 +289,42 @@ def probe_batch(probe_data):
     if sizes == {0}:
         raise ValueError(f"{source} is empty (batch size 0); it needs at least one example")
     return x, y, sample_weight
+
+
+def _first_batch(probe_data):
+    """Returns `(batch, description)`: `probe_data` itself, or the first batch of a source of batches."""
+    if isinstance(probe_data, (tuple, list, dict)) or keras.ops.is_tensor(probe_data) or isinstance(probe_data, np.ndarray):
+        return probe_data, "probe_data"
+    kind = _source_kind(probe_data)
+    if kind is None:
+        return probe_data, "probe_data"
+    if isinstance(probe_data, keras.utils.PyDataset):
+        batch = probe_data[0] if len(probe_data) else None
+    else:
+        batch = next(iter(probe_data), None)
+    if batch is None:
+        raise ValueError(f"probe_data is an empty {kind}; it must yield at least one (x, y) batch")
+    return batch, f"the first batch of probe_data (a {kind})"
+
+
+def _source_kind(probe_data):
+    """Names the kind of batch source `probe_data` is, or None if it is none."""
+    # Only a module the user has already imported can have made probe_data.
+    tf = sys.modules.get("tensorflow")
+    if tf is not None and isinstance(probe_data, tf.data.Dataset):
+        return "tf.data.Dataset"
+    if isinstance(probe_data, keras.utils.PyDataset):
+        return "keras.utils.PyDataset"
+    data = sys.modules.get("torch.utils.data")
+    if data is not None and isinstance(probe_data, data.DataLoader):
+        return "torch DataLoader"
+    if hasattr(probe_data, "__iter__") and not isinstance(probe_data, (str, bytes)):
+        return type(probe_data).__name__
+    return None
+
+
+def _as_tensor(t):
+    # Tensors of another framework (a tf.data batch on JAX, say) pass through numpy.
+    if not keras.ops.is_tensor(t) and hasattr(t, "numpy"):
+        t = t.numpy()
+    return keras.ops.convert_to_tensor(t)

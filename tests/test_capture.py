@@ -233,14 +233,14 @@ def awkward_rows(rng, size):
 @pytest.mark.parametrize("dtype", ["float32", "float16", "float64"])
 @pytest.mark.parametrize("divisor", [None, 1024.0])
 def test_group_summary_rows_equal_the_numpy_definition(dtype, divisor):
-    from tb_gradviz import capture
+    from tb_gradviz.backends import tf_statistics
 
     rng = np.random.default_rng(5)
     with np.errstate(over="ignore"):  # float16: 3e38 and 1e6 become inf, as intended
         rows = [r.astype(dtype) for r in awkward_rows(rng, 4 * 9 * 9)]
     finite_only = [r for r in rows if np.isfinite(r).all()]
     summarise = tf.function(
-        lambda ts: capture.group_summary(ts, divisor=None if divisor is None else tf.constant(divisor, tf.float64)),
+        lambda ts: tf_statistics.group_summary(ts, divisor=None if divisor is None else tf.constant(divisor, tf.float64)),
         autograph=False,
     )
     # Each group once with non-finite rows (masked branch) and once without.
@@ -264,7 +264,7 @@ def test_float32_values_are_far_enough_from_the_magnitude_edges_for_a_float64_lo
     # an edge to stay well away from one (in relative terms), see _LOG_NUDGE.
     from decimal import Decimal, getcontext
 
-    from tb_gradviz import capture
+    from tb_gradviz.backends import tf_statistics
 
     getcontext().prec = 50
     closest = Decimal(1)
@@ -276,16 +276,17 @@ def test_float32_values_are_far_enough_from_the_magnitude_edges_for_a_float64_lo
             if gap:
                 closest = min(closest, gap)
     # In units of 2 log10 |x|, a relative gap g is ~0.87 g; the nudge must sit well inside it.
-    assert float(closest) * 0.8 > 10 * capture._LOG_NUDGE
+    assert float(closest) * 0.8 > 10 * tf_statistics._LOG_NUDGE
 
 
 def test_float32_subnormals_count_as_zeros_on_device():
     # TensorFlow's CPU kernels flush float32 subnormals to zero (docs/FORMAT.md).
-    from tb_gradviz import capture
+    from tb_gradviz.backends import tf_statistics
 
     values = tf.constant([1e-45, -1e-40, 0.0, 1.0], tf.float32)
-    _, stats = tf.function(lambda t: capture.tensor_summary(t))(values)
-    record = fmt.decode_stats(stats.numpy())
+    with tf.device("/CPU:0"):
+        _, stats = tf.function(lambda t: tf_statistics.group_summary([t]))(values)
+    record = fmt.decode_stats(stats.numpy()[0])
     assert record["zeros"] == 3
     assert sum(record["log_counts"]["positive"]) + sum(record["log_counts"]["negative"]) == 1
 
@@ -305,10 +306,11 @@ def chain_model_and_batch(seed):
 def test_a_chain_summarises_each_shared_gradient_once_with_the_same_records(monkeypatch):
     # conv -> bn -> relu -> pool -> flat -> dense: each layer's input gradient is
     # the previous layer's output gradient, bit for bit.
-    from tb_gradviz import capture
+    from tb_gradviz import selection
+    from tb_gradviz.backends import tensorflow as capture
 
     model, x, y = chain_model_and_batch(0)
-    chosen = capture.select_layers(model, ["*"])
+    chosen = selection.select_layers(model, ["*"])
 
     found = []
     sole_inputs = capture._sole_inputs_of_outputs
@@ -326,11 +328,11 @@ def test_a_chain_summarises_each_shared_gradient_once_with_the_same_records(monk
 def test_host_and_device_statistics_give_the_same_records():
     # On a CPU the tensors leave the pass and `kernels` summarises them; on an
     # accelerator TensorFlow ops do (`group_summary`). Both paths run here.
-    from tb_gradviz import capture
+    from tb_gradviz import selection
+    from tb_gradviz.backends import tensorflow as capture
 
     model, x, y = chain_model_and_batch(3)
-    chosen = capture.select_layers(model, ["*"])
-    assert capture.default_statistics() == "host"  # this machine has no accelerator
+    chosen = selection.select_layers(model, ["*"])
 
     host, _ = capture.LayerCapture(model, chosen, statistics="host").run(x, y)
     device, _ = capture.LayerCapture(model, chosen, statistics="device").run(x, y)
@@ -346,16 +348,18 @@ def test_host_and_device_statistics_give_the_same_records():
 
 
 def test_an_unknown_statistics_path_is_refused():
-    from tb_gradviz import capture
+    from tb_gradviz import selection
+    from tb_gradviz.backends import tensorflow as capture
 
     model = keras.Sequential([keras.Input((4,)), layers.Dense(2, name="dense")])
     with pytest.raises(ValueError, match=r"statistics must be one of \('host', 'device'\) or None; received 'gpu'"):
-        capture.LayerCapture(model, capture.select_layers(model, ["dense"]), statistics="gpu")
+        capture.LayerCapture(model, selection.select_layers(model, ["dense"]), statistics="gpu")
 
 
 def test_a_gradient_tensor_shared_by_two_inputs_is_summarised_once():
     # Backprop hands Add's output gradient, the same tensor, to both inputs.
-    from tb_gradviz import capture
+    from tb_gradviz import selection
+    from tb_gradviz.backends import tensorflow as capture
 
     keras.utils.set_random_seed(4)
     inputs = keras.Input((6,))
@@ -366,7 +370,7 @@ def test_a_gradient_tensor_shared_by_two_inputs_is_summarised_once():
     rng = np.random.default_rng(4)
     x, y = rng.random((8, 6), "float32"), rng.random((8, 2), "float32")
 
-    probe = capture.LayerCapture(model, capture.select_layers(model, ["add"]))
+    probe = capture.LayerCapture(model, selection.select_layers(model, ["add"]))
     records, _ = probe.run(tf.constant(x), tf.constant(y))
     assert probe._items == [0, 1, 1, 1]  # activation; input_gradient_0, _1 and output_gradient: one item
     with tf.GradientTape() as tape:

@@ -1,0 +1,313 @@
+"""The probe pass on Keras' TensorFlow backend: one `tf.function`, traced once.
+
+It runs the model forward on the probe batch, takes the loss, and
+backpropagates with a `tf.GradientTape` to the input and output of every
+chosen layer (see `tb_gradviz.capture` for how they are caught). Where the
+statistics are computed depends on where the model runs (`default_statistics`):
+on a CPU the function returns the tensors and `kernels` summarises each in two
+fused passes; on an accelerator `tf_statistics.group_summary` summarises them
+on the device and only bucket counts and scalars leave it.
+"""
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from tb_gradviz import capture
+from tb_gradviz import format as fmt
+from tb_gradviz.backends import tf_statistics
+
+
+def default_statistics():
+    """Returns `"host"` when TensorFlow sees no accelerator, else `"device"`.
+
+    On a CPU the host is the device: the tensors leave the function without a
+    copy and the fused `kernels` summarise them faster than TensorFlow's
+    one-pass-per-op CPU kernels (bench/RESULTS.md). An accelerator summarises
+    its own tensors rather than send every value over the bus.
+    """
+    accelerators = [d for d in tf.config.list_logical_devices() if d.device_type != "CPU"]
+    return "device" if accelerators else "host"
+
+
+def _is_float(t):
+    return tf.is_tensor(t) and t.dtype.is_floating
+
+
+def _identity_wraps(path):
+    return tf.identity, None
+
+
+class LayerCapture:
+    """One compiled forward+backward pass that measures the chosen layers.
+
+    Args: as `capture.new_capture`. `statistics="device"` summarises with
+    TensorFlow ops inside the function (`tf_statistics.group_summary`),
+    `"host"` returns the tensors to `kernels`; both give the same records.
+
+    Call `run(x, y, sample_weight)` to get the records of one log event.
+    """
+
+    def __init__(self, model, chosen, loss=None, training=True, statistics=None):
+        self.statistics = capture.check_statistics(statistics, default_statistics())
+        self.model = model
+        self.chosen = list(chosen)
+        self.training = bool(training)
+        self._loss = loss
+        self.plans = None
+        self._collective_ops = None
+        self._probe = tf.function(self._probe_fn, autograph=False)
+
+    @property
+    def tracing_count(self):
+        return self._probe.experimental_get_tracing_count()
+
+    def run(self, x, y, sample_weight=None):
+        """Runs the pass; returns `(step_records, skipped_paths)`.
+
+        `step_records` is a list of `(tag, array, summary_metadata)` ready
+        for `format.EventLog.write`.
+        """
+        # Always in the model's strategy scope, whether or not `fit` was
+        # called inside it: Keras divides losses by the number of replicas
+        # only in scope, and one trace must serve every call.
+        with self.model.distribute_strategy.scope():
+            outputs = self._probe(x, y, sample_weight)
+        outputs = [np.asarray(t) for t in outputs]  # on a CPU, no copy
+        routings = outputs[self._routing_start :]
+        if self.statistics == "host":
+            from tb_gradviz import kernels
+
+            scale = float(outputs[self._routing_start - 1]) if any(self._divided_items) else None
+            summaries = kernels.summaries(
+                (values, scale if divided else None) for values, divided in zip(outputs, self._divided_items)
+            )
+        else:
+            summaries = [(outputs[position][row], outputs[position + 1][row]) for position, row in self._group_rows]
+        return capture.records(self.plans, [summaries[item] for item in self._items], routings, self._skipped)
+
+    def collective_ops(self, x, y, sample_weight=None):
+        """Returns the sorted op types of the pass that communicate across workers.
+
+        Traces the pass if it is not traced yet (the trace is kept, so `run`
+        does not trace again). Empty when the pass runs on this worker alone.
+        Computed once: the probe batch, hence the trace, does not change, and
+        serialising the graph at every log event would cost each worker time.
+        """
+        if self._collective_ops is not None:
+            return self._collective_ops
+        with self.model.distribute_strategy.scope():
+            graph = self._probe.get_concrete_function(x, y, sample_weight).graph
+        types = {op.type for op in graph.get_operations()}
+        for function in graph.as_graph_def().library.function:
+            types.update(node.op for node in function.node_def)
+        self._collective_ops = sorted(t for t in types if t.startswith(("Collective", "Nccl")))
+        return self._collective_ops
+
+    def _state_components(self):
+        """Returns the per-device variables behind all state the pass may write.
+
+        That is BatchNorm moving statistics, seed generator states (Dropout)
+        and metric accumulators (CompileLoss tracks per-output losses).
+        Under a `tf.distribute` strategy these are MirroredVariables and
+        SyncOnReadVariables, and the pass runs in cross-replica context, where
+        neither round-trips through `read` + `assign`: reading a mirrored
+        variable gives the primary replica's copy and assigning writes it to
+        every copy (Keras 3 BatchNorm updates each replica's copy on its own,
+        so the copies differ); reading a SUM on-read variable sums the copies
+        (a collective under MultiWorkerMirroredStrategy) and assigning divides
+        by the number of copies. Each local copy is saved and restored by
+        itself instead, which needs no cross-device communication.
+        """
+        strategy = self.model.distribute_strategy
+        seen, result = set(), []
+        for v in list(self.model.non_trainable_variables) + list(self.model.metrics_variables):
+            backing = v.value if isinstance(v, keras.Variable) else v
+            for component in strategy.experimental_local_results(backing):
+                if id(component) not in seen:
+                    seen.add(id(component))
+                    result.append(component)
+        return result
+
+    def _compute_loss(self, x, y, y_pred, sample_weight):
+        if self._loss is not None:
+            loss = self._loss(y, y_pred, sample_weight=sample_weight)
+        else:
+            loss = self.model.compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=self.training)
+        # In a strategy's scope Keras divides each replica's loss by the
+        # number of replicas, so that the all-reduced sum is the batch's mean.
+        # The probe runs the whole batch at once: undo it.
+        replicas = tf.distribute.get_strategy().num_replicas_in_sync
+        if replicas > 1:
+            loss = loss * tf.cast(replicas, loss.dtype)
+        return loss
+
+    def _loss_scale(self):
+        """The factor `train_step` multiplies the loss by, or None.
+
+        Keras' `train_step` backpropagates `optimizer.scale_loss(loss)`:
+        under mixed_float16, `LossScaleOptimizer` multiplies by its current
+        dynamic scale so that small float16 gradients do not underflow.
+        """
+        optimizer = getattr(self.model, "optimizer", None)
+        if optimizer is None:
+            return None
+        one = tf.constant(1.0, tf.float32)
+        scale = optimizer.scale_loss(one)
+        return None if scale is one else tf.cast(scale, tf.float64)
+
+    def _probe_fn(self, x, y, sample_weight):
+        state = self._state_components()
+        saved = [tf.identity(v.read_value()) for v in state]
+        scale = self._loss_scale()
+        with capture.recording_calls(self.chosen, _is_float, _identity_wraps) as recordings, tf.GradientTape() as tape:
+            for t in keras.tree.flatten(x):
+                if _is_float(t):
+                    tape.watch(t)
+            y_pred = self.model(x, training=self.training)
+            loss = self._compute_loss(x, y, y_pred, sample_weight)
+            if scale is not None:
+                # Backpropagate what train_step backpropagates, so float16
+                # gradients underflow (or overflow) exactly as in training.
+                loss = loss * tf.cast(scale, loss.dtype)
+
+        called = [(c, recordings[c.path]) for c in self.chosen if recordings[c.path].outputs]
+        self._skipped = [c.path for c in self.chosen if not recordings[c.path].outputs]
+        sources = [t for _, rec in called for t in rec.inputs + rec.outputs]
+        sole_inputs = _sole_inputs_of_outputs(rec for _, rec in called)
+        gradients = tape.gradient(loss, sources, unconnected_gradients=tf.UnconnectedGradients.ZERO)
+        device = "cpu" if self.statistics == "host" else "accelerator"
+
+        routings, summarised, self.plans = [], [], []
+        # Which summarised item each plan tensor reads: its own, or, for the
+        # input gradient that is the same values as another layer's output
+        # gradient, that one's (resolved once every item is known).
+        item_of_tensor, same_as_output = [], {}
+        item_of_output_gradient, item_of_graph_tensor = {}, {}
+        g = iter(gradients)
+        for c, rec in called:
+            input_grads = [next(g) for _ in rec.inputs]
+            output_grads = [next(g) for _ in rec.outputs]
+            plan = capture.layer_plan(
+                c, rec, lambda t: (t.shape.as_list(), t.dtype.name), scale is not None, device=device
+            )
+            tensors = rec.outputs + input_grads + output_grads
+            forward = rec.outputs + rec.inputs + rec.outputs
+            for t, forward_t, tensor_plan in zip(tensors, forward, plan.tensors):
+                divisor = None if tensor_plan.role == fmt.ACTIVATION else scale
+                producer = sole_inputs.get(id(forward_t)) if tensor_plan.role == fmt.INPUT_GRADIENT else None
+                if producer is not None:
+                    same_as_output[len(item_of_tensor)] = producer
+                    item_of_tensor.append(None)
+                    continue
+                # One graph tensor is summarised once: backprop hands the
+                # same gradient tensor to both inputs of an Add, say.
+                item = item_of_graph_tensor.setdefault(t.ref(), len(summarised))
+                if item == len(summarised):
+                    summarised.append((t, divisor))
+                if tensor_plan.role == fmt.OUTPUT_GRADIENT:
+                    item_of_output_gradient[id(forward_t)] = item
+                item_of_tensor.append(item)
+            if plan.has_routing:
+                routings.append(
+                    routing_summary(
+                        rec.original_call, rec.inputs[0], input_grads[0], output_grads[0], plan.pooling, divisor=scale
+                    )
+                )
+            self.plans.append(plan)
+
+        for position, producer in same_as_output.items():
+            item_of_tensor[position] = item_of_output_gradient[id(producer)]
+
+        self._items = item_of_tensor  # plan tensor k is summarised item self._items[k]
+        if self.statistics == "host":
+            # The values themselves, float16 and bfloat16 widened (exactly)
+            # to what the kernel takes, then the loss scale if any divides.
+            outputs = [t if t.dtype in (tf.float32, tf.float64) else tf.cast(t, tf.float32) for t, _ in summarised]
+            self._divided_items = [divisor is not None for _, divisor in summarised]
+            if any(self._divided_items):
+                outputs.append(scale)
+        else:
+            # All tensors' statistics at once, a group of equal-sized tensors
+            # per op (see group_summary); item i is row self._group_rows[i][1]
+            # of outputs self._group_rows[i][0] (histograms) and the next (stats).
+            outputs, self._group_rows = [], [None] * len(summarised)
+            for indices, divisor in tf_statistics.summary_chunks(summarised):
+                histograms, stats = tf_statistics.group_summary([summarised[i][0] for i in indices], divisor=divisor)
+                for row, i in enumerate(indices):
+                    self._group_rows[i] = (len(outputs), row)
+                outputs += [histograms, stats]
+        self._routing_start = len(outputs)
+        outputs += routings
+
+        # Written after every read above: automatic control dependencies keep
+        # program order for ops on the same variable.
+        with tf.control_dependencies(outputs):
+            for v, value in zip(state, saved):
+                v.assign(value)
+        return [tf.identity(t) for t in outputs]
+
+
+def _sole_inputs_of_outputs(recordings):
+    """Maps each recorded input that is the only use of a recorded output to that output.
+
+    When layer B's input is layer A's output and nothing else uses it, the
+    gradient through B's input (what B hands back) is all the gradient A's
+    output gets: B's input gradient and A's output gradient are the same
+    values, bit for bit, and are summarised once. In a chain of chosen layers
+    (conv, BatchNorm, ReLU, ...) that is every other gradient tensor.
+
+    Returns:
+      `{id(input identity tensor): output tensor}`; empty when executing
+      eagerly, where tensors have no consumers to look at.
+    """
+    if tf.executing_eagerly():
+        return {}
+    recordings = list(recordings)
+    # Graph tensors are named uniquely; `op.inputs` need not return the same Python objects.
+    outputs = {t.name: t for rec in recordings for t in rec.outputs}
+    result = {}
+    for rec in recordings:
+        for t in rec.inputs:
+            source = t.op.inputs[0] if t.op.type == "Identity" else None
+            if source is None or source.name not in outputs:
+                continue
+            # Consumers in the forward graph only: the backward pass is built after this.
+            if [op.name for op in source.consumers()] == [t.op.name]:
+                result[id(t)] = outputs[source.name]
+    return result
+
+
+def routing_summary(original_call, inputs, input_gradient, output_gradient, pooling, divisor=None):
+    """Returns the routing record (`format.ROUTING_FIELDS`) of a pooling layer.
+
+    Routing is the gradient of `sum(pool(x))`: for each input position, how
+    many windows send their gradient to it (TensorFlow's MaxPoolGrad picks the
+    first maximum of a tied window). It depends on where the maxima are, not
+    on the upstream values. The gradient sums are divided by `divisor` (the
+    loss scale) when it is given, as the statistics are.
+    """
+
+    def gradient(t):
+        t = tf.cast(t, tf.float64)
+        return t if divisor is None else tf_statistics.divide(t, divisor)
+
+    with tf.GradientTape() as tape:
+        tape.watch(inputs)
+        pooled = original_call(inputs)
+    routes = tape.gradient(pooled, inputs)
+    if pooling["type"] == "max":
+        tied = capture.tied_windows(inputs, pooling)
+    else:
+        tied = tf.constant(np.nan, tf.float64)
+    return tf.stack(
+        [
+            tf.cast(tf.size(inputs), tf.float64),
+            tf.cast(tf.math.count_nonzero(routes > 0), tf.float64),
+            tf.cast(tf.size(pooled), tf.float64),
+            tf.cast(tied, tf.float64),
+            tf.reduce_sum(gradient(input_gradient)),
+            tf.reduce_sum(gradient(output_gradient)),
+            tf.reduce_sum(tf.abs(gradient(output_gradient))),
+        ]
+    )

@@ -1,0 +1,225 @@
+"""Which layers to capture: paths through nested models, the user's choice, pooling geometry.
+
+Backend-neutral: Keras only. `select_layers` turns the callback's `layers=`
+argument into `ChosenLayer`s; `pooling_description` gives the geometry that
+the layer metadata and the routing record need.
+"""
+
+import difflib
+import fnmatch
+from dataclasses import dataclass
+
+import keras
+
+_MAX_POOLING = tuple(
+    getattr(keras.layers, name)
+    for name in ("MaxPooling1D", "MaxPooling2D", "MaxPooling3D", "AdaptiveMaxPooling1D", "AdaptiveMaxPooling2D", "AdaptiveMaxPooling3D")
+    if hasattr(keras.layers, name)
+)
+_AVERAGE_POOLING = tuple(
+    getattr(keras.layers, name)
+    for name in (
+        "AveragePooling1D",
+        "AveragePooling2D",
+        "AveragePooling3D",
+        "AdaptiveAveragePooling1D",
+        "AdaptiveAveragePooling2D",
+        "AdaptiveAveragePooling3D",
+    )
+    if hasattr(keras.layers, name)
+)
+_GLOBAL_MAX_POOLING = (keras.layers.GlobalMaxPooling1D, keras.layers.GlobalMaxPooling2D, keras.layers.GlobalMaxPooling3D)
+_GLOBAL_AVERAGE_POOLING = (
+    keras.layers.GlobalAveragePooling1D,
+    keras.layers.GlobalAveragePooling2D,
+    keras.layers.GlobalAveragePooling3D,
+)
+POOLING_LAYERS = _MAX_POOLING + _AVERAGE_POOLING + _GLOBAL_MAX_POOLING + _GLOBAL_AVERAGE_POOLING
+
+_GLOB_CHARACTERS = frozenset("*?[")
+
+
+@dataclass
+class ChosenLayer:
+    """A layer to capture: its path from the root model and its position."""
+
+    path: str
+    layer: keras.layers.Layer
+    index: int
+
+
+def walk_layers(model):
+    """Returns `(path, layer)` for every layer below `model`, depth first.
+
+    Paths join layer names with "/" from the model's children down, e.g.
+    `resnet50/pool1_pool`. Input layers are skipped; a layer reached twice
+    (shared) is listed once, at its first path.
+    """
+    seen = set()
+    result = []
+
+    def visit(parent, prefix):
+        for child in _children(parent):
+            if id(child) in seen or isinstance(child, keras.layers.InputLayer):
+                continue
+            seen.add(id(child))
+            path = f"{prefix}{child.name}"
+            result.append((path, child))
+            visit(child, path + "/")
+
+    visit(model, "")
+    return result
+
+
+def _children(layer):
+    # `_flatten_layers` is how Keras lists sublayers of any layer (models,
+    # and plain layers that hold layers); `.layers` only exists on models.
+    flatten = getattr(layer, "_flatten_layers", None)
+    if flatten is not None:
+        return list(flatten(include_self=False, recursive=False))
+    return list(getattr(layer, "layers", []))
+
+
+def is_pooling_layer(layer):
+    return isinstance(layer, POOLING_LAYERS)
+
+
+def check_layer_spec(spec):
+    """Returns the layer selection as a list, or None for the default.
+
+    Raises:
+      TypeError: an item is not a string, a layer class or a callable.
+    """
+    if spec is None:
+        return None
+    items = list(spec) if isinstance(spec, (list, tuple, set, frozenset)) else [spec]
+    if not items:
+        raise ValueError(
+            "layers must name at least one layer; received an empty "
+            f"{type(spec).__name__}. Pass None to log all pooling layers."
+        )
+    for item in items:
+        if isinstance(item, str) or callable(item):
+            continue
+        raise TypeError(
+            "layers must be None, a layer name or path, a glob pattern, a Keras "
+            f"layer class, a predicate, or a list of those; received {item!r} "
+            f"of type {type(item).__name__}"
+        )
+    return items
+
+
+def select_layers(model, spec):
+    """Returns the `ChosenLayer`s of `model` that `spec` asks for, in model order.
+
+    Args:
+      model: a built Keras model.
+      spec: None (all pooling layers), or a list as returned by
+        `check_layer_spec`: exact paths (`"resnet50/pool1_pool"`), bare layer
+        names (every layer of that name, at any depth), glob patterns on paths
+        (`"resnet50/conv*_out"`), layer classes, or predicates `layer -> bool`.
+
+    Raises:
+      ValueError: a name or pattern matches no layer (the message lists the
+        nearest names), or nothing at all is chosen.
+    """
+    spec = check_layer_spec(spec)
+    layers = walk_layers(model)
+    indexed = [ChosenLayer(path, layer, i) for i, (path, layer) in enumerate(layers)]
+    if spec is None:
+        chosen = [c for c in indexed if is_pooling_layer(c.layer)]
+        if not chosen:
+            raise ValueError(
+                f"Model {model.name!r} has no pooling layer, which is what tb_gradviz "
+                "logs by default. Choose layers with layers=[...]: names or paths "
+                "(e.g. 'conv2d' or 'resnet50/pool1_pool'), glob patterns "
+                "('resnet50/conv*_out'), layer classes (keras.layers.Conv2D) or a "
+                "predicate (lambda layer: ...)."
+            )
+        return chosen
+    picked = set()
+    for item in spec:
+        matches = [c for c in indexed if _matches(item, c)]
+        if not matches and isinstance(item, str):
+            raise ValueError(_no_match_message(model, item, [c.path for c in indexed]))
+        picked.update(c.index for c in matches)
+    if not picked:
+        raise ValueError(
+            f"layers={spec!r} chose no layer of model {model.name!r}. Its layers are: "
+            f"{_preview([c.path for c in indexed])}"
+        )
+    return [c for c in indexed if c.index in picked]
+
+
+def _matches(item, chosen):
+    if isinstance(item, str):
+        if _GLOB_CHARACTERS & set(item):
+            return fnmatch.fnmatchcase(chosen.path, item)
+        return item in (chosen.path, chosen.layer.name)
+    if isinstance(item, type):
+        return isinstance(chosen.layer, item)
+    return bool(item(chosen.layer))
+
+
+def _no_match_message(model, item, paths):
+    names = sorted(set(paths) | {p.rsplit("/", 1)[-1] for p in paths})
+    nearest = difflib.get_close_matches(item, names, n=5, cutoff=0.5)
+    hint = f" Nearest: {', '.join(repr(n) for n in nearest)}." if nearest else ""
+    kind = "pattern" if _GLOB_CHARACTERS & set(item) else "name"
+    return (
+        f"No layer of model {model.name!r} matches the {kind} {item!r}.{hint} "
+        f"Layers are named by path from the model, e.g. 'resnet50/pool1_pool': {_preview(paths)}"
+    )
+
+
+def _preview(paths, limit=12):
+    shown = ", ".join(paths[:limit])
+    return shown + (f", ... ({len(paths)} in all)" if len(paths) > limit else "")
+
+
+def pooling_description(layer):
+    """Returns the pooling geometry of a pooling layer as plain data, else None."""
+    if not is_pooling_layer(layer):
+        return None
+    is_global = isinstance(layer, _GLOBAL_MAX_POOLING + _GLOBAL_AVERAGE_POOLING)
+    is_max = isinstance(layer, _MAX_POOLING + _GLOBAL_MAX_POOLING)
+    pool_size = getattr(layer, "pool_size", None)
+    strides = getattr(layer, "strides", None)
+    return {
+        "type": "max" if is_max else "average",
+        "global": is_global,
+        "pool_size": None if is_global or pool_size is None else list(pool_size),
+        "strides": None if is_global or strides is None else list(strides),
+        "padding": "valid" if is_global else getattr(layer, "padding", "valid"),
+        "data_format": getattr(layer, "data_format", "channels_last"),
+    }
+
+
+
+def as_loss(loss):
+    """Returns `loss` as a `keras.losses.Loss`, which takes `sample_weight`.
+
+    `keras.losses.get("mse")` returns the plain function `mean_squared_error`,
+    which gives one value per example and knows no sample weights; wrapping it
+    reduces it the way `compile` does.
+
+    Raises:
+      ValueError: Keras does not know the loss (Keras' own message).
+      TypeError: it resolves to something that is not callable.
+    """
+    loss = keras.losses.get(loss)
+    if isinstance(loss, keras.losses.Loss):
+        return loss
+    if not callable(loss):
+        raise TypeError(f"loss must be a Keras loss name, a function (y_true, y_pred) or a Loss; received {loss!r}")
+    return _FunctionLoss(loss)
+
+
+class _FunctionLoss(keras.losses.Loss):
+    def __init__(self, fn):
+        super().__init__(name=getattr(fn, "__name__", "loss"))
+        self.fn = fn
+
+    def call(self, y_true, y_pred):
+        return self.fn(y_true, y_pred)
+
