@@ -274,7 +274,7 @@ def tied_windows(x, pooling):
     if pooling["global"]:
         peak = ops.max(x, axis=spatial, keepdims=True)
         occurrences = ops.sum(ops.cast(ops.equal(x, peak), "int32"), axis=spatial)
-        return ops.count_nonzero(ops.greater(occurrences, 1))
+        return _count_true(ops.greater(occurrences, 1))
     if pooling["pool_size"] is None or pooling["strides"] is None:
         return float("nan")
     sizes, strides = pooling["pool_size"], pooling["strides"]
@@ -297,7 +297,11 @@ def tied_windows(x, pooling):
     for s in shifted[1:]:
         peak = ops.maximum(peak, s)
     occurrences = sum(ops.cast(ops.equal(s, peak), "int32") for s in shifted)
-    return ops.count_nonzero(ops.greater(occurrences, 1))
+    return _count_true(ops.greater(occurrences, 1))
+
+
+def _count_true(mask):
+    return keras.ops.sum(keras.ops.cast(mask, "int32"))
 
 
 def warn_skipped(paths):

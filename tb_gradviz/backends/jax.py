@@ -1,0 +1,180 @@
+"""The probe pass on Keras' JAX backend: one jitted `jax.value_and_grad`, traced once.
+
+The pass is a pure function of the model's variables, the probe batch, and
+one zero tensor per floating input and output of each chosen layer: the
+wrapped `call` adds the zero to its input and to its output, and the gradient
+of the loss w.r.t. those zeros is the gradient w.r.t. the layer's input
+(through this layer only) and output. The model runs through
+`model.stateless_call`, so the state it would change (BatchNorm moving
+statistics, seed generators, metrics) comes back as new values, which are
+dropped: training state is untouched by construction.
+
+The zeros' shapes come from `jax.eval_shape` of the same forward pass, once.
+"""
+
+import jax
+import jax.numpy as jnp
+import keras
+import numpy as np
+
+from tb_gradviz import capture
+from tb_gradviz import format as fmt
+
+
+def _is_float(t):
+    return isinstance(t, jax.Array) and jnp.issubdtype(t.dtype, jnp.floating)
+
+
+class LayerCapture:
+    """The probe pass of `model` on JAX. Args: as `capture.new_capture`.
+
+    `statistics="host"` (the only one on JAX): the pass returns the tensors
+    and `kernels` summarises them.
+    """
+
+    def __init__(self, model, chosen, loss=None, training=True, statistics=None):
+        self.statistics = capture.check_statistics(statistics, "host")
+        self.model = model
+        self.chosen = list(chosen)
+        self.training = bool(training)
+        self._loss = loss
+        self.plans = None
+        self.tracing_count = 0
+        self._pass = None
+
+    def run(self, x, y, sample_weight=None):
+        """Runs the pass; returns `(step_records, skipped_paths)` (see `capture.records`)."""
+        model = self.model
+        state = (
+            [v.value for v in model.trainable_variables],
+            [v.value for v in model.non_trainable_variables],
+            [v.value for v in model.metrics_variables],
+        )
+        scale = _loss_scale(model)
+        if self._pass is None:
+            self._plan(state, x, y, sample_weight, scale)
+        activations, gradients, routing_counts = self._pass(self._zeros, state, x, y, sample_weight, scale)
+        arrays = []
+        for plan, layer_activations, (input_grads, output_grads) in zip(self.plans, activations, gradients):
+            arrays += [_host(t) for t in (*layer_activations, *input_grads, *output_grads)]
+        divisor = None if scale is None else float(scale)
+        counts = [tuple(np.nan if c is None else int(c) for c in layer) for layer in routing_counts]
+        return capture.host_records(self.plans, arrays, divisor, counts, self._skipped)
+
+    def _plan(self, state, x, y, sample_weight, scale):
+        """Finds which layers run and the shapes of their tensors; builds the jitted pass."""
+
+        def forward(state, x, y, sample_weight, scale):
+            with capture.recording_calls(self.chosen, _is_float, lambda path: (_same, None)) as recordings:
+                self._loss_value(state, x, y, sample_weight, scale)
+            return [
+                ([(t.shape, t.dtype) for t in recordings[c.path].inputs], [(t.shape, t.dtype) for t in recordings[c.path].outputs])
+                for c in self.chosen
+            ]
+
+        shapes = []
+
+        def shapes_only(*args):
+            shapes.append(forward(*args))
+            return 0
+
+        jax.eval_shape(shapes_only, state, x, y, sample_weight, scale)
+        (layer_shapes,) = shapes
+        called = [(c, ins, outs) for c, (ins, outs) in zip(self.chosen, layer_shapes) if outs]
+        self._called = [c for c, _, _ in called]
+        self._skipped = [c.path for c, (_, outs) in zip(self.chosen, layer_shapes) if not outs]
+        self._zeros = [[jnp.zeros(shape, dtype) for shape, dtype in ins + outs] for _, ins, outs in called]
+        device = str(jax.devices()[0].platform)
+        self.plans = []
+        for c, ins, outs in called:
+            recording = capture.Recording(inputs=list(ins), outputs=list(outs))
+            plan = capture.layer_plan(
+                c, recording, lambda spec: (list(spec[0]), jnp.dtype(spec[1]).name), scale is not None, device=device
+            )
+            self.plans.append(plan)
+        self._pass = jax.jit(self._pass_fn)
+
+    def _loss_value(self, state, x, y, sample_weight, scale):
+        trainable, non_trainable, metrics = state
+        model = self.model
+        kwargs = {"training": self.training} if model._call_has_training_arg else {}
+        y_pred, non_trainable, losses = model.stateless_call(trainable, non_trainable, x, return_losses=True, **kwargs)
+        if self._loss is not None:
+            loss = self._loss(y, y_pred, sample_weight=sample_weight)
+        else:
+            if losses:
+                model._losses_override.clear()
+                model._losses_override = losses
+            loss, _ = model.stateless_compute_loss(
+                trainable, non_trainable, metrics, x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=self.training
+            )
+            if losses:
+                model._losses_override.clear()
+        if scale is not None:
+            # Backpropagate what train_step backpropagates, so float16
+            # gradients underflow (or overflow) exactly as in training.
+            loss = loss * scale.astype(loss.dtype)
+        return loss
+
+    def _pass_fn(self, zeros, state, x, y, sample_weight, scale):
+        self.tracing_count += 1
+
+        def loss_of(zeros):
+            by_path = {c.path: iter(z) for c, z in zip(self._called, zeros)}
+
+            def wraps(path):
+                # The layer's inputs come first in its zeros, then its outputs.
+                add = (lambda t: t + next(by_path[path])) if path in by_path else _same
+                return add, add
+
+            with capture.recording_calls(self._called, _is_float, wraps) as recordings:
+                loss = self._loss_value(state, x, y, sample_weight, scale)
+            activations = [recordings[c.path].outputs for c in self._called]
+            pool_inputs = [recordings[c.path].inputs[0] if p.has_routing else None for c, p in zip(self._called, self.plans)]
+            return loss, (activations, pool_inputs)
+
+        (_, (activations, pool_inputs)), zero_grads = jax.value_and_grad(loss_of, has_aux=True)(zeros)
+        gradients = []
+        for plan, grads in zip(self.plans, zero_grads):
+            inputs = sum(t.role == fmt.INPUT_GRADIENT for t in plan.tensors)
+            gradients.append((grads[:inputs], grads[inputs:]))
+        routing_counts = []
+        for c, plan, pool_input in zip(self._called, self.plans, pool_inputs):
+            if plan.has_routing:
+                routing_counts.append(_routing_counts(c.layer.call, pool_input, plan.pooling))
+        return activations, gradients, routing_counts
+
+
+def _same(t):
+    return t
+
+
+def _routing_counts(original_call, inputs, pooling):
+    """`(input_positions, routed_positions, windows, tied_windows)` of a pooling layer.
+
+    Routing is the gradient of `sum(pool(x))`: the positions that receive
+    gradient from at least one window (on a tie, XLA's rule picks the first).
+    """
+    pooled, pullback = jax.vjp(original_call, inputs)
+    (routes,) = pullback(jnp.ones_like(pooled))
+    tied = capture.tied_windows(inputs, pooling) if pooling["type"] == "max" else None
+    if isinstance(tied, float):  # adaptive pooling: windows vary
+        tied = None
+    return inputs.size, jnp.count_nonzero(routes > 0), pooled.size, tied
+
+
+def _loss_scale(model):
+    """The factor `train_step` multiplies the loss by (an array), or None."""
+    optimizer = getattr(model, "optimizer", None)
+    if optimizer is None:
+        return None
+    one = jnp.ones((), jnp.float32)
+    scale = optimizer.scale_loss(one)
+    return None if scale is one else jnp.asarray(scale, jnp.float32)
+
+
+def _host(t):
+    """The values as a numpy array the host kernels take (float16/bfloat16 widen exactly)."""
+    a = np.asarray(t)
+    return a if a.dtype in (np.float32, np.float64) else a.astype(np.float32)
+

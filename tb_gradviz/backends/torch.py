@@ -1,0 +1,139 @@
+"""The probe pass on Keras' PyTorch backend: one eager pass and `torch.autograd.grad`.
+
+Each chosen layer's wrapped `call` adds a zero tensor that requires grad to
+its input and to its output; `torch.autograd.grad` of the loss w.r.t. those
+zeros gives the gradient w.r.t. the layer's input (through this layer only)
+and output, without touching any parameter's `.grad`, and frees the graph.
+The state the forward pass changes (BatchNorm moving statistics, seed
+generators, metrics) is saved before and written back after, and so is
+PyTorch's global random state, which Dropout without a seed draws from.
+"""
+
+import contextlib
+
+import keras
+import numpy as np
+import torch
+
+from tb_gradviz import capture
+
+
+def _is_float(t):
+    return isinstance(t, torch.Tensor) and t.is_floating_point()
+
+
+class LayerCapture:
+    """The probe pass of `model` on PyTorch. Args: as `capture.new_capture`.
+
+    `statistics="host"` (the only one on PyTorch): the pass hands the tensors
+    to `kernels` on the host.
+    """
+
+    def __init__(self, model, chosen, loss=None, training=True, statistics=None):
+        self.statistics = capture.check_statistics(statistics, "host")
+        self.model = model
+        self.chosen = list(chosen)
+        self.training = bool(training)
+        self._loss = loss
+        self.plans = None
+
+    def run(self, x, y, sample_weight=None):
+        """Runs the pass; returns `(step_records, skipped_paths)` (see `capture.records`)."""
+        model = self.model
+        scale = _loss_scale(model)
+        state = list(model.non_trainable_variables) + list(model.metrics_variables)
+        saved = [v.value.detach().clone() for v in state]
+        zeros = {c.path: [] for c in self.chosen}
+
+        def wraps(path):
+            def add_zero(t):
+                zero = torch.zeros_like(t, requires_grad=True)
+                zeros[path].append(zero)
+                return t + zero
+
+            return add_zero, add_zero
+
+        try:
+            with _kept_random_state(), torch.enable_grad():
+                with capture.recording_calls(self.chosen, _is_float, wraps) as recordings:
+                    loss = self._loss_value(x, y, sample_weight)
+                if scale is not None:
+                    # Backpropagate what train_step backpropagates, so float16
+                    # gradients underflow (or overflow) exactly as in training.
+                    loss = loss * scale.to(loss.dtype)
+                called = [c for c in self.chosen if recordings[c.path].outputs]
+                sources = [z for c in called for z in zeros[c.path]]
+                gradients = torch.autograd.grad(loss, sources, allow_unused=True)
+                gradients = iter(torch.zeros_like(z) if g is None else g for z, g in zip(sources, gradients))
+                arrays, routing_counts, self.plans = [], [], []
+                device = str(loss.device)
+                for c in called:
+                    rec = recordings[c.path]
+                    plan = capture.layer_plan(
+                        c, rec, lambda t: (list(t.shape), str(t.dtype).removeprefix("torch.")), scale is not None, device
+                    )
+                    input_grads = [next(gradients) for _ in rec.inputs]
+                    output_grads = [next(gradients) for _ in rec.outputs]
+                    arrays += [_host(t) for t in (*rec.outputs, *input_grads, *output_grads)]
+                    if plan.has_routing:
+                        routing_counts.append(_routing_counts(c.layer.call, rec.inputs[0], plan.pooling))
+                    self.plans.append(plan)
+        finally:
+            for v, value in zip(state, saved):
+                v.assign(value)
+        skipped = [c.path for c in self.chosen if not recordings[c.path].outputs]
+        divisor = None if scale is None else float(scale)
+        return capture.host_records(self.plans, arrays, divisor, routing_counts, skipped)
+
+    def _loss_value(self, x, y, sample_weight):
+        y_pred = self.model(x, training=self.training)
+        if self._loss is not None:
+            return self._loss(y, y_pred, sample_weight=sample_weight)
+        return self.model.compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=self.training)
+
+
+@contextlib.contextmanager
+def _kept_random_state():
+    """Restores PyTorch's global random state (CPU and every CUDA device) on exit."""
+    cpu = torch.get_rng_state()
+    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
+    try:
+        yield
+    finally:
+        torch.set_rng_state(cpu)
+        if cuda is not None:
+            torch.cuda.set_rng_state_all(cuda)
+
+
+def _routing_counts(original_call, inputs, pooling):
+    """`(input_positions, routed_positions, windows, tied_windows)` of a pooling layer.
+
+    Routing is the gradient of `sum(pool(x))`: the positions that receive
+    gradient from at least one window.
+    """
+    inputs = inputs.detach().requires_grad_(True)
+    pooled = original_call(inputs)
+    (routes,) = torch.autograd.grad(pooled.sum(), inputs)
+    with torch.no_grad():
+        tied = capture.tied_windows(inputs.detach(), pooling) if pooling["type"] == "max" else np.nan
+        tied = np.nan if isinstance(tied, float) else int(tied)
+        return inputs.numel(), int(torch.count_nonzero(routes > 0)), pooled.numel(), tied
+
+
+def _loss_scale(model):
+    """The factor `train_step` multiplies the loss by (a tensor), or None."""
+    optimizer = getattr(model, "optimizer", None)
+    if optimizer is None:
+        return None
+    one = keras.ops.ones((), "float32")
+    scale = optimizer.scale_loss(one)
+    return None if scale is one else torch.as_tensor(scale, dtype=torch.float32)
+
+
+def _host(t):
+    """The values as a numpy array the host kernels take (float16/bfloat16 widen exactly)."""
+    t = t.detach()
+    if t.dtype not in (torch.float32, torch.float64):
+        t = t.to(torch.float32)
+    return t.cpu().numpy()
+
