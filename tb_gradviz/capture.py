@@ -251,10 +251,11 @@ def host_routing(counts, input_gradient, output_gradient, divisor=None):
         return g if divisor is None else g / divisor
 
     input_gradient, output_gradient = unscaled(input_gradient), unscaled(output_gradient)
-    return np.array(
-        [*map(float, counts), input_gradient.sum(), output_gradient.sum(), np.abs(output_gradient).sum()],
-        dtype=np.float64,
-    )
+    with np.errstate(invalid="ignore"):  # inf - inf in a sum is NaN, as on the device
+        return np.array(
+            [*map(float, counts), input_gradient.sum(), output_gradient.sum(), np.abs(output_gradient).sum()],
+            dtype=np.float64,
+        )
 
 
 def tied_windows(x, pooling):

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# Installs everything the tests need on a fresh machine, then runs them all.
-# Usage: bash tests/run.sh [pytest args]
+# Installs everything the tests need on a fresh machine, then runs them all:
+# the whole suite on Keras' TensorFlow backend, then the cross-backend tests
+# (tests/test_backends.py) on JAX and on PyTorch.
+# Usage: bash tests/run.sh [pytest args]   (with args: one pytest run, on $KERAS_BACKEND)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -12,7 +14,14 @@ if [ ! -x /usr/bin/chromium ]; then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq chromium >/dev/null
 fi
 
-python3 -m pip install -q --disable-pip-version-check -e ".[cpu,test]"
+# torch==2.13.0: the CPU build that lies on these machines' disk (PyPI's
+# Linux torch is the CUDA build, several GB with its NVIDIA libraries).
+python3 -m pip install -q --disable-pip-version-check -e ".[cpu,jax,test]" "torch==2.13.0"
 
 export TF_CPP_MIN_LOG_LEVEL=3
-exec python3 -m pytest -q "$@"
+if [ "$#" -gt 0 ]; then
+  exec python3 -m pytest -q "$@"
+fi
+KERAS_BACKEND=jax python3 -m pytest -q -p no:cacheprovider tests/test_backends.py
+KERAS_BACKEND=torch python3 -m pytest -q -p no:cacheprovider tests/test_backends.py
+KERAS_BACKEND=tensorflow exec python3 -m pytest -q

@@ -184,5 +184,5 @@ def test_log_dir_below_a_file_fails_before_training(tmp_path):
 
 def test_dataset_of_x_only_says_what_its_element_is(tmp_path):
     x, _ = data(4)
-    with pytest.raises(ValueError, match=r"first element of probe_data \(a tf.data.Dataset\) must be \(x, y\).*received a"):
+    with pytest.raises(ValueError, match=r"first batch of probe_data \(a tf.data.Dataset\) must be \(x, y\).*received a"):
         GradVizCallback(tmp_path, tf.data.Dataset.from_tensor_slices(x).batch(2))

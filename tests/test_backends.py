@@ -1,0 +1,376 @@
+"""The callback on the Keras backend in use, against that framework's own autodiff.
+
+tests/run.sh runs this file under KERAS_BACKEND=tensorflow (with the rest of
+the suite), jax and torch. References are written by hand in each framework
+(`tf.GradientTape`, `jax.grad`, `torch.autograd.grad`), never with tb_gradviz.
+"""
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+keras = pytest.importorskip("keras")
+
+import eventdata  # noqa: E402
+from tb_gradviz import GradVizCallback  # noqa: E402
+from tb_gradviz import format as fmt  # noqa: E402
+
+layers = keras.layers
+BACKEND = keras.backend.backend()
+
+
+def gradients(f, argument):
+    """`(f(argument), d f / d argument)` as numpy, in the backend's own autodiff."""
+    if BACKEND == "tensorflow":
+        import tensorflow as tf
+
+        argument = tf.convert_to_tensor(argument)
+        with tf.GradientTape() as tape:
+            tape.watch(argument)
+            value = f(argument)
+        return np.asarray(value), tape.gradient(value, argument).numpy()
+    if BACKEND == "jax":
+        import jax
+
+        value, grad = jax.value_and_grad(f)(keras.ops.convert_to_tensor(argument))
+        return np.asarray(value), np.asarray(grad)
+    import torch
+
+    argument = keras.ops.convert_to_tensor(argument).detach().requires_grad_(True)
+    value = f(argument)
+    (grad,) = torch.autograd.grad(value, argument)
+    return value.detach().float().cpu().numpy(), grad.float().cpu().numpy()
+
+
+def numpy(t):
+    return keras.ops.convert_to_numpy(keras.ops.cast(t, "float32") if "bfloat16" in str(t.dtype) else t)
+
+
+def conv_pool_model(pool, seed=1):
+    keras.utils.set_random_seed(seed)
+    inputs = keras.Input((12, 12, 2))
+    conv = layers.Conv2D(6, 3, use_bias=False, name="conv")
+    head = layers.Dense(3, name="dense")
+    model = keras.Model(inputs, head(layers.Flatten()(pool(conv(inputs)))))
+    model.compile(keras.optimizers.SGD(0.0), "mse")
+    return model, conv, head
+
+
+def fit_once(model, x, y, log_dir, **kwargs):
+    callback = GradVizCallback(log_dir, probe_data=(x, y), **kwargs)
+    model.fit(x, y, batch_size=len(x), epochs=1, verbose=0, shuffle=False, callbacks=[callback])
+    return callback
+
+
+def assert_record_matches(log, layer, tensor, array, rel=1e-6):
+    logged = eventdata.stats(log, layer, tensor)
+    expected = fmt.decode_stats(fmt.stats_vector(array))
+    for field in ("count", "zeros", "nan", "pos_inf", "neg_inf"):
+        assert logged[field] == expected[field], (tensor, field)
+    for field in ("min", "max", "mean", "std", "sum"):
+        assert logged[field] == pytest.approx(expected[field], rel=rel, abs=1e-12), (tensor, field)
+    histogram = eventdata.histogram(log, layer, tensor)
+    assert histogram[:, 2].sum() == expected["count"] - expected["nan"] - expected["pos_inf"] - expected["neg_inf"]
+
+
+def test_maxpool_records_equal_the_frameworks_own_gradients(tmp_path):
+    pool = layers.MaxPooling2D(2, name="pool")
+    model, conv, head = conv_pool_model(pool)
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=(4, 12, 12, 2)).astype("float32")
+    y = rng.normal(size=(4, 3)).astype("float32")
+    fit_once(model, x, y, tmp_path)
+
+    mse = keras.losses.MeanSquaredError()
+    pool_input = numpy(conv(x))
+    activation = numpy(pool(pool_input))
+    _, input_gradient = gradients(lambda p: mse(y, head(layers.Flatten()(pool(p)))), pool_input)
+    _, output_gradient = gradients(lambda a: mse(y, head(layers.Flatten()(a))), activation)
+
+    log = eventdata.load(tmp_path)
+    assert_record_matches(log, "pool", "activation", activation)
+    assert_record_matches(log, "pool", "input_gradient", input_gradient)
+    assert_record_matches(log, "pool", "output_gradient", output_gradient)
+    routing = eventdata.routing(log, "pool")
+    assert routing["input_positions"] == input_gradient.size == 4 * 10 * 10 * 6
+    assert routing["windows"] == activation.size == 4 * 5 * 5 * 6
+    assert routing["tied_windows"] == 0  # random normal values do not tie
+    assert routing["routed_positions"] == activation.size
+    assert routing["input_gradient_sum"] == pytest.approx(float(input_gradient.sum(dtype=np.float64)), rel=1e-6)
+    assert routing["output_gradient_abs_sum"] == pytest.approx(float(np.abs(output_gradient).sum(dtype=np.float64)), rel=1e-6)
+    content = eventdata.content(log, fmt.stats_tag("pool", "input_gradient"))
+    assert (content["backend"], content["device"], content["shape"]) == (BACKEND, "cpu", [4, 10, 10, 6])
+
+
+def test_the_tie_rule_on_this_backend_is_the_first_maximum(tmp_path):
+    # An all-zero 4x4 input: every 2x2 window ties, and the gradient of the
+    # sum goes to each window's first position in raster order.
+    pool = layers.MaxPooling2D(2)
+    _, routes = gradients(lambda t: keras.ops.sum(pool(t)), np.zeros((1, 4, 4, 1), "float32"))
+    expected = np.zeros((4, 4), "float32")
+    expected[::2, ::2] = 1
+    np.testing.assert_array_equal(routes[0, :, :, 0], expected)
+
+    # ReLU zeros in the probe: the record counts the tied windows, one routed position each.
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((4, 4, 1)), layers.ReLU(name="relu"), layers.MaxPooling2D(2, name="pool"),
+                              layers.Flatten(), layers.Dense(1, name="dense")])
+    model.compile(keras.optimizers.SGD(0.0), "mse")
+    x = -np.ones((2, 4, 4, 1), "float32")
+    fit_once(model, x, np.ones((2, 1), "float32"), tmp_path)
+    routing = eventdata.routing(eventdata.load(tmp_path), "pool")
+    assert (routing["windows"], routing["tied_windows"], routing["routed_positions"]) == (8, 8, 8)
+
+
+def model_state(model):
+    return [(v.path, numpy(v)) for v in model.variables + model.optimizer.variables]
+
+
+def bn_dropout_cnn(seed):
+    keras.utils.set_random_seed(seed)
+    model = keras.Sequential(
+        [keras.Input((8, 8, 3)), layers.Conv2D(4, 3, padding="same", name="conv"), layers.BatchNormalization(name="bn"),
+         layers.ReLU(name="relu"), layers.Dropout(0.5, name="drop"), layers.MaxPooling2D(name="pool"),
+         layers.Flatten(), layers.Dense(2, name="dense")],
+        name="cnn",
+    )
+    model.compile(keras.optimizers.Adam(0.01), "mse", metrics=["mae"])
+    return model
+
+
+def data(n=16, seed=0):
+    rng = np.random.default_rng(seed)
+    return rng.normal(size=(n, 8, 8, 3)).astype("float32"), rng.normal(size=(n, 2)).astype("float32")
+
+
+def test_training_is_bit_identical_with_and_without_the_callback(tmp_path):
+    x, y = data(32)
+    runs = []
+    for with_callback in (False, True):
+        model = bn_dropout_cnn(seed=7)
+        callbacks = [GradVizCallback(tmp_path, (x[:8], y[:8]), layers=["conv", "drop", "pool"], every_n_batches=1)] if with_callback else []
+        keras.utils.set_random_seed(11)
+        history = model.fit(x, y, batch_size=8, epochs=2, verbose=0, callbacks=callbacks)
+        follow_up = (np.random.rand(), float(numpy(keras.random.uniform(()))))
+        runs.append((model_state(model), follow_up, history.history))
+    (without, rng_without, history_without), (with_, rng_with, history_with) = runs
+    assert len(without) == len(with_)  # paths differ: seed generators get instance counters
+    assert any("moving_mean" in p for p, _ in without) and any("seed_generator" in p for p, _ in without)
+    for (path, expected), (_, actual) in zip(without, with_):
+        np.testing.assert_array_equal(expected, actual, err_msg=path)
+    assert rng_without == rng_with
+    assert history_without == history_with
+    assert len(eventdata.values(eventdata.load(tmp_path), fmt.stats_tag("pool", "activation"))) == 8
+
+
+def test_steps_frequency_and_layer_choice(tmp_path):
+    x, y = data(16)
+    model = bn_dropout_cnn(0)
+    callback = GradVizCallback(tmp_path / "b", (x[:4], y[:4]), every_n_batches=3, layers=["re*", layers.Conv2D, "pool"])
+    model.fit(x, y, batch_size=4, epochs=2, verbose=0, callbacks=[callback])
+    log = eventdata.load(tmp_path / "b")
+    assert [s for s, _ in eventdata.values(log, fmt.stats_tag("pool", "input_gradient"))] == [3, 6]
+    assert eventdata.layers(log) == callback.chosen_layers == ["conv", "relu", "pool"]
+    with pytest.raises(ValueError, match=r"'pol'.*Nearest: 'pool'"):
+        model.fit(x, y, epochs=1, verbose=0, callbacks=[GradVizCallback(tmp_path, (x, y), layers="pol")])
+
+
+def test_nested_model_layers_are_reached_by_path(tmp_path):
+    keras.utils.set_random_seed(2)
+    inner_in = keras.Input((8, 8, 3))
+    inner = keras.Model(inner_in, layers.MaxPooling2D(name="pool")(layers.Conv2D(4, 3, padding="same", name="conv")(inner_in)), name="block")
+    model = keras.Sequential([keras.Input((8, 8, 3)), inner, layers.GlobalAveragePooling2D(name="gap"), layers.Dense(2, name="dense")])
+    model.compile("sgd", "mse")
+    x, y = data(4)
+    callback = fit_once(model, x, y, tmp_path)
+    assert callback.chosen_layers == ["block/pool", "gap"]
+    log = eventdata.load(tmp_path)
+    pool_input = numpy(inner.get_layer("conv")(x))
+    pool, gap, dense = inner.get_layer("pool"), model.get_layer("gap"), model.get_layer("dense")
+    mse = keras.losses.MeanSquaredError()
+    _, expected = gradients(lambda p: mse(y, dense(gap(pool(p)))), pool_input)
+    assert_record_matches(log, "block/pool", "input_gradient", expected)
+    routing = eventdata.routing(log, "gap")
+    assert routing["routed_positions"] == routing["input_positions"] == 4 * 4 * 4 * 4
+
+
+def test_multi_input_add_and_subclassed_models(tmp_path):
+    keras.utils.set_random_seed(0)
+    a, b = keras.Input((6,), name="a"), keras.Input((6,), name="b")
+    summed = layers.Add(name="add")([layers.Dense(4, name="da")(a), layers.Dense(4, name="db")(b)])
+    model = keras.Model({"a": a, "b": b}, layers.Dense(1, name="out")(summed))
+    model.compile("sgd", "mse")
+    rng = np.random.default_rng(0)
+    x = {"a": rng.normal(size=(5, 6)).astype("float32"), "b": rng.normal(size=(5, 6)).astype("float32")}
+    y = rng.normal(size=(5, 1)).astype("float32")
+    model.fit(x, y, verbose=0, callbacks=[GradVizCallback(tmp_path / "add", (x, y), layers="add")])
+    log = eventdata.load(tmp_path / "add")
+    grads = [eventdata.stats(log, "add", t) for t in ("input_gradient_0", "input_gradient_1", "output_gradient")]
+    assert grads[0]["sum"] == grads[1]["sum"] == pytest.approx(grads[2]["sum"], rel=1e-12)
+
+    class Net(keras.Model):
+        def __init__(self):
+            super().__init__(name="net")
+            self.conv = layers.Conv2D(3, 3, padding="same", name="conv")
+            self.pool = layers.AveragePooling2D(2, name="pool")
+            self.head = layers.Dense(2, name="head")
+
+        def call(self, inputs):
+            return self.head(keras.ops.mean(self.pool(self.conv(inputs)), axis=(1, 2)))
+
+    keras.utils.set_random_seed(0)
+    net = Net()
+    net.compile("sgd", "mse")
+    x, y = data(4)
+    callback = GradVizCallback(tmp_path / "net", (x, y))
+    net.fit(x, y, verbose=0, callbacks=[callback])
+    assert callback.chosen_layers == ["pool"]
+    routing = eventdata.routing(eventdata.load(tmp_path / "net"), "pool")
+    assert routing["routed_positions"] == routing["input_positions"] == 4 * 8 * 8 * 3
+    assert np.isnan(routing["tied_windows"])
+
+
+def test_nan_and_inf_are_counted_and_kept_out_of_the_histogram(tmp_path):
+    # Average pooling carries NaN and Inf through on every backend (TensorFlow's
+    # CPU max pool drops a NaN from its window; JAX and PyTorch propagate it).
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((4, 4, 1)), layers.AveragePooling2D(2, name="pool"), layers.Flatten(), layers.Dense(1, name="dense")])
+    model.compile(keras.optimizers.SGD(0.0), "mse")
+    x = np.arange(32, dtype="float32").reshape(2, 4, 4, 1)
+    x[0, 1, 1, 0], x[1, 3, 3, 0] = np.nan, np.inf
+    callback = GradVizCallback(tmp_path, (x, np.ones((2, 1), "float32")))
+    callback.set_model(model)
+    callback.log_now(step=5)
+    log = eventdata.load(tmp_path)
+    activation = eventdata.stats(log, "pool", "activation")
+    assert (activation["count"], activation["nan"], activation["pos_inf"]) == (8, 1, 1)
+    assert eventdata.histogram(log, "pool", "activation")[:, 2].sum() == 6
+    assert [s for s, _ in eventdata.values(log, fmt.stats_tag("pool", "activation"))] == [5]
+
+
+@pytest.mark.parametrize("policy", ["mixed_float16", "mixed_bfloat16"])
+def test_mixed_precision_records_the_unscaled_gradients_in_their_dtype(tmp_path, policy):
+    keras.mixed_precision.set_dtype_policy(policy)
+    try:
+        model, conv, head = conv_pool_model(layers.MaxPooling2D(2, name="pool"), seed=3)
+        model.compile(keras.optimizers.SGD(0.0), "mse")  # mixed_float16 wraps it in a LossScaleOptimizer
+        rng = np.random.default_rng(3)
+        x = rng.normal(size=(4, 12, 12, 2)).astype("float32")
+        y = rng.normal(size=(4, 3)).astype("float32")
+        fit_once(model, x, y, tmp_path)
+        scaled = policy == "mixed_float16"
+        assert isinstance(model.optimizer, keras.optimizers.LossScaleOptimizer) == scaled
+        mse = keras.losses.MeanSquaredError()
+        scale = float(numpy(model.optimizer.scale_loss(keras.ops.ones(())))) if scaled else 1.0
+        activation = numpy(model.get_layer("pool")(conv(x)))
+        _, output_gradient = gradients(
+            lambda a: mse(y, head(layers.Flatten()(a))) * keras.ops.cast(scale, "float32"), activation
+        )
+        log = eventdata.load(tmp_path)
+        dtype = policy.removeprefix("mixed_")
+        content = eventdata.content(log, fmt.stats_tag("pool", "output_gradient"))
+        assert (content["dtype"], content["loss_scaled"]) == (dtype, scaled)
+        logged = eventdata.stats(log, "pool", "output_gradient")
+        expected = output_gradient.astype(np.float64) / scale
+        assert logged["count"] == expected.size
+        assert logged["sum"] == pytest.approx(expected.sum(), rel=0.05, abs=1e-3 * np.abs(expected).sum())
+        assert logged["max"] == pytest.approx(expected.max(), rel=0.02)
+    finally:
+        keras.mixed_precision.set_dtype_policy("float32")
+
+
+class Batches(keras.utils.PyDataset):
+    def __init__(self, x, y):
+        super().__init__()
+        self.x, self.y = x, y
+
+    def __len__(self):
+        return 2
+
+    def __getitem__(self, i):
+        return self.x[i * 3 : (i + 1) * 3], self.y[i * 3 : (i + 1) * 3]
+
+
+def probe_sources(x, y):
+    """Every kind of probe data this backend can be given, each with its batch size."""
+    sources = {
+        "numpy": ((x[:5], y[:5]), 5),
+        "backend tensors": ((keras.ops.convert_to_tensor(x[:4]), keras.ops.convert_to_tensor(y[:4])), 4),
+        "PyDataset": (Batches(x, y), 3),
+        "generator": (((x[i : i + 2], y[i : i + 2]) for i in range(0, 8, 2)), 2),
+    }
+    try:
+        import tensorflow as tf
+
+        sources["tf.data"] = (tf.data.Dataset.from_tensor_slices((x, y)).batch(6), 6)
+    except ImportError:
+        pass
+    if BACKEND == "torch":
+        import torch
+
+        sources["DataLoader"] = (torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.tensor(x), torch.tensor(y)), batch_size=7), 7)
+    return sources
+
+
+def test_every_kind_of_probe_data(tmp_path):
+    x, y = data(16)
+    model = bn_dropout_cnn(0)
+    for name, (source, size) in probe_sources(x, y).items():
+        callback = GradVizCallback(tmp_path / name.replace(" ", "_"), source)
+        callback.set_model(model)
+        callback.log_now(step=0)
+        content = eventdata.content(eventdata.load(tmp_path / name.replace(" ", "_")), fmt.stats_tag("pool", "activation"))
+        assert content["shape"] == [size, 4, 4, 4], name
+    with pytest.raises(ValueError, match=r"probe_data is an empty list_iterator; it must yield at least one"):
+        GradVizCallback(tmp_path, iter([]))
+    with pytest.raises(ValueError, match=r"first batch of probe_data \(a list_iterator\) must be \(x, y\).*received a ndarray"):
+        GradVizCallback(tmp_path, iter([x]))
+
+
+def test_a_custom_training_loop_logs_with_log_now(tmp_path):
+    # Outside fit: set the model once, then log at the loop's own steps.
+    model = bn_dropout_cnn(0)
+    x, y = data(8)
+    callback = GradVizCallback(tmp_path, (x[:4], y[:4]))
+    callback.set_model(model)
+    for step in (10, 20):
+        model.train_on_batch(x, y)
+        callback.log_now(step=step)
+    callback.on_train_end()
+    log = eventdata.load(tmp_path)
+    assert [s for s, _ in eventdata.values(log, fmt.stats_tag("pool", "activation"))] == [10, 20]
+    with pytest.raises(ValueError, match="step must be a non-negative integer; received -1"):
+        callback.log_now(step=-1)
+
+
+def test_bad_arguments_say_what_was_received(tmp_path):
+    x, y = data(2)
+    with pytest.raises(ValueError, match="every_n_batches must be a positive integer; received 0"):
+        GradVizCallback(tmp_path, (x, y), every_n_batches=0)
+    with pytest.raises(ValueError, match=r"same batch size; received batch sizes \[1, 2\]"):
+        GradVizCallback(tmp_path, (x, y[:1]))
+
+
+def test_tb_gradviz_imports_no_framework_beyond_what_keras_does(tmp_path):
+    # Keras' PyTorch backend imports JAX itself when it is installed; the
+    # callback adds none: not TensorFlow on JAX, say.
+    script = (
+        "import sys, numpy as np, keras\n"
+        "frameworks = lambda: sorted(n for n in ('tensorflow', 'jax', 'torch') if n in sys.modules)\n"
+        "print(frameworks())\n"
+        "import tb_gradviz\n"
+        "m = keras.Sequential([keras.Input((4, 4, 1)), keras.layers.MaxPooling2D(), keras.layers.Flatten(), keras.layers.Dense(1)])\n"
+        "m.compile('sgd', 'mse')\n"
+        "x, y = np.ones((2, 4, 4, 1), 'float32'), np.ones((2, 1), 'float32')\n"
+        f"m.fit(x, y, verbose=0, callbacks=[tb_gradviz.GradVizCallback({str(tmp_path)!r}, (x, y))])\n"
+        "print(frameworks())\n"
+    )
+    env = dict(os.environ, KERAS_BACKEND=BACKEND)
+    result = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    keras_alone, with_callback = result.stdout.split("\n")[-3:-1]
+    assert BACKEND in keras_alone
+    assert with_callback == keras_alone
