@@ -53,7 +53,8 @@ def machine():
     info = {"python": platform.python_version(), "cpus": os.cpu_count(), "platform": platform.platform()}
     # name -> the distributions that may provide it, first found wins
     distributions = {"tensorflow": ("tensorflow-cpu", "tensorflow"), "keras": ("keras",), "tensorboard": ("tensorboard",),
-                     "numpy": ("numpy",), "numba": ("numba",), "google-crc32c": ("google-crc32c",)}
+                     "numpy": ("numpy",), "numba": ("numba",), "google-crc32c": ("google-crc32c",),
+                     "jax": ("jax",), "jaxlib": ("jaxlib",), "torch": ("torch",)}
     for name, candidates in distributions.items():
         info[name] = None
         for distribution in candidates:
