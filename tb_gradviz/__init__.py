@@ -15,3 +15,7 @@ def __getattr__(name):
 
         return GradVizCallback
     raise AttributeError(f"module 'tb_gradviz' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | {"GradVizCallback"})

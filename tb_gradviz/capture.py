@@ -258,6 +258,47 @@ def host_routing(counts, input_gradient, output_gradient, divisor=None):
         )
 
 
+def host_summaries(items):
+    """Returns `(histogram, stats)` of each `(values, divisor)`, computed on the host.
+
+    With numba (every extra installs it), `kernels` summarises in two fused
+    passes per tensor; without it, the numpy definition in `format` does, in
+    ~20 passes (a warning says once which extra to install).
+    """
+    if numba_available():
+        from tb_gradviz import kernels
+
+        return kernels.summaries(items)
+    result = []
+    for values, divisor in items:
+        values = np.asarray(values, dtype=np.float64)
+        if divisor is not None:
+            values = values / divisor
+        result.append((fmt.linear_histogram(values), fmt.stats_vector(values)))
+    return result
+
+
+_warned_no_numba = []
+
+
+def numba_available():
+    """Whether numba imports; warns once, naming the extra to install, when it does not."""
+    try:
+        import numba  # noqa: F401
+    except ImportError:
+        if not _warned_no_numba:
+            _warned_no_numba.append(True)
+            backend = keras.backend.backend()
+            extra = {"tensorflow": "cpu"}.get(backend, backend)
+            warnings.warn(
+                "tb_gradviz: numba is not installed, so statistics are computed without the fused "
+                f'host kernel (slower); pip install "tb_gradviz[{extra}]" installs it',
+                stacklevel=3,
+            )
+        return False
+    return True
+
+
 def tied_windows(x, pooling):
     """Returns the number of windows whose maximum occurs at more than one position.
 
@@ -326,10 +367,8 @@ def host_records(plans, arrays, divisor, routing_counts, skipped):
         tied_windows)` of each plan with routing, in order.
       skipped: paths of chosen layers that the pass never called.
     """
-    from tb_gradviz import kernels
-
     tensors = [t for plan in plans for t in plan.tensors]
-    summaries = kernels.summaries((a, divisor if t.loss_scaled else None) for a, t in zip(arrays, tensors))
+    summaries = host_summaries([(a, divisor if t.loss_scaled else None) for a, t in zip(arrays, tensors)])
     by_tensor = iter(arrays)
     counts = iter(routing_counts)
     routings = []

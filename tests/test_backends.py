@@ -374,3 +374,41 @@ def test_tb_gradviz_imports_no_framework_beyond_what_keras_does(tmp_path):
     keras_alone, with_callback = result.stdout.split("\n")[-3:-1]
     assert BACKEND in keras_alone
     assert with_callback == keras_alone
+
+
+def test_without_numba_the_callback_warns_once_and_writes_the_same_records(tmp_path):
+    # `pip install tb_gradviz` without an extra leaves numba out: the import is blocked here.
+    script = (
+        "import sys, warnings, numpy as np\n"
+        "if sys.argv[1] == 'blocked': sys.modules['numba'] = None\n"
+        "import keras, tb_gradviz\n"
+        "assert 'GradVizCallback' in dir(tb_gradviz)\n"
+        "keras.utils.set_random_seed(0)\n"
+        "m = keras.Sequential([keras.Input((6, 6, 2)), keras.layers.Conv2D(3, 3, name='conv'), keras.layers.MaxPooling2D(name='pool'),"
+        " keras.layers.Flatten(), keras.layers.Dense(1)])\n"
+        "m.compile('sgd', 'mse')\n"
+        "x, y = np.random.default_rng(0).normal(size=(4, 6, 6, 2)).astype('float32'), np.ones((4, 1), 'float32')\n"
+        "cb = tb_gradviz.GradVizCallback(sys.argv[2], (x, y), layers=['conv', 'pool'])\n"
+        "cb.set_model(m)\n"
+        "with warnings.catch_warnings(record=True) as caught:\n"
+        "    warnings.simplefilter('always')\n"
+        "    cb.log_now(step=1); cb.log_now(step=2)\n"
+        "print([str(w.message) for w in caught if 'numba' in str(w.message)])\n"
+    )
+    env = dict(os.environ, KERAS_BACKEND=BACKEND)
+    outputs = {}
+    for mode in ("blocked", "installed"):
+        result = subprocess.run([sys.executable, "-c", script, mode, str(tmp_path / mode)], env=env,
+                                capture_output=True, text=True, timeout=300)
+        assert result.returncode == 0, result.stderr[-3000:]
+        outputs[mode] = result.stdout.strip().split("\n")[-1]
+    extra = {"tensorflow": "cpu"}.get(BACKEND, BACKEND)
+    assert outputs["installed"] == "[]"
+    assert outputs["blocked"].count("numba is not installed") == 1
+    assert f'pip install "tb_gradviz[{extra}]"' in outputs["blocked"]
+    blocked, installed = eventdata.load(tmp_path / "blocked"), eventdata.load(tmp_path / "installed")
+    assert eventdata.tensor_tags(blocked) == eventdata.tensor_tags(installed)
+    for tag in eventdata.tensor_tags(installed):
+        for (step_a, a), (step_b, b) in zip(eventdata.values(blocked, tag), eventdata.values(installed, tag)):
+            assert step_a == step_b
+            np.testing.assert_allclose(a, b, rtol=1e-9, atol=1e-12, err_msg=tag)

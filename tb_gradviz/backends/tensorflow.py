@@ -27,7 +27,8 @@ def default_statistics():
     its own tensors rather than send every value over the bus.
     """
     accelerators = [d for d in tf.config.list_logical_devices() if d.device_type != "CPU"]
-    return "device" if accelerators else "host"
+    # Without numba there is no host kernel: TensorFlow's ops summarise on the CPU too.
+    return "device" if accelerators or not capture.numba_available() else "host"
 
 
 def _is_float(t):
@@ -76,11 +77,9 @@ class LayerCapture:
         outputs = [np.asarray(t) for t in outputs]  # on a CPU, no copy
         routings = outputs[self._routing_start :]
         if self.statistics == "host":
-            from tb_gradviz import kernels
-
             scale = float(outputs[self._routing_start - 1]) if any(self._divided_items) else None
-            summaries = kernels.summaries(
-                (values, scale if divided else None) for values, divided in zip(outputs, self._divided_items)
+            summaries = capture.host_summaries(
+                [(values, scale if divided else None) for values, divided in zip(outputs, self._divided_items)]
             )
         else:
             summaries = [(outputs[position][row], outputs[position + 1][row]) for position, row in self._group_rows]
