@@ -136,13 +136,16 @@ const ROLE_TITLES = {
   output_gradient: 'Gradient w.r.t. output',
 };
 
-/** Where a tensor comes from, named as TensorBoard's graph names the ops. */
+/** Where a tensor comes from, named as the backend that wrote the run names the ops. */
 function producedBy(role, layer) {
-  const op = {max: 'MaxPool', avg: 'AvgPool'}[layer.pooling?.type];
-  const forward = op ?? layer.layer_class ?? 'layer';
+  const type = layer.pooling?.type;
+  const ops = type === 'max' ? (MAX_POOL_OPS[layer.backend] ?? MAX_POOL_OPS.tensorflow)
+    : type === 'average' && (layer.backend ?? 'tensorflow') === 'tensorflow' ? {forward: 'AvgPool', backward: 'AvgPoolGrad'}
+      : null;
+  const forward = ops?.forward ?? layer.layer_class ?? 'layer';
   if (role === 'activation') return `${forward} output (forward pass)`;
-  if (role === 'input_gradient') return op ? `${op}Grad output (backward pass)` : 'passed to the layer below (backward)';
-  return op ? `upstream gradient, ${op}Grad's input` : 'upstream gradient from the layer above';
+  if (role === 'input_gradient') return ops ? `${ops.backward} output (backward pass)` : 'passed to the layer below (backward)';
+  return ops ? `upstream gradient, ${ops.backward}'s input` : 'upstream gradient from the layer above';
 }
 
 export function renderLayerTitle(title, layer, step) {
@@ -406,20 +409,42 @@ function maxPoolGeometry(pooling) {
     : `${windows} do not overlap: each input position belongs to one window at most.`;
 }
 
+// What each Keras backend runs for a max pool, forward and in backprop.
+const MAX_POOL_OPS = {
+  tensorflow: {intro: 'In the TensorFlow graph a MaxPool layer is two ops: MaxPool in the forward pass, '
+    + 'and MaxPoolGrad, which backprop runs.', forward: 'MaxPool', backward: 'MaxPoolGrad'},
+  jax: {intro: 'On JAX, XLA runs a max pool as two ops: reduce_window (max) in the forward pass, '
+    + 'and select_and_scatter_add, its gradient, in backprop.', forward: 'reduce_window', backward: 'select_and_scatter_add'},
+  torch: {intro: 'On PyTorch a max pool is two kernels: max_pool in the forward pass, which also keeps '
+    + 'the index of each maximum, and its backward, which scatters to those indices.',
+  forward: 'max_pool', backward: 'max_pool\'s backward'},
+};
+
+function tieRule(layer) {
+  const where = `${layer.backend ?? 'tensorflow'}${layer.device ? ` on ${layer.device}` : ''}`;
+  const checked = (layer.device ?? 'cpu') === 'cpu'
+    ? 'tb_gradviz\'s tests check this rule on the CPU for each backend'
+    : 'checked on the CPU by tb_gradviz\'s tests, and seen on an H100 for XLA and PyTorch CUDA';
+  return `when several positions of a window hold its maximum (whole windows of ReLU zeros, say), `
+    + `this run's backend (${where}) sends the gradient to the first of them in raster order, `
+    + `and only to it (${checked}).`;
+}
+
 function explanation(layer) {
   const type = layer.pooling?.type;
   let intro;
   let roles;
   if (type === 'max') {
-    intro = 'Why two tensors? In the TensorFlow graph a MaxPool layer is two ops: MaxPool in the forward '
-      + 'pass, and MaxPoolGrad, which backprop runs.';
+    const ops = MAX_POOL_OPS[layer.backend] ?? MAX_POOL_OPS.tensorflow;
+    intro = `Why two tensors? ${ops.intro}`;
     roles = [
-      ['Activation', 'MaxPool\'s output: the maximum of each window.'],
-      ['Gradient w.r.t. output', 'the upstream gradient MaxPoolGrad receives, one value per window.'],
-      ['Gradient w.r.t. input', 'MaxPoolGrad\'s output. Each window\'s gradient goes to the position '
-        + 'that held its maximum (the first one on ties); every other position gets an exact zero. '
+      ['Activation', `${ops.forward}'s output: the maximum of each window.`],
+      ['Gradient w.r.t. output', `the upstream gradient ${ops.backward} receives, one value per window.`],
+      ['Gradient w.r.t. input', `${ops.backward}'s output. Each window's gradient goes to the position `
+        + 'that held its maximum; every other position gets an exact zero. '
         + 'A 2×2 pool with stride 2 thus leaves 75 % zeros: geometry, not dead units. '
         + maxPoolGeometry(layer.pooling)],
+      ['Ties', tieRule(layer)],
     ];
   } else if (type) {
     intro = 'An average pool is two ops: AvgPool forward, and AvgPoolGrad in backprop, which spreads each '

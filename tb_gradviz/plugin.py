@@ -213,6 +213,8 @@ def _valid_content(content):
         and _is_int(content.get("layer_index"))
         and _is_str(content.get("layer_class", ""))
         and _is_str(content.get("layer_dtype", ""))
+        and _is_str(content.get("backend", ""))
+        and _is_str(content.get("device", ""))
         and isinstance(content.get("pooling"), (dict, type(None)))
     )
     if not common or content["kind"] == metadata.KIND_ROUTING:
@@ -296,6 +298,9 @@ def _layer_summary(name, layer):
         "layer_index": info["layer_index"],
         "layer_class": info.get("layer_class"),
         "layer_dtype": info.get("layer_dtype"),
+        # Files written before other backends existed came from TensorFlow.
+        "backend": info.get("backend", "tensorflow"),
+        "device": info.get("device"),
         "pooling": pooling,
         "tensors": tensors,
         "max_step": max(steps) if steps else None,

@@ -210,6 +210,10 @@ def test_layer_view_of_a_trained_cnn(browser, trained_logs):
             assert "25.0 % of input positions" in routing.text_content()
             assert "mass conserved" in routing.text_content()
             assert "MaxPoolGrad" in frame.locator(".explanation").text_content()
+            # The tie rule, with the backend and device that wrote the run.
+            assert "this run's backend (tensorflow on cpu) sends the gradient to the first of them in raster order" in (
+                frame.locator(".explanation").text_content()
+            )
 
             frame.locator("table.layer-grid").wait_for()
             page.screenshot(path=str(_artifacts_dir() / "gradviz_layer_view.png"))

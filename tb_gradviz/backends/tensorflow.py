@@ -175,7 +175,8 @@ class LayerCapture:
         sources = [t for _, rec in called for t in rec.inputs + rec.outputs]
         sole_inputs = _sole_inputs_of_outputs(rec for _, rec in called)
         gradients = tape.gradient(loss, sources, unconnected_gradients=tf.UnconnectedGradients.ZERO)
-        device = "cpu" if self.statistics == "host" else "accelerator"
+        accelerators = [d for d in tf.config.list_logical_devices() if d.device_type != "CPU"]
+        device = accelerators[0].device_type.lower() if accelerators else "cpu"
 
         routings, summarised, self.plans = [], [], []
         # Which summarised item each plan tensor reads: its own, or, for the
