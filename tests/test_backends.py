@@ -412,3 +412,39 @@ def test_without_numba_the_callback_warns_once_and_writes_the_same_records(tmp_p
         for (step_a, a), (step_b, b) in zip(eventdata.values(blocked, tag), eventdata.values(installed, tag)):
             assert step_a == step_b
             np.testing.assert_allclose(a, b, rtol=1e-9, atol=1e-12, err_msg=tag)
+
+
+@pytest.mark.skipif(BACKEND != "jax", reason="keras.distribution runs on JAX")
+def test_under_keras_distribution_the_probe_runs_on_one_device_with_the_same_records(tmp_path):
+    # Two CPU devices stand in for two accelerators; DataParallel replicates the model on both.
+    script = (
+        "import sys, numpy as np, keras, jax\n"
+        "sys.path.insert(0, sys.argv[2])\n"
+        "import eventdata\n"
+        "from tb_gradviz import GradVizCallback\n"
+        "def run(logdir, distributed):\n"
+        "    if distributed:\n"
+        "        keras.distribution.set_distribution(keras.distribution.DataParallel(devices=jax.devices()))\n"
+        "    keras.utils.set_random_seed(0)\n"
+        "    L = keras.layers\n"
+        "    m = keras.Sequential([keras.Input((8, 8, 3)), L.Conv2D(4, 3, padding='same', name='conv'),"
+        " L.BatchNormalization(name='bn'), L.MaxPooling2D(name='pool'), L.Flatten(), L.Dense(2)])\n"
+        "    m.compile('sgd', 'mse')\n"
+        "    rng = np.random.default_rng(0)\n"
+        "    x, y = rng.normal(size=(16, 8, 8, 3)).astype('float32'), rng.normal(size=(16, 2)).astype('float32')\n"
+        "    cb = GradVizCallback(logdir, (x[:6], y[:6]), layers=['conv', 'pool'])\n"
+        "    m.fit(x, y, batch_size=8, epochs=1, verbose=0, callbacks=[cb])\n"
+        "    print(len(jax.devices()), len(m.trainable_variables[0].value.devices()), cb._capture.devices)\n"
+        "    return eventdata.load(logdir)\n"
+        "plain, distributed = run(sys.argv[1] + '/plain', False), run(sys.argv[1] + '/distributed', True)\n"
+        "assert eventdata.tensor_tags(plain) == eventdata.tensor_tags(distributed)\n"
+        "for tag in eventdata.tensor_tags(plain):\n"
+        "    np.testing.assert_allclose(eventdata.last(plain, tag), eventdata.last(distributed, tag), rtol=1e-5, atol=1e-7, err_msg=tag)\n"
+    )
+    env = dict(os.environ, KERAS_BACKEND="jax", XLA_FLAGS="--xla_force_host_platform_device_count=2")
+    tests = os.path.dirname(os.path.abspath(__file__))
+    result = subprocess.run([sys.executable, "-c", script, str(tmp_path), tests], env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    plain, distributed = result.stdout.strip().split("\n")[-2:]
+    assert plain == "2 1 ['cpu:0']"
+    assert distributed == "2 2 ['cpu:0']"  # the model lives on both devices, the probe ran on one

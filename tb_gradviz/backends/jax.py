@@ -40,6 +40,7 @@ class LayerCapture:
         self._loss = loss
         self.plans = None
         self.tracing_count = 0
+        self.devices = None  # the devices the last pass ran on
         self._pass = None
 
     def run(self, x, y, sample_weight=None):
@@ -51,9 +52,15 @@ class LayerCapture:
             [v.value for v in model.metrics_variables],
         )
         scale = _loss_scale(model)
+        if keras.distribution.distribution() is not None:
+            # Under keras.distribution the probe runs whole on one device, as
+            # without it: the same numbers, and no collective in the pass.
+            device = jax.local_devices()[0]
+            state, x, y, sample_weight, scale = jax.device_put((state, x, y, sample_weight, scale), device)
         if self._pass is None:
             self._plan(state, x, y, sample_weight, scale)
         activations, gradients, routing_counts = self._pass(self._zeros, state, x, y, sample_weight, scale)
+        self.devices = sorted(str(d) for d in jax.tree_util.tree_leaves(activations)[0].devices())
         arrays = []
         for plan, layer_activations, (input_grads, output_grads) in zip(self.plans, activations, gradients):
             arrays += [_host(t) for t in (*layer_activations, *input_grads, *output_grads)]
