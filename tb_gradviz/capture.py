@@ -237,6 +237,38 @@ def records(plans, summaries, routings, skipped):
     return result, list(skipped)
 
 
+# The sums each device statistics pass returns per tensor, in this order:
+# `format.summary_from_sums`' arguments from `zeros` to `squares`, then the
+# plain sum and the sum of magnitudes of all values (the routing record's,
+# NaN when a value is).
+DEVICE_SUMS = ("zeros", "nans", "pos_inf", "neg_inf", "low", "high", "total", "squares", "raw_sum", "raw_abs_sum")
+
+
+def device_records(plans, rows, routing_counts, skipped):
+    """Returns `run`'s result from statistics computed on a device.
+
+    Args:
+      plans: the `LayerPlan`s.
+      rows: per plan tensor, in plan order, `(n, sums, linear, magnitude)`:
+        its number of elements, its `DEVICE_SUMS`, its linear bucket counts
+        and its magnitude bin counts (zeros in negative bin 0), as numpy.
+      routing_counts, skipped: as for `host_records`.
+    """
+    summaries, routings = [], []
+    rows, counts = iter(rows), iter(routing_counts)
+    for plan in plans:
+        by_name = {}
+        for t in plan.tensors:
+            n, sums, linear, magnitude = by_name[t.name] = next(rows)
+            summaries.append(
+                fmt.summary_from_sums(n, *sums[:8], linear, magnitude.astype(np.float64), len(linear))
+            )
+        if plan.has_routing:
+            input_sums, output_sums = by_name[fmt.INPUT_GRADIENT][1], by_name[fmt.OUTPUT_GRADIENT][1]
+            routings.append(np.array([*map(float, next(counts)), input_sums[8], output_sums[8], output_sums[9]]))
+    return records(plans, summaries, routings, skipped)
+
+
 def host_routing(counts, input_gradient, output_gradient, divisor=None):
     """Returns the routing record (`format.ROUTING_FIELDS`) from counts and host gradients.
 
@@ -256,6 +288,32 @@ def host_routing(counts, input_gradient, output_gradient, divisor=None):
             [*map(float, counts), input_gradient.sum(), output_gradient.sum(), np.abs(output_gradient).sum()],
             dtype=np.float64,
         )
+
+
+# Device statistics summarise many tensors at once: tensors of one number of
+# elements, dtype and divisor are stacked into a `[rows, n]` matrix summarised
+# with row-wise ops. ResNet50's 544 tensors have ~20 distinct sizes, so a few
+# hundred ops run instead of ~40k, and small tensors pay no per-op overhead
+# each. A group is cut into chunks of at most this many values (one row at
+# least), so that stacking copies little and the float64 temporaries stay small.
+CHUNK_VALUES = 1 << 21
+
+
+def summary_chunks(keys):
+    """Returns how device statistics group tensors: lists of indices into `keys`.
+
+    Args:
+      keys: per tensor, `(number of elements, anything else that must match)`;
+        a number of elements of None (unknown) makes a chunk of its own.
+    """
+    groups = {}
+    for i, key in enumerate(keys):
+        groups.setdefault(key if key[0] is not None else ("unknown", i), []).append(i)
+    chunks = []
+    for key, indices in groups.items():
+        rows = max(1, CHUNK_VALUES // max(key[0], 1)) if key[0] != "unknown" else 1
+        chunks += [indices[begin : begin + rows] for begin in range(0, len(indices), rows)]
+    return chunks
 
 
 def host_summaries(items):

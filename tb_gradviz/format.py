@@ -140,6 +140,53 @@ def stats_vector(values):
     return np.concatenate([head, negative, positive]).astype(np.float64)
 
 
+_HEAD = len(STATS_FIELDS)
+
+
+def summary_from_sums(n, zeros, nans, pos_inf, neg_inf, low, high, total, squares, linear, magnitude, buckets):
+    """Returns `(linear_histogram, stats_vector)` from a tensor's sums and counts.
+
+    What every fast path computes in its own way (numba on the host, grouped
+    ops on a device) and then assembles here: `n` elements, of which `zeros`
+    exact zeros and `nans`, `pos_inf`, `neg_inf`; the extrema, the sum and
+    the sum of squared deviations from the mean of the finite values; the
+    linear bucket counts (`floor((x - low) / width)`, the last bucket also
+    holding `high`) and the magnitude counts (`2 * MAGNITUDE_BINS`, negative
+    then positive), where the zeros are still in negative bin 0. Written in
+    the subset of Python that numba compiles (kernels.py compiles it).
+    """
+    stats = np.zeros(_HEAD + 2 * MAGNITUDE_BINS)
+    stats[0] = n
+    stats[1] = zeros
+    stats[2] = nans
+    stats[3] = pos_inf
+    stats[4] = neg_inf
+    stats[_HEAD:] = magnitude
+    stats[_HEAD] -= zeros
+    histogram = np.zeros((buckets, 3))
+    finite = n - nans - pos_inf - neg_inf
+    if finite == 0:
+        stats[5:_HEAD] = np.nan
+        return histogram, stats
+    stats[5] = low
+    stats[6] = high
+    stats[7] = total / finite
+    stats[8] = np.sqrt(squares / finite)
+    stats[9] = total
+    if high > low:
+        width = (high - low) / buckets
+        for j in range(buckets):
+            histogram[j, 0] = low + width * j
+            histogram[j, 1] = low + width * (j + 1)
+            histogram[j, 2] = linear[j]
+        histogram[buckets - 1, 1] = high
+    else:  # all equal: every row [x, x, 0] but the first, which counts them
+        histogram[:, 0] = low
+        histogram[:, 1] = low
+        histogram[0, 2] = finite
+    return histogram, stats
+
+
 def decode_stats(vector):
     """Returns the stats record as a dict; `log_counts` holds the two bin lists.
 

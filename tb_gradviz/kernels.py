@@ -162,39 +162,8 @@ def _summary_float32(values, buckets, octave, octave_bin, octave_edge):
     return _records(n, zeros, 0, 0, 0, low, high, total, squares, pairs.sum(axis=1), pairs.sum(axis=0), buckets)
 
 
-@numba.njit(nogil=True, cache=True)
-def _records(n, zeros, nans, pos_inf, neg_inf, low, high, total, squares, linear, magnitude, buckets):
-    """`(histogram, stats)` from the sums and counts; zeros are still in negative magnitude bin 0."""
-    stats = np.zeros(_HEAD + 2 * _MAGNITUDE_BINS)
-    stats[0] = n
-    stats[1] = zeros
-    stats[2] = nans
-    stats[3] = pos_inf
-    stats[4] = neg_inf
-    stats[_HEAD:] = magnitude
-    stats[_HEAD] -= zeros
-    histogram = np.zeros((buckets, 3))
-    finite = n - nans - pos_inf - neg_inf
-    if finite == 0:
-        stats[5:_HEAD] = np.nan
-        return histogram, stats
-    stats[5] = low
-    stats[6] = high
-    stats[7] = total / finite
-    stats[8] = np.sqrt(squares / finite)
-    stats[9] = total
-    if high > low:
-        width = (high - low) / buckets
-        for j in range(buckets):
-            histogram[j, 0] = low + width * j
-            histogram[j, 1] = low + width * (j + 1)
-            histogram[j, 2] = linear[j]
-        histogram[buckets - 1, 1] = high
-    else:  # all equal: every row [x, x, 0] but the first, which counts them
-        histogram[:, 0] = low
-        histogram[:, 1] = low
-        histogram[0, 2] = finite
-    return histogram, stats
+# The records from the sums and counts: format's one assembly, compiled.
+_records = numba.njit(nogil=True, cache=True)(fmt.summary_from_sums)
 
 
 @numba.njit(nogil=True, cache=True)

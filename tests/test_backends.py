@@ -15,6 +15,7 @@ import pytest
 keras = pytest.importorskip("keras")
 
 import eventdata  # noqa: E402
+from values import awkward_rows  # noqa: E402
 from tb_gradviz import GradVizCallback  # noqa: E402
 from tb_gradviz import format as fmt  # noqa: E402
 
@@ -448,3 +449,69 @@ def test_under_keras_distribution_the_probe_runs_on_one_device_with_the_same_rec
     plain, distributed = result.stdout.strip().split("\n")[-2:]
     assert plain == "2 1 ['cpu:0']"
     assert distributed == "2 2 ['cpu:0']"  # the model lives on both devices, the probe ran on one
+
+
+@pytest.mark.skipif(BACKEND == "tensorflow", reason="TensorFlow's device statistics: tests/test_capture.py")
+@pytest.mark.parametrize("dtype", ["float32", "float16", "float64"])
+@pytest.mark.parametrize("divisor", [None, 1024.0])
+def test_device_statistics_equal_the_numpy_definition(dtype, divisor):
+    import importlib
+
+    from tb_gradviz import capture
+
+    backend = importlib.import_module(f"tb_gradviz.backends.{BACKEND}")
+    rng = np.random.default_rng(5)
+    with np.errstate(over="ignore"):  # float16: 3e38 and 1e6 become inf, as intended
+        rows = [r.astype(dtype) for r in awkward_rows(rng, 4 * 9 * 9)]
+    finite_only = [r for r in rows if np.isfinite(r).all()]
+    for group in (rows, finite_only):
+        if BACKEND == "jax":
+            import jax
+
+            with jax.enable_x64(True):
+                sums, linear, magnitude = (np.asarray(a) for a in backend._group_sums(np.stack(group), divisor))
+        else:
+            sums, linear, magnitude = (t.numpy() for t in backend._group_sums(keras.ops.convert_to_tensor(np.stack(group)), divisor))
+        for r, row in enumerate(group):
+            values = row.astype(np.float64) / (divisor or 1.0)
+            histogram, stats = fmt.summary_from_sums(row.size, *sums[r][:8], linear[r], magnitude[r].astype(np.float64), len(linear[r]))
+            expected = fmt.stats_vector(values)
+            summed = [fmt.STATS_FIELDS.index(f) for f in ("mean", "std", "sum")]
+            exact = np.setdiff1d(np.arange(fmt.STATS_LENGTH), summed)
+            np.testing.assert_array_equal(stats[exact], expected[exact], err_msg=f"row {r}")
+            scale = np.abs(values[np.isfinite(values)]).sum()
+            np.testing.assert_allclose(stats[summed], expected[summed], rtol=1e-9, atol=1e-12 * scale, err_msg=f"row {r}")
+            np.testing.assert_array_equal(histogram, fmt.linear_histogram(values), err_msg=f"row {r}")
+            with np.errstate(invalid="ignore"):
+                raw = [values.sum(), np.abs(values).sum()]
+                np.testing.assert_allclose(sums[r][8:], raw, rtol=1e-9, atol=1e-12 * raw[1], equal_nan=True)
+    assert capture.DEVICE_SUMS[8:] == ("raw_sum", "raw_abs_sum")
+
+
+def test_host_and_device_statistics_give_the_same_records():
+    # On a CPU the tensors go to the host kernel; on an accelerator the
+    # backend's own ops summarise them. Both paths run here, on the CPU.
+    from tb_gradviz import capture, selection
+
+    keras.utils.set_random_seed(3)
+    model = keras.Sequential(
+        [keras.Input((8, 8, 3)), layers.Conv2D(4, 3, padding="same", name="conv"), layers.BatchNormalization(name="bn"),
+         layers.ReLU(name="relu"), layers.MaxPooling2D(name="pool"), layers.Flatten(name="flat"), layers.Dense(2, name="dense")]
+    )
+    model.compile("sgd", "mse")
+    rng = np.random.default_rng(3)
+    x, y = rng.random((4, 8, 8, 3), "float32"), rng.random((4, 2), "float32")
+    chosen = selection.select_layers(model, ["*"])
+    host, _ = capture.new_capture(model, chosen, statistics="host").run(x, y)
+    device, _ = capture.new_capture(model, chosen, statistics="device").run(x, y)
+    assert [tag for tag, _, _ in host] == [tag for tag, _, _ in device]
+    summed = [fmt.STATS_FIELDS.index(f) for f in ("mean", "std", "sum")]
+    for (tag, a, _), (_, b, _) in zip(host, device):
+        if tag.endswith("/stats"):
+            exact = np.setdiff1d(np.arange(fmt.STATS_LENGTH), summed)
+            np.testing.assert_array_equal(a[exact], b[exact], err_msg=tag)
+            np.testing.assert_allclose(a[summed], b[summed], rtol=1e-9, atol=1e-15, err_msg=tag)
+        elif tag.endswith("/routing"):
+            np.testing.assert_allclose(a, b, rtol=1e-9, err_msg=tag)
+        else:
+            np.testing.assert_array_equal(a, b, err_msg=tag)

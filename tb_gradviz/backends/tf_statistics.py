@@ -10,17 +10,8 @@ against the numpy definition and the host kernel).
 import numpy as np
 import tensorflow as tf
 
+from tb_gradviz import capture
 from tb_gradviz import format as fmt
-
-# Statistics are computed for many tensors at once: the captured tensors are
-# grouped by (number of elements, dtype, loss-scaled) and each group is
-# stacked into a `[rows, n]` matrix summarised with row-wise ops. ResNet50's
-# 544 tensors have ~20 distinct sizes, so the graph holds a few hundred
-# statistics ops instead of ~40k (trace and graph optimisation time grows with
-# the op count), and small tensors no longer pay a per-op overhead each.
-# A group is cut into chunks of at most this many values (one row at least),
-# so that stacking copies little and the float64 temporaries stay small.
-_CHUNK_VALUES = 1 << 21
 
 # Magnitude bins from a float64 log: bin = floor(2 log10 |x|) + 25, clipped to
 # [0, MAGNITUDE_BINS - 1]. Exact for every float32 value (float16 and bfloat16
@@ -39,29 +30,16 @@ _PADDED_EDGES = np.concatenate([[0.0], fmt.LOG_EDGES, [np.inf]])
 
 
 def summary_chunks(items):
-    """Returns the chunks in which `group_summary` summarises `items`.
+    """Returns the chunks in which `group_summary` summarises `items` (see `capture.summary_chunks`).
 
     Args:
       items: a list of `(tensor, divisor)`; divisor is None or a float64 scalar.
 
     Returns:
-      A list of `(indices into items, divisor)`: tensors of one number of
-      elements, dtype and divisor, at most `_CHUNK_VALUES` values per chunk
-      (or one tensor). A tensor whose size is not known at trace time is a
-      chunk by itself.
+      A list of `(indices into items, divisor)`.
     """
-    groups = {}
-    for i, (t, divisor) in enumerate(items):
-        size = t.shape.num_elements()
-        key = (size, t.dtype, id(divisor)) if size is not None else ("dynamic", i)
-        groups.setdefault(key, []).append(i)
-    chunks = []
-    for key, indices in groups.items():
-        rows = max(1, _CHUNK_VALUES // max(key[0], 1)) if key[0] != "dynamic" else 1
-        for begin in range(0, len(indices), rows):
-            part = indices[begin : begin + rows]
-            chunks.append((part, items[part[0]][1]))
-    return chunks
+    keys = [(t.shape.num_elements(), t.dtype, id(divisor)) for t, divisor in items]
+    return [(indices, items[indices[0]][1]) for indices in capture.summary_chunks(keys)]
 
 
 def group_summary(tensors, divisor=None, buckets=fmt.HISTOGRAM_BUCKETS):

@@ -16,21 +16,29 @@ import numpy as np
 import torch
 
 from tb_gradviz import capture
+from tb_gradviz import format as fmt
 
 
 def _is_float(t):
     return isinstance(t, torch.Tensor) and t.is_floating_point()
 
 
+def default_statistics():
+    """`"host"` when Keras runs PyTorch on the CPU, else `"device"` (see `LayerCapture`)."""
+    return "host" if keras.ops.ones(()).device.type == "cpu" else "device"
+
+
 class LayerCapture:
     """The probe pass of `model` on PyTorch. Args: as `capture.new_capture`.
 
-    `statistics="host"` (the only one on PyTorch): the pass hands the tensors
-    to `kernels` on the host.
+    `statistics="host"`: the pass hands the tensors to `kernels` on the host.
+    `"device"`: float64 ops summarise them where they are, a group of
+    equal-sized tensors per op (`_group_sums`), and only sums and counts
+    leave the device.
     """
 
     def __init__(self, model, chosen, loss=None, training=True, statistics=None):
-        self.statistics = capture.check_statistics(statistics, "host")
+        self.statistics = capture.check_statistics(statistics, default_statistics())
         self.model = model
         self.chosen = list(chosen)
         self.training = bool(training)
@@ -65,7 +73,7 @@ class LayerCapture:
                 sources = [z for c in called for z in zeros[c.path]]
                 gradients = torch.autograd.grad(loss, sources, allow_unused=True)
                 gradients = iter(torch.zeros_like(z) if g is None else g for z, g in zip(sources, gradients))
-                arrays, routing_counts, self.plans = [], [], []
+                tensors, routing_counts, self.plans = [], [], []
                 device = str(loss.device)
                 for c in called:
                     rec = recordings[c.path]
@@ -74,7 +82,7 @@ class LayerCapture:
                     )
                     input_grads = [next(gradients) for _ in rec.inputs]
                     output_grads = [next(gradients) for _ in rec.outputs]
-                    arrays += [_host(t) for t in (*rec.outputs, *input_grads, *output_grads)]
+                    tensors += [t.detach() for t in (*rec.outputs, *input_grads, *output_grads)]
                     if plan.has_routing:
                         routing_counts.append(_routing_counts(c.layer.call, rec.inputs[0], plan.pooling))
                     self.plans.append(plan)
@@ -83,7 +91,24 @@ class LayerCapture:
                 v.assign(value)
         skipped = [c.path for c in self.chosen if not recordings[c.path].outputs]
         divisor = None if scale is None else float(scale)
-        return capture.host_records(self.plans, arrays, divisor, routing_counts, skipped)
+        if self.statistics == "host":
+            return capture.host_records(self.plans, [_host(t) for t in tensors], divisor, routing_counts, skipped)
+        return capture.device_records(self.plans, self._device_rows(tensors, divisor), routing_counts, skipped)
+
+    def _device_rows(self, tensors, divisor):
+        """`(n, sums, linear, magnitude)` of each tensor, computed on its device in float64."""
+        scaled = [t.role != fmt.ACTIVATION and divisor is not None for plan in self.plans for t in plan.tensors]
+        keys = [(t.numel(), t.dtype, d) for t, d in zip(tensors, scaled)]
+        rows = [None] * len(tensors)
+        with torch.no_grad():
+            for indices in capture.summary_chunks(keys):
+                stacked = torch.stack([tensors[i].reshape(-1) for i in indices])
+                sums, linear, magnitude = (
+                    t.cpu().numpy() for t in _group_sums(stacked, divisor if scaled[indices[0]] else None)
+                )
+                for r, i in enumerate(indices):
+                    rows[i] = (tensors[i].numel(), sums[r], linear[r], magnitude[r])
+        return rows
 
     def _loss_value(self, x, y, sample_weight):
         y_pred = self.model(x, training=self.training)
@@ -103,6 +128,47 @@ def _kept_random_state():
         torch.set_rng_state(cpu)
         if cuda is not None:
             torch.cuda.set_rng_state_all(cuda)
+
+
+def _group_sums(x, divisor, buckets=fmt.HISTOGRAM_BUCKETS):
+    """`(sums [R, len(DEVICE_SUMS)], linear [R, buckets], magnitude [R, 2 MAGNITUDE_BINS])` of R rows.
+
+    The float64 arithmetic of `kernels`, row-wise (see backends/jax.py's
+    `_group_sums`, the same computation).
+    """
+    v = x.to(torch.float64)
+    if divisor is not None:
+        v = v / divisor
+    finite = torch.isfinite(v)
+    f = torch.where(finite, v, 0.0)
+    n_finite = finite.sum(dim=1)
+    low = torch.where(finite, v, torch.inf).amin(dim=1)
+    high = torch.where(finite, v, -torch.inf).amax(dim=1)
+    total = f.sum(dim=1)
+    mean = total / n_finite.clamp(min=1)
+    squares = torch.where(finite, (v - mean[:, None]).square(), 0.0).sum(dim=1)
+    spread = high > low
+    width = torch.where(spread, (high - low) / buckets, 1.0)
+    position = torch.floor((f - torch.where(spread, low, 0.0)[:, None]) / width[:, None])
+    linear = torch.where(finite, position.clamp(0, buckets - 1), buckets).to(torch.int64)
+    bins = fmt.MAGNITUDE_BINS
+    edges = torch.as_tensor(fmt.LOG_EDGES, dtype=torch.float64, device=v.device)
+    magnitude = torch.searchsorted(edges, f.abs(), right=True) + (f > 0) * bins
+    magnitude = torch.where(finite, magnitude, 2 * bins)
+    count = lambda mask: mask.sum(dim=1).to(torch.float64)  # noqa: E731
+    sums = torch.stack(
+        [count(v == 0), count(torch.isnan(v)), count(v == torch.inf), count(v == -torch.inf),
+         low, high, total, squares, v.sum(dim=1), v.abs().sum(dim=1)],
+        dim=1,
+    )
+    return sums, _row_counts(linear, buckets + 1)[:, :buckets], _row_counts(magnitude, 2 * bins + 1)[:, : 2 * bins]
+
+
+def _row_counts(index, length):
+    """Per-row counts of `index` (`[R, n]`, values in `[0, length)`): `[R, length]`."""
+    rows = index.shape[0]
+    offsets = torch.arange(rows, device=index.device)[:, None] * length
+    return torch.bincount((index + offsets).reshape(-1), minlength=rows * length).reshape(rows, length)
 
 
 def _routing_counts(original_call, inputs, pooling):

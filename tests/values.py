@@ -1,0 +1,28 @@
+"""Values that exercise every branch of the statistics, for the tests of each fast path."""
+
+import numpy as np
+
+from tb_gradviz import format as fmt
+
+
+def awkward_rows(rng, size):
+    """Rows that exercise every branch of the statistics: NaN, ±Inf, zeros of
+    both signs, all equal, nothing finite, values on and next to every
+    magnitude edge (both signs), and a wide spread of magnitudes."""
+    f32 = np.float32
+    edges = fmt.LOG_EDGES.astype(f32)
+    near = np.concatenate([edges, np.nextafter(edges, f32(0)), np.nextafter(edges, f32(np.inf)), [1e-13, 1e-37, 3e38]])
+    near = np.concatenate([near, -near]).astype(f32)
+    rows = [
+        rng.standard_normal(size).astype(f32),
+        np.resize(near, size),
+        (rng.standard_normal(size) * 10.0 ** rng.uniform(-14, 8, size)).astype(f32),
+        np.zeros(size, f32),
+        np.full(size, -0.0, f32),
+        np.full(size, 2.5, f32),
+        np.full(size, np.nan, f32),
+    ]
+    special = rng.standard_normal(size).astype(f32)
+    special[:5] = [np.nan, np.inf, -np.inf, 0.0, -0.0]
+    rows.append(special)
+    return rows
