@@ -35,11 +35,16 @@ def measure(args):
     x, y = common.batch(args.batch, args.image_size, args.seed)
     model.train_on_batch(x, y)  # compiles the train step
     rows = []
-    for spec in args.layers.split(","):
+    from tb_gradviz import capture, selection
+
+    for spec, statistics in [(s, t) for s in args.layers.split(",") for t in args.statistics.split(",")]:
         layers = None if spec == "pool" else (lambda layer: True)
         with tempfile.TemporaryDirectory() as log_dir:
             cb = tb_gradviz.GradVizCallback(log_dir, probe_data=(x, y), layers=layers)
             cb.set_model(model)
+            if statistics != "default":
+                chosen = selection.select_layers(model, cb.layers)
+                cb._capture = capture.new_capture(model, chosen, statistics=statistics)
             first = common.seconds(cb.log_now)
             train, events = [], []
             for _ in range(args.repeats):
@@ -49,7 +54,7 @@ def measure(args):
                 train.append((before + after) / 2)
             cb.on_train_end()
         rows.append({
-            "backend": keras.backend.backend(), "model": args.model, "layers": spec,
+            "backend": keras.backend.backend(), "model": args.model, "layers": spec, "statistics": cb._capture.statistics,
             "n_layers": len(cb.chosen_layers), "tensors": sum(len(p.tensors) for p in cb._capture.plans),
             "batch": args.batch, "image_size": args.image_size,
             "train_step_s": common.median(train), "log_event_s": common.median(events),
@@ -59,7 +64,8 @@ def measure(args):
 
 
 COLUMNS = [
-    ("backend", "backend", "{}"), ("model", "model", "{}"), ("layers", "layers", "{}"), ("n_layers", "n", "{}"),
+    ("backend", "backend", "{}"), ("model", "model", "{}"), ("layers", "layers", "{}"), ("statistics", "stats", "{}"),
+    ("n_layers", "n", "{}"),
     ("tensors", "tensors", "{}"), ("batch", "batch", "{}"), ("train_step_s", "train step s", "{:.3f}"),
     ("log_event_s", "log event s", "{:.3f}"), ("ratio", "event/step", "{:.2f}"), ("first_event_s", "1st event s", "{:.1f}"),
 ]
@@ -72,6 +78,8 @@ def main():
     p.add_argument("--image-size", type=int, default=64)
     p.add_argument("--batch", type=int, default=16)
     p.add_argument("--layers", default="pool,all", help="comma list of pool (the default choice) and all")
+    p.add_argument("--statistics", default="default",
+                   help="comma list of default (host on a CPU), host, device (forced: a device's statistics on this CPU)")
     p.add_argument("--repeats", type=int, default=7)
     p.add_argument("--child", action="store_true", help=argparse_hidden())
     args = p.parse_args()
@@ -86,13 +94,14 @@ def main():
             p.error(f"--backends: unknown backend {backend!r}; known: {', '.join(BACKENDS)}")
         command = [sys.executable, os.path.abspath(__file__), "--child", "--model", args.model, "--image-size",
                    str(args.image_size), "--batch", str(args.batch), "--layers", args.layers,
-                   "--repeats", str(args.repeats), "--seed", str(args.seed)]
+                   "--repeats", str(args.repeats), "--seed", str(args.seed), "--statistics", args.statistics]
         result = subprocess.run(command, env=dict(os.environ, KERAS_BACKEND=backend), capture_output=True, text=True)
         found = [line for line in result.stdout.splitlines() if line.startswith("ROWS ")]
         if result.returncode != 0 or not found:
             sys.exit(f"{backend}: the measurement failed\n{result.stdout[-2000:]}\n{result.stderr[-4000:]}")
         rows += json.loads(found[-1][5:])
-        common.print_table(f"{backend}: log event vs train step ({args.repeats} repeats, medians)", rows[-len(args.layers.split(",")):], COLUMNS)
+        cases = len(args.layers.split(",")) * len(args.statistics.split(","))
+        common.print_table(f"{backend}: log event vs train step ({args.repeats} repeats, medians)", rows[-cases:], COLUMNS)
     common.print_table(f"all backends: log event vs train step ({args.repeats} repeats, medians)", rows, COLUMNS)
     for row in rows:
         print("RESULT", {k: (round(v, 4) if isinstance(v, float) else v) for k, v in row.items()})
