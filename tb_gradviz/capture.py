@@ -67,16 +67,26 @@ def new_capture(model, chosen, loss=None, training=True, statistics=None):
 STATISTICS = ("host", "device")
 
 
-def check_statistics(statistics, default):
-    """Returns `statistics`, or `default` for None.
+class ProbePass:
+    """What every backend's pass holds: the model, the chosen layers, how it runs.
+
+    Args: as `new_capture`, and `default_statistics`, the backend's function
+    that picks where statistics are computed when `statistics` is None.
 
     Raises:
-      ValueError: it is neither None nor one of `STATISTICS`.
+      ValueError: `statistics` is neither None nor one of `STATISTICS`.
     """
-    statistics = default if statistics is None else statistics
-    if statistics not in STATISTICS:
-        raise ValueError(f"statistics must be one of {STATISTICS} or None; received {statistics!r}")
-    return statistics
+
+    def __init__(self, model, chosen, loss, training, statistics, default_statistics):
+        statistics = default_statistics() if statistics is None else statistics
+        if statistics not in STATISTICS:
+            raise ValueError(f"statistics must be one of {STATISTICS} or None; received {statistics!r}")
+        self.statistics = statistics
+        self.model = model
+        self.chosen = list(chosen)
+        self.training = bool(training)
+        self._loss = loss
+        self.plans = None  # the LayerPlans, known once the pass has run
 
 
 @dataclass

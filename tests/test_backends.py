@@ -210,17 +210,27 @@ def test_multi_input_add_and_subclassed_models(tmp_path):
     model.fit(x, y, verbose=0, callbacks=[GradVizCallback(tmp_path / "add", (x, y), layers="add")])
     log = eventdata.load(tmp_path / "add")
     grads = [eventdata.stats(log, "add", t) for t in ("input_gradient_0", "input_gradient_1", "output_gradient")]
+    # Add passes its output gradient unchanged to each input.
     assert grads[0]["sum"] == grads[1]["sum"] == pytest.approx(grads[2]["sum"], rel=1e-12)
+    assert eventdata.content(log, fmt.stats_tag("add", "input_gradient_1"))["index"] == 1
+
+    class Block(layers.Layer):  # a plain layer that holds layers
+        def __init__(self, **kwargs):
+            super().__init__(**kwargs)
+            self.conv = layers.Conv2D(3, 3, padding="same", name="conv")
+            self.pool = layers.AveragePooling2D(2, name="pool")
+
+        def call(self, inputs):
+            return self.pool(self.conv(inputs))
 
     class Net(keras.Model):
         def __init__(self):
             super().__init__(name="net")
-            self.conv = layers.Conv2D(3, 3, padding="same", name="conv")
-            self.pool = layers.AveragePooling2D(2, name="pool")
+            self.block = Block(name="block")
             self.head = layers.Dense(2, name="head")
 
         def call(self, inputs):
-            return self.head(keras.ops.mean(self.pool(self.conv(inputs)), axis=(1, 2)))
+            return self.head(keras.ops.mean(self.block(inputs), axis=(1, 2)))
 
     keras.utils.set_random_seed(0)
     net = Net()
@@ -228,8 +238,8 @@ def test_multi_input_add_and_subclassed_models(tmp_path):
     x, y = data(4)
     callback = GradVizCallback(tmp_path / "net", (x, y))
     net.fit(x, y, verbose=0, callbacks=[callback])
-    assert callback.chosen_layers == ["pool"]
-    routing = eventdata.routing(eventdata.load(tmp_path / "net"), "pool")
+    assert callback.chosen_layers == ["block/pool"]
+    routing = eventdata.routing(eventdata.load(tmp_path / "net"), "block/pool")
     assert routing["routed_positions"] == routing["input_positions"] == 4 * 8 * 8 * 3
     assert np.isnan(routing["tied_windows"])
 

@@ -152,54 +152,6 @@ def test_model_without_pooling_says_how_to_choose_layers(tmp_path):
         model.fit(x, y, verbose=0, callbacks=[GradVizCallback(tmp_path, (x, y))])
 
 
-def test_multi_input_model_and_add_layer_get_one_input_gradient_per_input(tmp_path):
-    keras.utils.set_random_seed(0)
-    a, b = keras.Input((6,), name="a"), keras.Input((6,), name="b")
-    summed = layers.Add(name="add")([layers.Dense(4, name="da")(a), layers.Dense(4, name="db")(b)])
-    model = keras.Model({"a": a, "b": b}, layers.Dense(1, name="out")(summed))
-    model.compile("sgd", "mse")
-    rng = np.random.default_rng(0)
-    x = {"a": rng.normal(size=(5, 6)).astype("float32"), "b": rng.normal(size=(5, 6)).astype("float32")}
-    y = rng.normal(size=(5, 1)).astype("float32")
-    model.fit(x, y, verbose=0, callbacks=[GradVizCallback(tmp_path, (x, y), layers="add")])
-
-    log = eventdata.load(tmp_path)
-    grads = [eventdata.stats(log, "add", t) for t in ("input_gradient_0", "input_gradient_1", "output_gradient")]
-    # Add passes its output gradient unchanged to each input.
-    assert grads[0]["sum"] == grads[1]["sum"] == pytest.approx(grads[2]["sum"], rel=1e-12)
-    assert eventdata.content(log, fmt.stats_tag("add", "input_gradient_1"))["index"] == 1
-
-
-def test_subclassed_model_with_nested_block(tmp_path):
-    class Block(layers.Layer):
-        def __init__(self, **kwargs):
-            super().__init__(**kwargs)
-            self.conv = layers.Conv2D(3, 3, padding="same", name="conv")
-            self.pool = layers.AveragePooling2D(2, name="pool")
-
-        def call(self, inputs):
-            return self.pool(self.conv(inputs))
-
-    class Net(keras.Model):
-        def __init__(self):
-            super().__init__(name="net")
-            self.block = Block(name="block")
-            self.head = layers.Dense(2, name="head")
-
-        def call(self, inputs):
-            return self.head(keras.ops.mean(self.block(inputs), axis=(1, 2)))
-
-    keras.utils.set_random_seed(0)
-    model = Net()
-    model.compile("sgd", "mse")
-    x, y = data(4)
-    callback = GradVizCallback(tmp_path, (x, y))
-    model.fit(x, y, verbose=0, callbacks=[callback])
-    assert callback.chosen_layers == ["block/pool"]
-    routing = eventdata.routing(eventdata.load(tmp_path), "block/pool")
-    assert routing["routed_positions"] == routing["input_positions"] == 4 * 8 * 8 * 3
-
-
 @pytest.mark.parametrize(
     "kwargs, error, message",
     [

@@ -32,7 +32,7 @@ def default_statistics():
     return "host" if jax.default_backend() == "cpu" else "device"
 
 
-class LayerCapture:
+class LayerCapture(capture.ProbePass):
     """The probe pass of `model` on JAX. Args: as `capture.new_capture`.
 
     `statistics="host"`: the pass returns the tensors and `kernels` summarises
@@ -42,12 +42,7 @@ class LayerCapture:
     """
 
     def __init__(self, model, chosen, loss=None, training=True, statistics=None):
-        self.statistics = capture.check_statistics(statistics, default_statistics())
-        self.model = model
-        self.chosen = list(chosen)
-        self.training = bool(training)
-        self._loss = loss
-        self.plans = None
+        super().__init__(model, chosen, loss, training, statistics, default_statistics)
         self.tracing_count = 0
         self.devices = None  # the devices the last pass ran on
         self._pass = None

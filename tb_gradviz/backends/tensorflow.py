@@ -39,7 +39,7 @@ def _identity_wraps(path):
     return tf.identity, None
 
 
-class LayerCapture:
+class LayerCapture(capture.ProbePass):
     """One compiled forward+backward pass that measures the chosen layers.
 
     Args: as `capture.new_capture`. `statistics="device"` summarises with
@@ -50,12 +50,7 @@ class LayerCapture:
     """
 
     def __init__(self, model, chosen, loss=None, training=True, statistics=None):
-        self.statistics = capture.check_statistics(statistics, default_statistics())
-        self.model = model
-        self.chosen = list(chosen)
-        self.training = bool(training)
-        self._loss = loss
-        self.plans = None
+        super().__init__(model, chosen, loss, training, statistics, default_statistics)
         self._collective_ops = None
         self._probe = tf.function(self._probe_fn, autograph=False)
 

@@ -28,7 +28,7 @@ def default_statistics():
     return "host" if keras.ops.ones(()).device.type == "cpu" else "device"
 
 
-class LayerCapture:
+class LayerCapture(capture.ProbePass):
     """The probe pass of `model` on PyTorch. Args: as `capture.new_capture`.
 
     `statistics="host"`: the pass hands the tensors to `kernels` on the host.
@@ -38,12 +38,7 @@ class LayerCapture:
     """
 
     def __init__(self, model, chosen, loss=None, training=True, statistics=None):
-        self.statistics = capture.check_statistics(statistics, default_statistics())
-        self.model = model
-        self.chosen = list(chosen)
-        self.training = bool(training)
-        self._loss = loss
-        self.plans = None
+        super().__init__(model, chosen, loss, training, statistics, default_statistics)
 
     def run(self, x, y, sample_weight=None):
         """Runs the pass; returns `(step_records, skipped_paths)` (see `capture.records`)."""
