@@ -77,3 +77,13 @@ def test_statistics_bench_takes_an_event_apart(tmp_path):
     assert crc_row["google_crc32c_ms_per_mb"] > 0 and crc_row["tensorboard_ms_per_mb"] > 0
     # The tiny CNN with all 7 layers: 21 tensors, of which 6 shared gradients are summarised once.
     assert event_row["items"] == 15 and event_row["bytes_held"] == 4 * event_row["values"]
+
+
+def test_backends_bench_measures_each_backend_in_its_own_process(tmp_path):
+    rows = run_smoke(tmp_path, "bench_backends.py", "--backends", "jax,torch", "--statistics", "host,device")
+    assert [(r["backend"], r["layers"], r["statistics"]) for r in rows] == [
+        (backend, layers, statistics)
+        for backend in ("jax", "torch") for layers in ("pool", "all") for statistics in ("host", "device")
+    ]
+    for row in rows:
+        assert row["log_event_s"] > 0 and row["train_step_s"] > 0 and row["tensors"] == 3 * row["n_layers"]
