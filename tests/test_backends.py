@@ -525,3 +525,13 @@ def test_host_and_device_statistics_give_the_same_records():
             np.testing.assert_allclose(a, b, rtol=1e-9, err_msg=tag)
         else:
             np.testing.assert_array_equal(a, b, err_msg=tag)
+
+
+def test_a_nan_in_a_max_pool_window_is_what_the_backend_computes(tmp_path):
+    # TensorFlow's CPU MaxPool skips a NaN in its window; JAX and PyTorch give NaN.
+    # The records show what each backend computed (README, "NaN and Inf").
+    x = np.arange(16, dtype="float32").reshape(1, 4, 4, 1)
+    x[0, 0, 0, 0] = np.nan
+    pooled = numpy(layers.MaxPooling2D(2)(x))[0, :, :, 0]
+    expected_first = 5.0 if BACKEND == "tensorflow" else np.nan
+    np.testing.assert_array_equal(pooled, [[expected_first, 7.0], [13.0, 15.0]])
