@@ -97,7 +97,8 @@ def linear_histogram(values, buckets=HISTOGRAM_BUCKETS):
     Non-finite values are left out (they are counted in the stats record), so
     one NaN never wipes the histogram. Bucket `i` holds `left <= x < right`,
     the last one also `x == max`. All values equal: every row is
-    `[x, x, 0]` but the first, which counts them. No values: all zeros.
+    `[x, x, 0]` but the last, which counts them, as in TensorBoard's own
+    histogram summary. No values: all zeros.
     """
     values = np.asarray(values, dtype=np.float64).ravel()
     values = values[np.isfinite(values)]
@@ -107,7 +108,7 @@ def linear_histogram(values, buckets=HISTOGRAM_BUCKETS):
     low, high = values.min(), values.max()
     if low == high:
         result[:, :2] = low
-        result[0, 2] = values.size
+        result[-1, 2] = values.size
         return result
     width = (high - low) / buckets
     index = np.minimum(np.floor((values - low) / width).astype(np.int64), buckets - 1)
@@ -180,10 +181,10 @@ def summary_from_sums(n, zeros, nans, pos_inf, neg_inf, low, high, total, square
             histogram[j, 1] = low + width * (j + 1)
             histogram[j, 2] = linear[j]
         histogram[buckets - 1, 1] = high
-    else:  # all equal: every row [x, x, 0] but the first, which counts them
+    else:  # all equal: every row [x, x, 0] but the last, which counts them
         histogram[:, 0] = low
         histogram[:, 1] = low
-        histogram[0, 2] = finite
+        histogram[buckets - 1, 2] = finite
     return histogram, stats
 
 

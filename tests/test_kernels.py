@@ -146,3 +146,17 @@ def test_float32_kernel_over_many_blocks_equals_the_definition_and_the_one_value
     one_at_a_time = kernels._summary(values, 1.0, fmt.HISTOGRAM_BUCKETS, kernels._OCTAVE_BIN, kernels._OCTAVE_EDGE)
     np.testing.assert_array_equal(fast[0], one_at_a_time[0])
     np.testing.assert_array_equal(fast[1][EXACT], one_at_a_time[1][EXACT])
+
+
+def test_equal_values_fill_the_last_bucket_as_tensorboards_own_histogram():
+    # Issue 11, defect 4: TensorBoard's histogram summary puts the count of equal
+    # values in the last bucket; format's definition and the kernel now do too.
+    from tensorboard.plugins.histogram import summary_v2
+    from tensorboard.util import tensor_util
+
+    for values in (np.full(7, 2.5), np.array([-1.0]), np.full((3, 4), 0.0)):
+        proto = summary_v2.histogram_pb("t", values, buckets=fmt.HISTOGRAM_BUCKETS)
+        theirs = tensor_util.make_ndarray(proto.value[0].tensor)
+        np.testing.assert_array_equal(fmt.linear_histogram(values), theirs)
+        histogram, _ = kernels.summary(values.astype(np.float32))
+        np.testing.assert_array_equal(histogram, theirs)

@@ -265,9 +265,9 @@ def test_series_of_all_nan_tensor_is_valid_json_with_nan_strings(client):
     assert body["log"]["positive"][0] == [0] * 38
 
 
-def test_series_of_constant_tensor_counts_everything_in_first_bucket(client):
+def test_series_of_constant_tensor_counts_everything_in_the_last_bucket(client):
     body = get_json(client, "/series", run="dense", layer=_DENSE, tensor="output_gradient")
-    assert body["histogram"]["counts"][0] == [32] + [0] * 29
+    assert body["histogram"]["counts"][0] == [0] * 29 + [32]
     assert body["histogram"]["low"][0] == body["histogram"]["high"][0] == 0.25
     assert body["stats"]["std"][0] == 0.0
     # 0.25 lies in [10**-1, 10**-0.5): bin index of edge 10**-0.5 in the positive half.

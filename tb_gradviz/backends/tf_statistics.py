@@ -202,10 +202,10 @@ def _assemble_histograms(low, high, n, counts, buckets):
     edges = start[:, None] + width[:, None] * tf.range(buckets + 1, dtype=tf.float64)
     edges = tf.concat([edges[:, :-1], tf.where(spread, high, 0.0)[:, None]], 1)
     spread_histogram = tf.stack([edges[:, :-1], edges[:, 1:], counts], axis=2)
-    # All values equal: every row [x, x, 0] but the first, which counts them.
+    # All values equal: every row [x, x, 0] but the last, which counts them.
     low_rows = tf.tile(tf.where(has_values, low, 0.0)[:, None], [1, buckets])
-    first = tf.pad(n[:, None], [[0, 0], [0, buckets - 1]])
-    single = tf.stack([low_rows, low_rows, first], axis=2)
+    last = tf.pad(n[:, None], [[0, 0], [buckets - 1, 0]])
+    single = tf.stack([low_rows, low_rows, last], axis=2)
     choice = tf.where(spread, 2, tf.where(has_values, 1, 0))[:, None, None]
     empty = tf.zeros_like(single)
     return tf.where(choice == 2, spread_histogram, tf.where(choice == 1, single, empty))
