@@ -243,6 +243,9 @@ def test_layer_view_of_a_trained_cnn(browser, trained_logs):
             assert activation.locator(".shape-value").text_content().strip() == _shape_text(shapes["avg"]["output"])
             assert input_gradient.locator(".shape-value").text_content().strip() == _shape_text(shapes["avg"]["input"])
             assert input_gradient.locator(".zero-fraction").text_content() == _expected_zeros(log, "avg", "input_gradient", steps[1])
+            # Issue 11, defect 1: the average pool's captions name its ops (the writer says "average").
+            assert input_gradient.locator(".produced-by").text_content() == "AvgPoolGrad output (backward pass)"
+            assert activation.locator(".produced-by").text_content() == "AvgPool output (forward pass)"
             assert "AvgPoolGrad" in frame.locator(".explanation").text_content()
 
             # The grid of all layers at this step, and its way back to the max pool.
