@@ -163,6 +163,9 @@ def _summary_float32(values, buckets, octave, octave_bin, octave_edge):
 
 
 # The records from the sums and counts: format's one assembly, compiled.
+# numba's on-disk cache of the kernels below keys on this file's stamp only,
+# so after editing format.summary_from_sums in a checkout, delete
+# tb_gradviz/__pycache__/kernels.*.nb[ic] (an install writes new files, and recompiles).
 _records = numba.njit(nogil=True, cache=True)(fmt.summary_from_sums)
 
 
