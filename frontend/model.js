@@ -285,31 +285,6 @@ export function signedBars(negative, positive, range) {
 }
 
 /**
- * The magnitude below which a fraction `q` of the non-zero finite values lie,
- * interpolated geometrically inside a bin. NaN when there are none.
- */
-export function magnitudeQuantile(negative, positive, edges, q) {
-  const bins = magnitudeBins(edges);
-  const counts = bins.map((_, j) => negative[j] + positive[j]);
-  const total = counts.reduce((a, b) => a + b, 0);
-  if (total === 0) return NaN;
-  const target = q * total;
-  let below = 0;
-  for (let j = 0; j < counts.length; j++) {
-    if (counts[j] > 0 && below + counts[j] >= target) {
-      const {low, high} = bins[j];
-      // The open-ended bins have one finite edge only: report that edge.
-      if (low === 0) return high;
-      if (!Number.isFinite(high)) return low;
-      const within = (target - below) / counts[j];
-      return low * (high / low) ** within;
-    }
-    below += counts[j];
-  }
-  return bins[bins.length - 1].low;
-}
-
-/**
  * The distribution of each step as fractions of all elements, for a heatmap:
  * rows top to bottom are positive bins by falling magnitude, the zeros, then
  * negative bins by rising magnitude, so that 0 sits in the middle.

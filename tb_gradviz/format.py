@@ -275,8 +275,8 @@ class EventFile:
 
     Writes the file-version event first, as TensorBoard's writers do, then
     serialized events as they come. TensorBoard's own `EventFileWriter`
-    checksums in pure Python (~8 MB/s measured, 0.1 s for one ResNet50
-    event of all layers); `google_crc32c` does it in C.
+    checksums in pure Python; `google_crc32c` does it in C (the two are
+    timed in bench/RESULTS.md, section 1).
     """
 
     def __init__(self, logdir, suffix=".gradviz", wall_time=None):

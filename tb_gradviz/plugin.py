@@ -39,14 +39,7 @@ _ALLOWED_METHODS = ("GET", "HEAD")
 # module must be `text/javascript`: with any other type the iframe stays blank.
 _STATIC_TYPES = {
     ".js": "text/javascript",
-    ".mjs": "text/javascript",
     ".css": "text/css",
-    ".svg": "image/svg+xml",
-    ".html": "text/html",
-    ".json": "application/json",
-    ".map": "application/json",
-    ".png": "image/png",
-    ".woff2": "font/woff2",
 }
 _STATIC_ROUTE = "/static"
 _STATIC_URL_PREFIX = "/data/plugin/%s%s/" % (metadata.PLUGIN_NAME, _STATIC_ROUTE)
@@ -444,7 +437,8 @@ class GradVizPlugin(base_plugin.TBPlugin):
         # Listings of gradviz series, each under its own (max_step, max_wall_time).
         self._listings = _SeriesCache(max_series=_CACHE_MAX_LISTINGS)
         # /series reads a tensor's stats and its histograms at once: each read
-        # of the Rust data server waits ~45 ms however small the answer.
+        # of the Rust data server has a fixed wait however small the answer
+        # (bench/RESULTS.md, section 4).
         self._readers = concurrent.futures.ThreadPoolExecutor(4, thread_name_prefix="gradviz-read")
 
     def get_plugin_apps(self):
@@ -533,7 +527,7 @@ class GradVizPlugin(base_plugin.TBPlugin):
         The Rust data server answers in one gRPC message, which TensorBoard
         caps at 256 MB: all 800 stats series of 200 layers x 1000 steps
         (~560 MB) in one request failed with a 500. Last points alone
-        (`downsample=1`) are asked for at once: each request costs ~40 ms.
+        (`downsample=1`) are asked for at once: each request has a fixed cost.
         """
         data = {}
         batch = len(tags) if downsample == 1 else _READ_BATCH_TAGS
@@ -682,8 +676,8 @@ class GradVizPlugin(base_plugin.TBPlugin):
         """Lists a stats or routing series, reusing its last listing while a sibling histogram is unchanged.
 
         With the Rust data server, listing a `gradviz` series (its metadata
-        is a JSON object) took ~44 ms where listing its `histograms` sibling
-        took 0.3 ms. Both are written in the same events (docs/FORMAT.md), so
+        is a JSON object) is two orders of magnitude slower than listing its
+        `histograms` sibling (bench/RESULTS.md, section 4). Both are written in the same events (docs/FORMAT.md), so
         new stats points change the histogram's `(max_step, max_wall_time)`
         too, and an unchanged histogram listing means an unchanged stats one.
 

@@ -115,7 +115,6 @@ def write_run(logdir, layers=4, steps=10, batch=2, size=8, channels=4, seed=0, f
     return names
 
 
-# CRC32C (Castagnoli, reflected polynomial 0x82F63B78), as TFRecord framing uses it.
 def _summary_field(records, with_metadata):
     """The serialized `summary` field (number 5) of an Event holding `records`."""
     summary = fmt.summary_proto(records, lambda tag: with_metadata)

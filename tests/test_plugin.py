@@ -563,8 +563,6 @@ def static_client(logdir, frontend):
         ("vendor/lib.js", "text/javascript"),
         ("linked.js", "text/javascript"),
         ("style.css", "text/css"),
-        ("icon.svg", "image/svg+xml"),
-        ("page.html", "text/html"),
     ],
 )
 def test_static_files_are_served_with_their_type(static_client, frontend, path, mimetype):
@@ -572,6 +570,12 @@ def test_static_files_are_served_with_their_type(static_client, frontend, path, 
     assert response.status_code == 200
     assert response.mimetype == mimetype
     assert response.get_data() == (frontend / path).read_bytes()
+
+
+@pytest.mark.parametrize("path", ["icon.svg", "page.html", "notes.txt"])
+def test_only_the_types_the_frontend_ships_are_served(static_client, path):
+    # The tab is ES modules and a stylesheet: no other type is served, even from the folder.
+    assert static_client.get(PREFIX + "/static/" + path).status_code == 404
 
 
 _TRAVERSALS = [

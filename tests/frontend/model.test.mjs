@@ -175,14 +175,6 @@ test('signed bars mirror the negative bins to the left', () => {
   ]);
 });
 
-test('magnitude quantile interpolates geometrically inside a bin', () => {
-  // All 100 values in [1e-4, 10^-3.5): the median sits halfway in log space.
-  const median = model.magnitudeQuantile(bins({17: 50}), bins({17: 50}), EDGES, 0.5);
-  assert.ok(Math.abs(Math.log10(median) + 3.75) < 1e-12);
-  assert.equal(model.magnitudeQuantile(bins({}), bins({37: 3}), EDGES, 0.5), 1e6);
-  assert.ok(Number.isNaN(model.magnitudeQuantile(bins({}), bins({}), EDGES, 0.5)));
-});
-
 test('distribution over steps puts zeros in the middle row, as fractions of all elements', () => {
   const series = model.parseApiJson(SERIES_TEXT);
   const grid = model.distributionOverSteps(series, {first: 16, last: 17});
