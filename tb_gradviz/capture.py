@@ -95,7 +95,6 @@ class Recording:
 
     inputs: list = field(default_factory=list)  # as wrapped
     outputs: list = field(default_factory=list)  # before wrapping
-    original_call: object = None  # for routing
 
 
 @contextlib.contextmanager
@@ -119,7 +118,6 @@ def recording_calls(chosen, is_float, wraps):
         had_own_call = "call" in layer.__dict__
         original = layer.call
         recording = recordings[c.path]
-        recording.original_call = original
         # object.__setattr__: Keras' __setattr__ would try to track the function.
         wrap_input, wrap_output = wraps(c.path)
         object.__setattr__(layer, "call", _recording_call(original, recording, is_float, wrap_input, wrap_output))

@@ -206,7 +206,7 @@ class LayerCapture(capture.ProbePass):
             if plan.has_routing:
                 routings.append(
                     routing_summary(
-                        rec.original_call, rec.inputs[0], input_grads[0], output_grads[0], plan.pooling, divisor=scale
+                        c.layer.call, rec.inputs[0], input_grads[0], output_grads[0], plan.pooling, divisor=scale
                     )
                 )
             self.plans.append(plan)
