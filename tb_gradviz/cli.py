@@ -48,7 +48,10 @@ def build_parser():
     demo.add_argument("--batch-size", type=_positive_int, default=16, help="ResNet50 batch size (default: %(default)s)")
     demo.add_argument("--no-serve", action="store_true", help="write the logs and exit without starting TensorBoard")
     demo.add_argument("--host", default="127.0.0.1", help="TensorBoard host (default: %(default)s)")
-    demo.add_argument("--port", type=_port, default=0, help="TensorBoard port (default: a free one)")
+    demo.add_argument(
+        "--port", type=_port, default=None,
+        help=f"TensorBoard port (default: {DEFAULT_PORT}, TensorBoard's, or a free one when it is busy; 0: a free one)",
+    )
     demo.add_argument("--serve-seconds", type=_positive_float, default=None, help="stop serving after this many seconds")
 
     summary = commands.add_parser("summary", help="a table per run and layer at the last (or a chosen) step")
@@ -83,6 +86,7 @@ _non_negative_int = _typed("step", int, lambda v: v >= 0, "an integer >= 0")
 _positive_float = _typed("seconds", float, lambda v: v > 0 and math.isfinite(v), "a positive number")
 _image_size = _typed("image size", int, lambda v: v >= 32, "an integer >= 32 (ResNet50's smallest input)")
 _port = _typed("port", int, lambda v: 0 <= v <= 65535, "a port number 0-65535")
+DEFAULT_PORT = 6006  # TensorBoard's
 
 
 def main(argv=None):
@@ -346,28 +350,32 @@ def _demo(args):
     return serve(args.logdir, args.host, args.port, args.serve_seconds)
 
 
-def serve(logdir, host, port, seconds=None):
-    """Serves TensorBoard (with the GradViz tab) on logdir until Ctrl-C or `seconds`."""
+def serve(logdir, host, port=None, seconds=None):
+    """Serves TensorBoard (with the GradViz tab) on logdir until Ctrl-C or `seconds`.
+
+    `port` None is TensorBoard's own default, `DEFAULT_PORT`, or a free port
+    (said on stdout) when that one is busy; an explicit busy port fails.
+    """
     from tensorboard import program
 
-    board = program.TensorBoard()
-    board.configure(
-        argv=[
-            None,
-            "--logdir",
-            logdir,
-            "--host",
-            host,
-            "--port",
-            str(port),
-            "--samples_per_plugin",
-            "gradviz=0,histograms=0",
-        ]
-    )
+    def launch(port):
+        board = program.TensorBoard()
+        board.configure(
+            argv=[None, "--logdir", logdir, "--host", host, "--port", str(port),
+                  "--samples_per_plugin", "gradviz=0,histograms=0"]
+        )
+        return board.launch()
+
     try:
-        url = board.launch()
+        url = launch(DEFAULT_PORT if port is None else port)
     except program.TensorBoardServerException as e:
-        raise CommandError(f"cannot serve TensorBoard on {host}:{port}: {e.msg}", EXIT_NO_DATA) from None
+        if port is not None:
+            raise CommandError(f"cannot serve TensorBoard on {host}:{port}: {e.msg}", EXIT_NO_DATA) from None
+        print(f"Port {DEFAULT_PORT} is busy ({e.msg}); serving on a free port instead.", flush=True)
+        try:
+            url = launch(0)
+        except program.TensorBoardServerException as e:
+            raise CommandError(f"cannot serve TensorBoard on {host}: {e.msg}", EXIT_NO_DATA) from None
     print(f"GradViz tab: {url}#gradviz", flush=True)
     print("Press Ctrl-C to stop.", flush=True)
     deadline = None if seconds is None else time.monotonic() + seconds

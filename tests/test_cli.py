@@ -151,6 +151,23 @@ def test_demo_into_a_file_or_onto_a_busy_port_fails_cleanly(tmp_path):
     assert status == 1 and "cannot serve TensorBoard on 127.0.0.1:" in err and "Traceback" not in err
 
 
+def test_demo_serves_on_6006_and_falls_back_to_a_free_port_when_it_is_busy(tmp_path):
+    # Issue 11, defect 8: TensorBoard's port by default, and a message, not a failure, when it is taken.
+    with socket.socket() as busy:
+        busy.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            busy.bind(("127.0.0.1", 6006))
+        except OSError:
+            pytest.skip("port 6006 is taken by another program on this machine")
+        busy.listen()
+        status, out, err = run_cli("demo", "--model", "cnn", "--steps", "1", "--logdir", tmp_path / "logs",
+                                   "--serve-seconds", "1")
+    assert status == 0, err
+    assert "Port 6006 is busy" in out and "serving on a free port instead" in out
+    url = re.search(r"GradViz tab: http://127\.0\.0\.1:(\d+)/#gradviz", out)
+    assert url and url.group(1) != "6006", out
+
+
 def test_a_file_an_empty_folder_and_a_foreign_logdir(tmp_path):
     a_file = tmp_path / "f.txt"
     a_file.write_text("x")
@@ -195,6 +212,12 @@ def test_keras_tensorboard_logs_nothing_for_maxpool_and_gradviz_logs_its_tensors
 def test_readme_main_job_trains_writes_and_serves_within_five_minutes(tmp_path):
     """`bash demo/run.sh` with its defaults, serving bounded to a few seconds."""
     logs = tmp_path / "demo_logs"
+    with socket.socket() as probe:
+        try:
+            probe.bind(("127.0.0.1", 6006))
+            default_port_free = True
+        except OSError:
+            default_port_free = False
     started = time.monotonic()
     process = subprocess.Popen(
         ["bash", str(REPO / "demo" / "run.sh"), "--logdir", str(logs), "--serve-seconds", "60"],
@@ -214,6 +237,8 @@ def test_readme_main_job_trains_writes_and_serves_within_five_minutes(tmp_path):
                 break
             assert time.monotonic() - started < 300, "".join(output)
         assert url, "".join(output)
+        if default_port_free:
+            assert url.startswith("http://127.0.0.1:6006/"), url  # TensorBoard's port by default
         elapsed = time.monotonic() - started
         deadline = time.monotonic() + 45
         while True:
