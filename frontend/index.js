@@ -290,9 +290,7 @@ class App {
     views.renderLayerTitle(ui.layerTitle, this.layer, step);
     views.renderPanels(ui.panels, this.layer, this.tensors, {step, logarithmic: ui.logToggle.checked});
     const routing = this.routing && model.routingAt(this.routing, step);
-    const upstream = this.tensors.find(({info}) => model.tensorRole(info.tensor) === 'output_gradient');
-    const upstreamStats = upstream && model.snapshotAt(upstream.series, step)?.stats;
-    views.renderAside(ui.aside, this.layer, routing, upstreamStats);
+    views.renderAside(ui.aside, this.layer, routing);
     views.renderHeatmaps(ui.heatmaps, this.tensors, step);
   }
 

@@ -358,19 +358,19 @@ function magnitudeTicks(bins, range, {left, half, barWidth, gap}) {
 // ------------------------------------------------------------ routing and explanation
 
 /** Routing statistics and the explanation of the panels, beside them. */
-export function renderAside(aside, layer, routing, outputGradientStats) {
+export function renderAside(aside, layer, routing) {
   const children = [];
-  if (routing) children.push(routingCard(layer, routing, outputGradientStats));
+  if (routing) children.push(routingCard(layer, routing));
   children.push(explanation(layer));
   aside.replaceChildren(...children);
 }
 
-function routingCard(layer, routing, outputGradientStats) {
+function routingCard(layer, routing) {
   const count = model.formatCount;
   const routed = model.routedFraction(routing);
   const predicted = model.predictedRoutedFraction(routing, layer.pooling);
-  const scale = outputGradientStats ? model.absoluteSumBound(outputGradientStats) : 0;
-  const mass = model.massConservation(routing.input_gradient_sum, routing.output_gradient_sum, scale);
+  const {mass} = routing;  // the server's verdict, the same as tb-gradviz summary's
+  const scale = model.formatNumber(routing.output_gradient_abs_sum, 2);
   const rows = [
     ['Routed', `${model.formatPercent(routed)} of input positions (${count(routing.routed_positions)} of ${count(routing.input_positions)})`],
   ];
@@ -387,14 +387,16 @@ function routingCard(layer, routing, outputGradientStats) {
     ['Σ grad output', model.formatNumber(routing.output_gradient_sum, 6)],
   );
   const difference = model.formatNumber(Math.abs(mass.difference), 2);
-  const verdict = mass.difference === 0 ? '✓ Gradient mass conserved: the sums are equal.' : mass.conserved
-    ? `✓ Gradient mass conserved: the sums differ by ${difference}, rounding next to Σ|grad| ≈ ${model.formatNumber(mass.scale, 2)}.`
-    : `✗ Gradient mass not conserved: the sums differ by ${difference}, `
-      + `${model.formatPercent(mass.relative, 2)} of Σ|grad| ≈ ${model.formatNumber(mass.scale, 2)}.`;
+  const verdict = mass.conserved === null
+    ? '? Gradient mass: this record predates Σ|grad|, which the sums are judged against.'
+    : mass.difference === 0 ? '✓ Gradient mass conserved: the sums are equal.' : mass.conserved
+      ? `✓ Gradient mass conserved: the sums differ by ${difference}, rounding next to Σ|grad| ≈ ${scale}.`
+      : `✗ Gradient mass not conserved: the sums differ by ${difference}, `
+        + `${model.formatPercent(mass.relative, 2)} of Σ|grad| ≈ ${scale}.`;
   return html('section', {className: 'card routing'}, [
     html('h3', {text: `Routing at step ${routing.step}`}),
     html('dl', {}, rows.flatMap(([name, value]) => [html('dt', {text: name}), html('dd', {text: value})])),
-    html('p', {className: mass.conserved ? 'verdict ok' : 'verdict alarm', text: verdict}),
+    html('p', {className: mass.conserved ? 'verdict ok' : mass.conserved === null ? 'verdict' : 'verdict alarm', text: verdict}),
   ]);
 }
 

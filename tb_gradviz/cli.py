@@ -219,12 +219,11 @@ def summary_rows(snapshot, layers):
 
 
 def mass_conservation(routing):
-    """'kept' when the input-gradient sum equals the output-gradient sum to rounding."""
-    scale = routing.get("output_gradient_abs_sum")
-    difference = abs(routing["input_gradient_sum"] - routing["output_gradient_sum"])
-    if scale is None or not math.isfinite(difference):
+    """'kept', 'off by ...' or '?': the server's verdict (`format.mass_conservation`), as the tab shows it."""
+    verdict = routing["mass"]
+    if verdict["conserved"] is None:
         return "?"
-    return "kept" if difference <= 1e-5 * max(scale, 1e-30) else f"off by {difference:.3g}"
+    return "kept" if verdict["conserved"] else f"off by {abs(verdict['difference']):.3g}"
 
 
 def _percent(part, whole):

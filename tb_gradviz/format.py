@@ -218,6 +218,44 @@ def decode_routing(vector):
     return {name: float(value) for name, value in zip(ROUTING_FIELDS, vector)}
 
 
+# Pooling only moves gradient, so the sums on both sides of a pooling layer
+# agree up to the rounding of the gradient's dtype (overlapping windows add in
+# it, an average pool divides in it): within MASS_TOLERANCE_UNITS units of
+# roundoff of sum(|output gradient|).
+_UNIT_ROUNDOFF = {"float16": 2.0**-11, "bfloat16": 2.0**-8, "float32": 2.0**-24, "float64": 2.0**-53}
+MASS_TOLERANCE_UNITS = 32
+
+
+def mass_conservation(routing, dtype):
+    """Returns the verdict on a routing record: did pooling keep the gradient's mass?
+
+    The one judgement that `/routing`, `/step`, the tab and `tb-gradviz
+    summary` all show. The difference of the two sums is judged against
+    `output_gradient_abs_sum`, not against the sums, which BatchNorm makes
+    cancel to almost zero.
+
+    Args:
+      routing: a decoded routing record (`decode_routing`).
+      dtype: the layer's dtype name, which sets the rounding allowed
+        (float32 when unknown).
+
+    Returns:
+      `{"difference", "relative", "tolerance", "conserved"}`: input minus
+      output sum, its size relative to `output_gradient_abs_sum`, the largest
+      relative size allowed, and the verdict: True, False, or None when the
+      record predates `output_gradient_abs_sum` (nothing to judge against).
+    """
+    difference = routing["input_gradient_sum"] - routing["output_gradient_sum"]
+    tolerance = MASS_TOLERANCE_UNITS * _UNIT_ROUNDOFF.get(dtype, _UNIT_ROUNDOFF["float32"])
+    scale = routing["output_gradient_abs_sum"]
+    if not np.isfinite(scale):
+        return {"difference": difference, "relative": float("nan"), "tolerance": tolerance, "conserved": None}
+    if not np.isfinite(difference):
+        return {"difference": difference, "relative": float("nan"), "tolerance": tolerance, "conserved": False}
+    relative = abs(difference) / scale if scale > 0 else (0.0 if difference == 0 else float("inf"))
+    return {"difference": difference, "relative": relative, "tolerance": tolerance, "conserved": relative <= tolerance}
+
+
 def log_edges_description():
     """The magnitude bins as they are written into metadata."""
     return {

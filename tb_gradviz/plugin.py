@@ -326,11 +326,12 @@ def _stats_at(values):
     return result
 
 
-def _routing_at(values):
+def _routing_at(values, dtype):
     result = {}
     for name, value in zip(fmt.ROUTING_FIELDS, values.tolist()):
         is_count = name in _ROUTING_COUNT_FIELDS and np.isfinite(value)
         result[name] = int(value) if is_count else value
+    result["mass"] = fmt.mass_conservation(fmt.decode_routing(values), dtype)
     return result
 
 
@@ -749,9 +750,11 @@ class GradVizPlugin(base_plugin.TBPlugin):
             ctx, experiment, metadata.PLUGIN_NAME, run, {tag: time_series}, _ROUTING_SHAPE, _routing_counts,
             _ROUTING_MIN_LENGTH,
         )[tag]
+        verdicts = [fmt.mass_conservation(fmt.decode_routing(row), content.get("layer_dtype")) for row in routing.values]
         return dict(
             {"run": run, "layer": layer, "pooling": content.get("pooling"), "steps": routing.steps.tolist()},
             **_routing_columns(routing.values),
+            mass={key: [v[key] for v in verdicts] for key in ("difference", "relative", "tolerance", "conserved")},
         )
 
     def step_impl(self, ctx, experiment, run, step=None):
@@ -823,7 +826,8 @@ class GradVizPlugin(base_plugin.TBPlugin):
             series = routing[layer["routing"][0]]
             row = series.index_at_or_before(step)
             if row is not None:
-                routing_at = dict(_routing_at(series.values[row]), step=int(series.steps[row]))
+                dtype = layer["routing"][1].get("layer_dtype")
+                routing_at = dict(_routing_at(series.values[row], dtype), step=int(series.steps[row]))
         return {
             "layer": name,
             "layer_index": layer["info"]["layer_index"],

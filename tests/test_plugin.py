@@ -375,6 +375,37 @@ def test_routing_records_without_abs_sum_are_served_with_nan(tmp_path):
     assert body["steps"] == [3]
     assert body["routed_positions"] == [4]
     assert body["output_gradient_abs_sum"] == ["NaN"]
+    assert body["mass"]["conserved"] == [None]  # nothing to judge against
+
+
+def test_cli_and_tab_judge_mass_conservation_alike(tmp_path):
+    # Issue 11, defect 2: the CLI judged against Σ|grad| with 1e-5, the tab against n·RMS with 1e-3.
+    # Now the server decides once (format.mass_conservation) and /routing, /step and the CLI say the same.
+    from tb_gradviz import cli
+
+    content = {"layer_index": 0, "layer_class": "MaxPooling2D", "pooling": _MAX_POOL}
+    cases = {  # run -> (layer dtype, input sum, output sum, Σ|output gradient|), expected verdict
+        "rounding": (("float32", 2.0 + 1e-6, 2.0, 4.0), True),  # 2.5e-7 of Σ|grad|
+        "lost": (("float32", 2.0 + 2e-3, 2.0, 4.0), False),  # 5e-4: kept by the old tab, not by the old CLI
+        "float16_rounding": (("float16", 2.0 + 2e-3, 2.0, 4.0), True),  # within float16's rounding
+    }
+    for run, ((dtype, input_sum, output_sum, abs_sum), _) in cases.items():
+        records = fmt.routing_records("pool", np.array([16, 4, 4, 0, input_sum, output_sum, abs_sum]),
+                                      dict(content, layer_dtype=dtype))
+        records += _dense_records("pool", {"input_gradient": np.ones((1, 4, 4, 1))}, layer_index=0)
+        log = fmt.EventLog(tmp_path / run)
+        log.write(7, records)
+        log.close()
+    client, _ = make_app(tmp_path)
+    layers = {r["run"]: r["layers"] for r in get_json(client, "/runs")["runs"]}
+    for run, (_, conserved) in cases.items():
+        routing = get_json(client, "/routing", run=run, layer="pool")
+        assert routing["mass"]["conserved"] == [conserved], run
+        snapshot = get_json(client, "/step", run=run)
+        assert snapshot["layers"][0]["routing"]["mass"]["conserved"] is conserved, run
+        assert snapshot["layers"][0]["routing"]["mass"] == {k: v[0] for k, v in routing["mass"].items()}, run
+        (row,) = cli.summary_rows(snapshot, layers[run])
+        assert row[-1] == ("kept" if conserved else "off by 0.002"), (run, row)
 
 
 def test_routing_of_a_layer_that_is_not_a_pool_is_404(client):
