@@ -1,7 +1,6 @@
 """`GradVizCallback`: logs activations and gradients of chosen layers during `fit`."""
 
 import os
-
 import sys
 
 import keras
@@ -156,8 +155,7 @@ class GradVizCallback(keras.callbacks.Callback):
         result), since a collective that only some workers enter never
         completes. On JAX, only process 0 runs the pass and writes.
         """
-        if self._capture is None or self._capture.model is not self.model:
-            self.on_train_begin()
+        self.on_train_begin()  # builds the pass once per model (a custom loop calls set_model only)
         x, y, sample_weight = self._probe
         if not self._writes_summaries():
             collective_ops = getattr(self._capture, "collective_ops", None)

@@ -67,6 +67,23 @@ def new_capture(model, chosen, loss=None, training=True, statistics=None):
 STATISTICS = ("host", "device")
 
 
+def loss_scale(model):
+    """The factor `train_step` multiplies the loss by, as a float, or None.
+
+    Keras' `train_step` backpropagates `optimizer.scale_loss(loss)`: under
+    mixed_float16, `LossScaleOptimizer` multiplies by its current dynamic
+    scale so that small float16 gradients do not underflow. Read at each log
+    event, since the scale changes during training. (The TensorFlow pass reads
+    it inside its traced function instead.)
+    """
+    optimizer = getattr(model, "optimizer", None)
+    if optimizer is None:
+        return None
+    one = keras.ops.ones((), "float32")
+    scale = optimizer.scale_loss(one)
+    return None if scale is one else float(keras.ops.convert_to_numpy(scale))
+
+
 class ProbePass:
     """What every backend's pass holds: the model, the chosen layers, how it runs.
 

@@ -56,7 +56,9 @@ class LayerCapture(capture.ProbePass):
             [v.value for v in model.non_trainable_variables],
             [v.value for v in model.metrics_variables],
         )
-        scale = _loss_scale(model)
+        divisor = capture.loss_scale(model)
+        # An array argument, not a constant baked into the trace: the scale changes.
+        scale = None if divisor is None else jnp.float32(divisor)
         if keras.distribution.distribution() is not None:
             # Under keras.distribution the probe runs whole on one device, as
             # without it: the same numbers, and no collective in the pass.
@@ -69,7 +71,6 @@ class LayerCapture(capture.ProbePass):
         tensors = []
         for layer_activations, (input_grads, output_grads) in zip(activations, gradients):
             tensors += [*layer_activations, *input_grads, *output_grads]
-        divisor = None if scale is None else float(scale)
         counts = [tuple(np.nan if c is None else int(c) for c in layer) for layer in routing_counts]
         if self.statistics == "host":
             return capture.host_records(self.plans, [_host(t) for t in tensors], divisor, counts, self._skipped)
@@ -77,7 +78,7 @@ class LayerCapture(capture.ProbePass):
 
     def _device_rows(self, tensors, divisor):
         """`(n, sums, linear, magnitude)` of each tensor, computed on its device in float64."""
-        scaled = [t.role != fmt.ACTIVATION and divisor is not None for plan in self.plans for t in plan.tensors]
+        scaled = [t.loss_scaled for plan in self.plans for t in plan.tensors]
         if self._chunks is None:
             keys = [(t.size, t.dtype, d) for t, d in zip(tensors, scaled)]
             self._chunks = capture.summary_chunks(keys)
@@ -251,16 +252,6 @@ def _routing_counts(original_call, inputs, pooling):
     if isinstance(tied, float):  # adaptive pooling: windows vary
         tied = None
     return inputs.size, jnp.count_nonzero(routes > 0), pooled.size, tied
-
-
-def _loss_scale(model):
-    """The factor `train_step` multiplies the loss by (an array), or None."""
-    optimizer = getattr(model, "optimizer", None)
-    if optimizer is None:
-        return None
-    one = jnp.ones((), jnp.float32)
-    scale = optimizer.scale_loss(one)
-    return None if scale is one else jnp.asarray(scale, jnp.float32)
 
 
 def _host(t):

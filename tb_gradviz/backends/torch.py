@@ -43,7 +43,7 @@ class LayerCapture(capture.ProbePass):
     def run(self, x, y, sample_weight=None):
         """Runs the pass; returns `(step_records, skipped_paths)` (see `capture.records`)."""
         model = self.model
-        scale = _loss_scale(model)
+        scale = capture.loss_scale(model)
         state = list(model.non_trainable_variables) + list(model.metrics_variables)
         saved = [v.value.detach().clone() for v in state]
         zeros = {c.path: [] for c in self.chosen}
@@ -63,7 +63,7 @@ class LayerCapture(capture.ProbePass):
                 if scale is not None:
                     # Backpropagate what train_step backpropagates, so float16
                     # gradients underflow (or overflow) exactly as in training.
-                    loss = loss * scale.to(loss.dtype)
+                    loss = loss * scale
                 called = [c for c in self.chosen if recordings[c.path].outputs]
                 sources = [z for c in called for z in zeros[c.path]]
                 gradients = torch.autograd.grad(loss, sources, allow_unused=True)
@@ -85,14 +85,13 @@ class LayerCapture(capture.ProbePass):
             for v, value in zip(state, saved):
                 v.assign(value)
         skipped = [c.path for c in self.chosen if not recordings[c.path].outputs]
-        divisor = None if scale is None else float(scale)
         if self.statistics == "host":
-            return capture.host_records(self.plans, [_host(t) for t in tensors], divisor, routing_counts, skipped)
-        return capture.device_records(self.plans, self._device_rows(tensors, divisor), routing_counts, skipped)
+            return capture.host_records(self.plans, [_host(t) for t in tensors], scale, routing_counts, skipped)
+        return capture.device_records(self.plans, self._device_rows(tensors, scale), routing_counts, skipped)
 
     def _device_rows(self, tensors, divisor):
         """`(n, sums, linear, magnitude)` of each tensor, computed on its device in float64."""
-        scaled = [t.role != fmt.ACTIVATION and divisor is not None for plan in self.plans for t in plan.tensors]
+        scaled = [t.loss_scaled for plan in self.plans for t in plan.tensors]
         keys = [(t.numel(), t.dtype, d) for t, d in zip(tensors, scaled)]
         rows = [None] * len(tensors)
         with torch.no_grad():
@@ -179,16 +178,6 @@ def _routing_counts(original_call, inputs, pooling):
         tied = capture.tied_windows(inputs.detach(), pooling) if pooling["type"] == "max" else np.nan
         tied = np.nan if isinstance(tied, float) else int(tied)
         return inputs.numel(), int(torch.count_nonzero(routes > 0)), pooled.numel(), tied
-
-
-def _loss_scale(model):
-    """The factor `train_step` multiplies the loss by (a tensor), or None."""
-    optimizer = getattr(model, "optimizer", None)
-    if optimizer is None:
-        return None
-    one = keras.ops.ones((), "float32")
-    scale = optimizer.scale_loss(one)
-    return None if scale is one else torch.as_tensor(scale, dtype=torch.float32)
 
 
 def _host(t):
