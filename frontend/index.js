@@ -1,28 +1,32 @@
 // Entry of the GradViz tab. TensorBoard loads data/plugin_entry.html in an
 // iframe, imports this module and calls render().
 
+import * as compare from './compare.js';
+import {connectToHost, followHost} from './host.js';
 import * as model from './model.js';
 import * as views from './views.js';
 
-// The host may never answer (an older TensorBoard, or the page opened in some
-// other frame): then the tab shows every run, as it does outside TensorBoard.
-const HOST_TIMEOUT_MS = 3000;
 // Dragging the slider fires many input events; /step is fetched once it rests.
 const GRID_DELAY_MS = 150;
 
 export async function render() {
-  addStylesheet();
+  addStylesheets();
   followHostTheme();
-  const app = new App(views.createLayout(document.body), connectToHost());
+  const app = new App(views.createLayout(document.body), connectToHost(window));
   await app.start();
 }
 
-function addStylesheet() {
+// One stylesheet per part of the page, in cascade order.
+const STYLESHEETS = ['style.css', 'charts.css', 'compare.css'];
+
+function addStylesheets() {
   // Resolved against this module, not the document, whose base is plugin/gradviz/.
-  const link = document.createElement('link');
-  link.rel = 'stylesheet';
-  link.href = new URL('./style.css', import.meta.url).href;
-  document.head.append(link);
+  document.head.append(...STYLESHEETS.map((name) => {
+    const link = document.createElement('link');
+    link.rel = 'stylesheet';
+    link.href = new URL(`./${name}`, import.meta.url).href;
+    return link;
+  }));
 }
 
 /**
@@ -44,79 +48,6 @@ function followHostTheme() {
   };
   apply();
   new MutationObserver(apply).observe(hostBody, {attributes: true, attributeFilter: ['class']});
-}
-
-// ------------------------------------------------------------ host messages
-
-/**
- * TensorBoard's plugin message protocol: JSON strings
- * `{type, id, payload, error, isReply}` over a MessagePort that this frame
- * hands to the host with 'experimental.bootstrap'.
- */
-class HostChannel {
-  constructor(port) {
-    this.port = port;
-    this.nextId = 0;
-    this.pending = new Map();
-    this.listeners = new Map();
-    port.addEventListener('message', (event) => this.receive(event.data));
-    port.start();
-  }
-
-  listen(type, callback) {
-    this.listeners.set(type, callback);
-  }
-
-  request(type, payload = null) {
-    const id = this.nextId++;
-    this.post({type, id, payload, error: null, isReply: false});
-    return new Promise((resolve, reject) => {
-      const timer = setTimeout(() => {
-        this.pending.delete(id);
-        reject(new Error(`no answer to ${type}`));
-      }, HOST_TIMEOUT_MS);
-      this.pending.set(id, {resolve, reject, timer});
-    });
-  }
-
-  async receive(data) {
-    let message;
-    try {
-      message = JSON.parse(data);
-    } catch {
-      return;
-    }
-    const {type, id, payload, error, isReply} = message;
-    if (isReply) {
-      const waiting = this.pending.get(id);
-      if (!waiting) return;
-      this.pending.delete(id);
-      clearTimeout(waiting.timer);
-      if (error) waiting.reject(new Error(String(error)));
-      else waiting.resolve(payload);
-      return;
-    }
-    // The host waits for a reply to each of its messages, as we do for ours.
-    let result = null;
-    let failure = null;
-    try {
-      result = (await this.listeners.get(type)?.(payload)) ?? null;
-    } catch (e) {
-      failure = String(e);
-    }
-    this.post({type, id, payload: result, error: failure, isReply: true});
-  }
-
-  post(message) {
-    this.port.postMessage(JSON.stringify(message));
-  }
-}
-
-function connectToHost() {
-  if (window.parent === window) return null;
-  const channel = new MessageChannel();
-  window.parent.postMessage('experimental.bootstrap', window.location.origin, [channel.port2]);
-  return new HostChannel(channel.port1);
 }
 
 // ------------------------------------------------------------ the tab
@@ -160,17 +91,13 @@ class App {
       this.loadComparison();
     });
     if (this.host) {
-      this.host.listen('experimental.RunsChanged', (runs) => {
-        this.hostRuns = Array.isArray(runs) ? runs : null;
-        this.reload(); // new runs mean new data: /runs is stale too
+      this.hostRuns = await followHost(this.host, {
+        onRuns: (runs) => {
+          this.hostRuns = runs;
+          this.reload(); // new runs mean new data: /runs is stale too
+        },
+        onReload: () => this.reload(),
       });
-      this.host.listen('experimental.DataReloaded', () => this.reload());
-      try {
-        const runs = await this.host.request('experimental.GetRuns');
-        this.hostRuns = Array.isArray(runs) ? runs : null;
-      } catch {
-        this.hostRuns = null;
-      }
     }
     await this.loadRuns();
   }
@@ -291,7 +218,7 @@ class App {
     views.renderPanels(ui.panels, this.layer, this.tensors, {step, logarithmic: ui.logToggle.checked});
     const routing = this.routing && model.routingAt(this.routing, step);
     views.renderAside(ui.aside, this.layer, routing);
-    views.renderHeatmaps(ui.heatmaps, this.tensors, step);
+    views.renderHeatmaps(ui.heatmaps, this.layer, this.tensors, step);
   }
 
   async loadGrid() {
@@ -307,9 +234,9 @@ class App {
     if (run !== this.run || step !== this.step) return;
     // Choosing a layer in the grid brings the keyboard (and the view) back up to its panels.
     const layers = this.runs.find((entry) => entry.run === run)?.layers ?? [];
-    views.renderLayerGrid(this.ui.grid, this.ui.gridTitle, snapshot, {
+    compare.renderLayerGrid(this.ui.grid, this.ui.gridTitle, snapshot, {
       currentLayer: this.layer?.layer,
-      poolingOf: (name) => layers.find((layer) => layer.layer === name)?.pooling ?? null,
+      layerOf: (name) => layers.find((layer) => layer.layer === name),
       onSelect: (name) => this.selectLayer(name).then(() => this.ui.layerSelect.focus()),
     });
   }
@@ -318,7 +245,8 @@ class App {
     const {ui, layer} = this;
     const tensors = layer.tensors.map(({tensor}) => ({value: tensor}));
     if (!tensors.some(({value}) => value === this.compareTensor)) {
-      this.compareTensor = tensors.find(({value}) => value.startsWith('input_gradient'))?.value ?? tensors[0]?.value ?? null;
+      const first = layer.tensors.find(({role}) => role === 'input_gradient') ?? layer.tensors[0];
+      this.compareTensor = first?.tensor ?? null;
     }
     views.setOptions(ui.compareTensorSelect, tensors, this.compareTensor);
     const others = this.runs.filter(({run, layers}) =>
@@ -351,6 +279,6 @@ class App {
 
   renderComparison() {
     if (!this.comparison) return;
-    views.renderRunComparison(this.ui.compareCharts, this.comparison, this.step);
+    compare.renderRunComparison(this.ui.compareCharts, this.comparison, this.step);
   }
 }

@@ -91,23 +91,15 @@ export function visibleRuns(runs, hostRuns) {
   return runs.filter((run) => known.has(run.run));
 }
 
-/** The role of a tensor name: `input_gradient_1` -> `input_gradient`. */
-export function tensorRole(name) {
-  return name.replace(/_\d+$/, '');
-}
-
-/** The side of the layer a tensor lives on, as its shape is named in the UI. */
-export function tensorSide(role) {
-  return role === 'input_gradient' ? 'input' : 'output';
-}
-
-/** Groups a layer's tensor names by role, each group in the given order. */
-export function tensorsByRole(names) {
+/**
+ * A layer's tensors grouped by the role /runs serves for each, every group in
+ * the order of /runs. Tensors of a role the tab does not know are left out.
+ *
+ * @param {{tensor: string, role: string}[]} tensors
+ */
+export function tensorsByRole(tensors) {
   const groups = Object.fromEntries(ROLES.map((role) => [role, []]));
-  for (const name of names) {
-    const role = tensorRole(name);
-    if (role in groups) groups[role].push(name);
-  }
+  for (const info of tensors) if (Object.hasOwn(groups, info.role)) groups[info.role].push(info);
   return groups;
 }
 
@@ -397,12 +389,4 @@ export function formatNumber(value, digits = 3) {
     ? String(+value.toPrecision(digits))
     : value.toExponential(digits - 1).replace(/\.?0+e/, 'e').replace('e+', 'e');
   return text.replace(/^-/, '−');
-}
-
-/** "max pool 2×2, stride 2×2, valid", or "global average pool". */
-export function describePooling(pooling) {
-  if (!pooling) return '';
-  const type = pooling.type === 'max' ? 'max' : 'average';
-  if (pooling.global) return `global ${type} pool`;
-  return `${type} pool ${formatShape(pooling.pool_size)}, stride ${formatShape(pooling.strides)}, ${pooling.padding}`;
 }

@@ -1,44 +1,27 @@
+// model.js over real API answers (api_answers.mjs): a small CNN trained with
+// GradVizCallback, runs "clean" and "nan" (a NaN in the probe batch), layers
+// conv, pool (2x2/2 max), avg (2x2/2 average) and add (two inputs), steps 2 and 4.
+
 import assert from 'node:assert/strict';
 import {test} from 'node:test';
 
 import * as model from '../../frontend/model.js';
+import {answer, body, layerOf, recordedFetch, runs, series} from './api_answers.mjs';
 
-// The magnitude bin edges of docs/FORMAT.md: half decades from 1e-12 to 1e6.
-const EDGES = Array.from({length: 37}, (_, i) => 10 ** ((i - 24) / 2));
-const BIN_COUNT = EDGES.length + 1;
+const sum = (values) => values.reduce((a, b) => a + b, 0);
 
-function bins(entries) {
-  const counts = new Array(BIN_COUNT).fill(0);
-  for (const [index, count] of Object.entries(entries)) counts[index] = count;
-  return counts;
-}
-
-// A /series answer of a 2x2/2 max pool's input gradient, two steps, as the
-// plugin encodes it (non-finite floats as strings).
-const SERIES_TEXT = JSON.stringify({
-  run: 'cnn', layer: 'NaN', tensor: 'input_gradient', role: 'input_gradient',
-  shape: [8, 28, 28, 16], dtype: 'float32', steps: [10, 20], wall_times: [1, 2],
-  stats: {
-    count: [100352, 100352], zeros: [75264, 75300], nan: [0, 3], pos_inf: [0, 1], neg_inf: [0, 0],
-    min: [-0.01, 'NaN'], max: [0.02, 'Infinity'], mean: [1e-6, 2e-6], std: [0.001, 0.001],
-    sum: [0.1, '-Infinity'],
-  },
-  histogram: {buckets: 30, low: [-0.01, null], high: [0.02, null], counts: [new Array(30).fill(1), null]},
-  log: {
-    edges: EDGES,
-    negative: [bins({15: 10000, 16: 2544}), bins({14: 5, 15: 12000})],
-    positive: [bins({17: 12544}), bins({17: 13040})],
-  },
-});
-
-test('non-finite strings become numbers, names stay strings', () => {
-  const series = model.parseApiJson(SERIES_TEXT);
-  assert.equal(series.layer, 'NaN');
-  assert.ok(Number.isNaN(series.stats.min[1]));
-  assert.equal(series.stats.max[1], Infinity);
-  assert.equal(series.stats.sum[1], -Infinity);
-  assert.equal(series.stats.min[0], -0.01);
-  assert.equal(model.parseApiJson('{"runs":[{"run":"Infinity","layers":[]}]}').runs[0].run, 'Infinity');
+test('the served "NaN" strings become numbers, names stay strings', () => {
+  const text = body('routing', {run: 'clean', layer: 'avg'});
+  // An average pool has no tied windows: the server writes NaN, as a string.
+  assert.deepEqual(JSON.parse(text).tied_windows, ['NaN', 'NaN']);
+  assert.ok(model.parseApiJson(text).tied_windows.every(Number.isNaN));
+  assert.equal(model.parseApiJson(text).layer, 'avg');
+  // A layer or run may well be called "NaN": under a name key it stays text.
+  assert.equal(model.reviveNonFinite('layer', 'NaN'), 'NaN');
+  assert.equal(model.reviveNonFinite('run', 'Infinity'), 'Infinity');
+  assert.ok(Number.isNaN(model.reviveNonFinite('min', 'NaN')));
+  assert.equal(model.reviveNonFinite('max', 'Infinity'), Infinity);
+  assert.equal(model.reviveNonFinite('sum', '-Infinity'), -Infinity);
 });
 
 test('routeUrl is relative and escapes names', () => {
@@ -50,97 +33,111 @@ test('routeUrl is relative and escapes names', () => {
   assert.equal(model.routeUrl('step', {run: 'r&x=1', step: undefined}), 'step?run=r%26x%3D1');
 });
 
-test('fetchJson decodes the body and reports HTTP errors with status and message', async () => {
-  const requested = [];
-  const fakeFetch = async (url) => {
-    requested.push(url);
-    if (url.startsWith('series')) return {ok: true, status: 200, text: async () => SERIES_TEXT};
-    return {ok: false, status: 404, text: async () => 'Unknown run: "x"\n'};
-  };
-  const series = await model.fetchSeries('cnn', 'NaN', 'input_gradient', fakeFetch);
-  assert.equal(series.stats.max[1], Infinity);
-  assert.deepEqual(requested, ['series?run=cnn&layer=NaN&tensor=input_gradient']);
-  await assert.rejects(model.fetchStep('x', 3, fakeFetch), (error) => {
+test('the fetch functions ask for the routes the server answers, and report its errors', async () => {
+  assert.deepEqual(await model.fetchRuns(recordedFetch), runs);
+  const fetched = await model.fetchSeries('clean', 'pool', 'input_gradient', recordedFetch);
+  assert.deepEqual(fetched, series('clean', 'pool', 'input_gradient'));
+  assert.equal(fetched.role, 'input_gradient');
+  assert.ok((await model.fetchRouting('clean', 'avg', recordedFetch)).tied_windows.every(Number.isNaN));
+  assert.equal((await model.fetchStep('clean', undefined, recordedFetch)).step, 4);
+  assert.equal((await model.fetchStep('clean', 3, recordedFetch)).step, 2);
+  await assert.rejects(model.fetchStep('clean', -1, recordedFetch), (error) => {
+    assert.equal(error.name, 'ApiError');
     assert.equal(error.status, 404);
-    assert.equal(error.message, 'step?run=x&step=3: 404 Unknown run: "x"');
+    assert.match(error.message, /^step\?run=clean&step=-1: 404 .*no step <= -1$/);
     return true;
   });
 });
 
 test('visibleRuns follows the host run list, or keeps all without a host', () => {
-  const runs = [{run: 'a'}, {run: 'b'}, {run: 'c'}];
+  assert.deepEqual(runs.map(({run}) => run), ['clean', 'nan']);
   assert.deepEqual(model.visibleRuns(runs, null), runs);
-  assert.deepEqual(model.visibleRuns(runs, ['c', 'a', 'z']).map((r) => r.run), ['a', 'c']);
+  assert.deepEqual(model.visibleRuns(runs, ['nan', 'elsewhere']).map(({run}) => run), ['nan']);
 });
 
-test('tensor names group by role', () => {
-  assert.equal(model.tensorRole('input_gradient_1'), 'input_gradient');
-  assert.equal(model.tensorRole('activation'), 'activation');
-  assert.deepEqual(
-    model.tensorsByRole(['activation', 'input_gradient_0', 'input_gradient_1', 'output_gradient']),
-    {activation: ['activation'], input_gradient: ['input_gradient_0', 'input_gradient_1'], output_gradient: ['output_gradient']},
-  );
-  assert.equal(model.tensorSide('input_gradient'), 'input');
-  assert.equal(model.tensorSide('output_gradient'), 'output');
-  assert.equal(model.tensorSide('activation'), 'output');
+test('tensors group by the role the server serves', () => {
+  const add = layerOf('clean', 'add');
+  const groups = model.tensorsByRole(add.tensors);
+  assert.deepEqual(Object.keys(groups), model.ROLES);
+  assert.deepEqual(groups.activation.map(({tensor}) => tensor), ['activation']);
+  assert.deepEqual(groups.input_gradient.map(({tensor, index}) => [tensor, index]),
+    [['input_gradient_0', 0], ['input_gradient_1', 1]]);
+  assert.deepEqual(groups.output_gradient.map(({tensor}) => tensor), ['output_gradient']);
+  // /series serves the same role as /runs for every tensor.
+  for (const {run, layers} of runs) {
+    for (const {layer, tensors} of layers) {
+      for (const {tensor, role} of tensors) assert.equal(series(run, layer, tensor).role, role);
+    }
+  }
 });
 
 test('latestIndexAtOrBefore finds the step the slider lands on', () => {
-  const steps = [10, 20, 40];
-  assert.equal(model.latestIndexAtOrBefore(steps, 5), -1);
-  assert.equal(model.latestIndexAtOrBefore(steps, 10), 0);
-  assert.equal(model.latestIndexAtOrBefore(steps, 39), 1);
-  assert.equal(model.latestIndexAtOrBefore(steps, 1000), 2);
-  assert.deepEqual(model.unionSteps([[20, 10], [10, 30]]), [10, 20, 30]);
+  const {steps} = series('clean', 'pool', 'activation');
+  assert.deepEqual(steps, [2, 4]);
+  assert.equal(model.latestIndexAtOrBefore(steps, 1), -1);
+  assert.equal(model.latestIndexAtOrBefore(steps, 2), 0);
+  assert.equal(model.latestIndexAtOrBefore(steps, 3), 0);
+  assert.equal(model.latestIndexAtOrBefore(steps, 1000), 1);
+  const add = layerOf('clean', 'add');
+  assert.deepEqual(model.unionSteps(add.tensors.map(({tensor}) => series('clean', 'add', tensor).steps)), [2, 4]);
+  assert.deepEqual(model.unionSteps([[4, 2], [2, 6]]), [2, 4, 6]);
 });
 
-test('snapshotAt takes the latest step at or before the asked one', () => {
-  const series = model.parseApiJson(SERIES_TEXT);
-  const first = model.snapshotAt(series, 15);
-  assert.equal(first.step, 10);
-  assert.equal(first.stats.zeros, 75264);
-  assert.equal(first.negative[16], 2544);
-  assert.equal(first.histogram.low, -0.01);
-  const second = model.snapshotAt(series, 20);
-  assert.equal(second.histogram, null);
-  assert.equal(model.nonFiniteCount(second.stats), 4);
-  assert.equal(model.snapshotAt(series, 9), null);
+test('snapshotAt takes the latest step at or before, as /step does', () => {
+  const input = series('clean', 'pool', 'input_gradient');
+  const snapshot = model.snapshotAt(input, 3);
+  assert.equal(snapshot.step, 2);
+  for (const field of model.STATS_FIELDS) assert.equal(snapshot.stats[field], input.stats[field][0]);
+  assert.equal(snapshot.histogram.low, input.histogram.low[0]);
+  assert.deepEqual(snapshot.histogram.counts, input.histogram.counts[0]);
+  const fromStep = answer('step', {run: 'clean', step: '3'}).layers.find(({layer}) => layer === 'pool');
+  assert.deepEqual(snapshot.stats, fromStep.tensors.input_gradient.stats);
+  assert.deepEqual(snapshot.negative, fromStep.tensors.input_gradient.log.negative);
+  assert.deepEqual(snapshot.positive, fromStep.tensors.input_gradient.log.positive);
+  assert.equal(model.snapshotAt(input, 1), null);
 });
 
-test('zero fraction of a 2x2/2 max pool input gradient is 75 %', () => {
-  const stats = model.snapshotAt(model.parseApiJson(SERIES_TEXT), 10).stats;
+test('a 2x2/2 max pool without ties leaves 75 % exact zeros in its input gradient', () => {
+  const stats = model.snapshotAt(series('clean', 'pool', 'input_gradient'), 4).stats;
   assert.equal(model.zeroFraction(stats), 0.75);
   assert.equal(model.formatPercent(model.zeroFraction(stats)), '75.0 %');
-  assert.ok(Number.isNaN(model.zeroFraction({count: 0, zeros: 0})));
+  assert.equal(model.nonFiniteCount(stats), 0);
+});
+
+test('NaNs in a tensor are counted as non-finite', () => {
+  // One NaN in the probe batch reaches the 3x3 neighbourhood of 4 output channels.
+  const stats = model.snapshotAt(series('nan', 'conv', 'activation'), 4).stats;
+  assert.equal(stats.nan, 36);
+  assert.equal(model.nonFiniteCount(stats), 36);
 });
 
 test('routed fraction against the window geometry', () => {
-  const routing = model.routingAt({
-    steps: [10, 20], input_positions: [100352, 100352], routed_positions: [25088, 21000],
-    windows: [25088, 25088], tied_windows: [0, 7],
-    input_gradient_sum: [0.5, 0.5], output_gradient_sum: [0.5, 0.5], output_gradient_abs_sum: [0.9, 0.8],
-    mass: {difference: [0, 1e-9], relative: [0, 1.25e-9], tolerance: [1.9e-6, 1.9e-6], conserved: [true, false]},
-  }, 25);
-  assert.equal(routing.step, 20);
+  const pool = layerOf('clean', 'pool');
+  const routing = model.routingAt(answer('routing', {run: 'clean', layer: 'pool'}), 3);
+  assert.equal(routing.step, 2);
   // The server's verdict at that step, carried as it is.
-  assert.deepEqual(routing.mass, {difference: 1e-9, relative: 1.25e-9, tolerance: 1.9e-6, conserved: false});
-  const maxPool = {type: 'max', global: false, pool_size: [2, 2], strides: [2, 2]};
-  assert.equal(model.predictedRoutedFraction(routing, maxPool), 0.25);
-  assert.ok(Number.isNaN(model.predictedRoutedFraction(routing, {...maxPool, type: 'avg'})));
-  assert.equal(model.windowsOverlap(maxPool), false);
-  assert.equal(model.windowsOverlap({...maxPool, pool_size: [3, 3]}), true);
-  assert.equal(model.windowsOverlap({type: 'max', global: true, pool_size: null, strides: null}), false);
-  assert.equal(model.routedFraction(routing), 21000 / 100352);
-  assert.equal(routing.tied_windows, 7);
+  assert.equal(routing.mass.conserved, true);
+  assert.deepEqual(Object.keys(routing.mass), ['difference', 'relative', 'tolerance', 'conserved']);
+  assert.equal(model.routedFraction(routing), 0.25);
+  assert.equal(model.predictedRoutedFraction(routing, pool.pooling), 0.25);
+  assert.equal(routing.tied_windows, 0);
+  assert.equal(model.windowsOverlap(pool.pooling), false);
+  assert.equal(model.windowsOverlap({...pool.pooling, pool_size: [3, 3]}), true);
+  const avg = layerOf('clean', 'avg');
+  const spread = model.routingAt(answer('routing', {run: 'clean', layer: 'avg'}), 4);
+  assert.ok(Number.isNaN(model.predictedRoutedFraction(spread, avg.pooling)));
+  assert.equal(model.routedFraction(spread), 1);
 });
 
-test('magnitude bins follow the edges, with open-ended first and last bins', () => {
-  const all = model.magnitudeBins(EDGES);
-  assert.equal(all.length, 38);
-  assert.deepEqual(all[0], {index: 0, low: 0, high: 1e-12});
-  assert.equal(all[18].low, EDGES[17]);
-  assert.equal(all[18].high, EDGES[18]);
-  assert.equal(all[37].high, Infinity);
+test('magnitude bins follow the served edges, with open-ended first and last bins', () => {
+  const edges = answer('step', {run: 'clean'}).log_edges;
+  assert.deepEqual(series('clean', 'avg', 'activation').log.edges, edges);
+  const all = model.magnitudeBins(edges);
+  assert.equal(all.length, edges.length + 1);
+  assert.deepEqual(all[0], {index: 0, low: 0, high: edges[0]});
+  assert.equal(all[18].low, edges[17]);
+  assert.equal(all[18].high, edges[18]);
+  assert.equal(all[all.length - 1].high, Infinity);
   assert.equal(model.binRangeLabel(all, 1, 37), 'x ≥ 1e6');
   assert.equal(model.binRangeLabel(all, -1, 0), '−1e-12 < x < 0');
   assert.equal(model.binRangeLabel(all, 1, 17), '1e-4 ≤ x < 3.16e-4');
@@ -149,32 +146,51 @@ test('magnitude bins follow the edges, with open-ended first and last bins', () 
 });
 
 test('occupied range spans every step and both signs, padded to decades', () => {
-  const series = model.parseApiJson(SERIES_TEXT);
-  const range = model.seriesRange(series);
-  assert.deepEqual(range, {first: 14, last: 17});
-  // Bin 14 starts at 10^-5.5, bin 17 ends at 10^-3.5: widen to 1e-6 .. 1e-3.
-  assert.deepEqual(model.padToDecades(range, EDGES), {first: 13, last: 18});
-  assert.equal(model.occupiedRange([bins({}), null]), null);
+  const input = series('clean', 'pool', 'input_gradient');
+  const {edges} = input.log;
+  const range = model.seriesRange(input);
+  const lists = [...input.log.negative, ...input.log.positive];
+  lists.forEach((bins) => bins.forEach((count, j) => {
+    if (count > 0) assert.ok(range.first <= j && j <= range.last, `bin ${j} outside ${JSON.stringify(range)}`);
+  }));
+  assert.ok(lists.some((bins) => bins[range.first] > 0) && lists.some((bins) => bins[range.last] > 0));
+  const padded = model.padToDecades(range, edges);
+  assert.ok(padded.first <= range.first && padded.last >= range.last);
+  assert.ok(padded.first === 0 || model.isDecade(edges[padded.first - 1]));
+  assert.ok(padded.last === edges.length || model.isDecade(edges[padded.last]));
+  assert.equal(model.occupiedRange([lists[0].map(() => 0), null]), null);
 });
 
-test('signed bars mirror the negative bins to the left', () => {
-  const bars = model.signedBars(bins({15: 4, 16: 1}), bins({17: 9}), {first: 15, last: 17});
-  assert.deepEqual(bars.map((b) => [b.sign, b.bin, b.count]), [
-    [-1, 17, 0], [-1, 16, 1], [-1, 15, 4], [1, 15, 0], [1, 16, 0], [1, 17, 9],
-  ]);
+test('signed bars mirror the negative bins to the left and hold every non-zero value', () => {
+  const input = series('clean', 'pool', 'input_gradient');
+  const range = model.seriesRange(input);
+  const snapshot = model.snapshotAt(input, 4);
+  const bars = model.signedBars(snapshot.negative, snapshot.positive, range);
+  const width = range.last - range.first + 1;
+  assert.equal(bars.length, 2 * width);
+  assert.deepEqual(bars.slice(0, width).map(({sign, bin}) => [sign, bin]),
+    Array.from({length: width}, (_, k) => [-1, range.last - k]));
+  assert.deepEqual(bars.slice(width).map(({sign, bin}) => [sign, bin]),
+    Array.from({length: width}, (_, k) => [1, range.first + k]));
+  for (const {sign, bin, count} of bars) assert.equal(count, (sign < 0 ? snapshot.negative : snapshot.positive)[bin]);
+  assert.equal(sum(bars.map(({count}) => count)) + snapshot.stats.zeros, snapshot.stats.count);
 });
 
 test('distribution over steps puts zeros in the middle row, as fractions of all elements', () => {
-  const series = model.parseApiJson(SERIES_TEXT);
-  const grid = model.distributionOverSteps(series, {first: 16, last: 17});
-  assert.deepEqual(grid.steps, [10, 20]);
-  assert.deepEqual(grid.rows, [
-    {sign: 1, bin: 17}, {sign: 1, bin: 16}, {sign: 0, bin: -1}, {sign: -1, bin: 16}, {sign: -1, bin: 17},
-  ]);
-  assert.equal(grid.cells[0][0], 12544 / 100352);
-  assert.equal(grid.cells[2][0], 0.75);
-  assert.equal(grid.cells[3][0], 2544 / 100352);
-  assert.equal(grid.cells[3][1], 0);
+  const input = series('clean', 'pool', 'input_gradient');
+  const range = model.padToDecades(model.seriesRange(input), input.log.edges);
+  const grid = model.distributionOverSteps(input, range);
+  assert.deepEqual(grid.steps, input.steps);
+  const middle = grid.rows.findIndex(({sign}) => sign === 0);
+  assert.equal(middle, range.last - range.first + 1);
+  assert.equal(grid.rows.length, 2 * middle + 1);
+  assert.deepEqual(grid.rows[0], {sign: 1, bin: range.last});
+  assert.deepEqual(grid.rows[grid.rows.length - 1], {sign: -1, bin: range.last});
+  grid.steps.forEach((_, column) => {
+    assert.equal(grid.cells[middle][column], 0.75);
+    const total = sum(grid.cells.map((row) => row[column]));
+    assert.ok(Math.abs(total - 1) < 1e-12, `column ${column} sums to ${total}`);
+  });
 });
 
 test('evenlySpacedIndices keeps the ends', () => {
@@ -194,7 +210,8 @@ test('axis ticks', () => {
 });
 
 test('formatting numbers, shapes and labels', () => {
-  assert.equal(model.formatShape([8, 28, 28, 64]), '8×28×28×64');
+  const input = layerOf('clean', 'pool').tensors.find(({role}) => role === 'input_gradient');
+  assert.equal(model.formatShape(input.shape), '8×8×8×4');
   assert.equal(model.formatShape([null, 10]), '?×10');
   assert.equal(model.formatShape([]), 'scalar');
   assert.equal(model.formatCount(100352), '100,352');
@@ -211,13 +228,9 @@ test('formatting numbers, shapes and labels', () => {
   assert.equal(model.edgeLabel(1e-3), '10⁻³');
   assert.equal(model.edgeLabel(1e6), '10⁶');
   assert.equal(model.edgeLabel(1), '10⁰');
-  assert.equal(model.isDecade(EDGES[24]), true);
-  assert.equal(model.isDecade(EDGES[25]), false);
-  assert.equal(
-    model.describePooling({type: 'max', global: false, pool_size: [2, 2], strides: [2, 2], padding: 'valid'}),
-    'max pool 2×2, stride 2×2, valid',
-  );
-  assert.equal(model.describePooling({type: 'avg', global: true}), 'global average pool');
+  const edges = answer('step', {run: 'clean'}).log_edges;
+  assert.equal(model.isDecade(edges[24]), true);
+  assert.equal(model.isDecade(edges[25]), false);
 });
 
 test('spacedLabels keeps pinned labels and drops the ones that would overlap', () => {

@@ -1,0 +1,38 @@
+// Building DOM for the GradViz tab. Every name shown (run, layer, tensor) is
+// data from the log directory: it goes in with textContent or setAttribute,
+// never as HTML.
+
+const SVG_NS = 'http://www.w3.org/2000/svg';
+
+/** An HTML element; `text` is set as textContent, `attrs` with setAttribute. */
+export function html(tag, {className, text, attrs} = {}, children = []) {
+  return fill(document.createElement(tag), className, text, attrs, children);
+}
+
+/** An SVG element, filled as `html` fills its elements. */
+export function svg(tag, {className, text, attrs} = {}, children = []) {
+  return fill(document.createElementNS(SVG_NS, tag), className, text, attrs, children);
+}
+
+function fill(node, className, text, attrs, children) {
+  if (className) node.setAttribute('class', className);
+  if (text !== undefined) node.textContent = text;
+  for (const [key, value] of Object.entries(attrs ?? {})) node.setAttribute(key, String(value));
+  for (const child of children) if (child) node.append(child);
+  return node;
+}
+
+/** The hover text of an SVG element. */
+export function tooltip(text) {
+  return svg('title', {text});
+}
+
+/** A coordinate to a tenth of a pixel: shorter SVG, no visible difference. */
+export function round(value) {
+  return Math.round(value * 10) / 10;
+}
+
+/** A `<dl>` of `[name, value]` pairs. */
+export function definitionList(pairs, className) {
+  return html('dl', {className}, pairs.flatMap(([name, value]) => [html('dt', {text: name}), html('dd', {text: value})]));
+}
