@@ -3,12 +3,12 @@
 Three parts, each a row:
 
 - `kernels`: one 16x34x34x64 float32 tensor (ReLU-like, 1.2 M values):
-  `format`'s numpy definition, the one-value-at-a-time numba kernel
+  `records`' numpy definition, the one-value-at-a-time numba kernel
   (`kernels._summary`, what float64, loss-scaled and non-finite values use)
   and the float32 kernel (`kernels.summary`), best of `--repeats`; and the
   kernels' first compile with an empty numba cache (in a subprocess).
 - `crc`: TFRecord checksums per MB, TensorBoard's pure-Python
-  `masked_crc32c` against `format.masked_crc32c` (google-crc32c).
+  `masked_crc32c` against `events.masked_crc32c` (google-crc32c).
 - `event`: one log event of `--model` with `--layers` chosen, taken apart:
   the compiled pass, `np.asarray` of its outputs, the statistics on one
   thread and on all, the records and the event write; with the number of
@@ -29,7 +29,8 @@ import common  # noqa: E402  (sets TF_CPP_MIN_LOG_LEVEL before TensorFlow loads)
 
 import numpy as np  # noqa: E402
 
-from tb_gradviz import format as fmt  # noqa: E402
+from tb_gradviz import events  # noqa: E402
+from tb_gradviz import records  # noqa: E402
 from tb_gradviz import kernels  # noqa: E402
 
 _COMPILE_SNIPPET = """
@@ -63,13 +64,13 @@ def kernels_row(args):
     values = np.maximum(rng.standard_normal(shape), 0).astype(np.float32)
     flat = values.reshape(-1)
     one_at_a_time = lambda: kernels._summary(  # noqa: E731
-        flat, 1.0, fmt.HISTOGRAM_BUCKETS, kernels._OCTAVE_BIN, kernels._OCTAVE_EDGE)
+        flat, 1.0, records.HISTOGRAM_BUCKETS, kernels._OCTAVE_BIN, kernels._OCTAVE_EDGE)
     with tempfile.TemporaryDirectory() as cache:
         cold = compile_seconds(cache)
         warm = compile_seconds(cache)
     return {
         "part": "kernels", "values": values.size,
-        "numpy_ms": best(lambda: (fmt.linear_histogram(values), fmt.stats_vector(values)), args.repeats) * 1e3,
+        "numpy_ms": best(lambda: (records.linear_histogram(values), records.stats_vector(values)), args.repeats) * 1e3,
         "one_value_kernel_ms": best(one_at_a_time, args.repeats) * 1e3,
         "float32_kernel_ms": best(lambda: kernels.summary(values), args.repeats) * 1e3,
         "compile_float32_s": cold[0], "compile_others_s": cold[1], "cached_load_float32_s": warm[0],
@@ -81,11 +82,11 @@ def crc_row(args):
 
     data = np.random.default_rng(args.seed).bytes(64 << 10 if args.smoke else 1 << 20)
     megabytes = len(data) / (1 << 20)
-    assert masked_crc32c(data) == fmt.masked_crc32c(data)
+    assert masked_crc32c(data) == events.masked_crc32c(data)
     return {
         "part": "crc", "bytes": len(data),
         "tensorboard_ms_per_mb": best(lambda: masked_crc32c(data), 1 if args.smoke else 3) * 1e3 / megabytes,
-        "google_crc32c_ms_per_mb": best(lambda: fmt.masked_crc32c(data), args.repeats) * 1e3 / megabytes,
+        "google_crc32c_ms_per_mb": best(lambda: events.masked_crc32c(data), args.repeats) * 1e3 / megabytes,
     }
 
 
@@ -99,7 +100,7 @@ def event_row(args):
     model.train_on_batch(x, y)
     layers, n_layers = layer_spec(model, args.layers)
     probe = capture.new_capture(model, selection.select_layers(model, layers))
-    log = fmt.EventLog(tempfile.mkdtemp())
+    log = events.EventLog(tempfile.mkdtemp())
     probe.run(x, y)  # traces
     rows = []
     for _ in range(args.repeats):
@@ -110,8 +111,8 @@ def event_row(args):
         items = [(values, None) for values in arrays[: probe._routing_start]]
         one_thread_s = common.seconds(lambda: kernels.summaries(items, workers=1))
         all_threads_s = common.seconds(lambda: kernels.summaries(items))
-        records, run_s = timed(lambda: probe.run(x, y)[0])
-        write_s = common.seconds(lambda: log.write(len(rows), records))
+        written, run_s = timed(lambda: probe.run(x, y)[0])
+        write_s = common.seconds(lambda: log.write(len(rows), written))
         rows.append(dict(train_step_s=step, pass_s=pass_s, asarray_s=asarray_s, one_thread_s=one_thread_s,
                          all_threads_s=all_threads_s, run_s=run_s, write_s=write_s))
     log.close()

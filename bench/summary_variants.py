@@ -24,7 +24,7 @@ import tensorflow as tf
 
 from tb_gradviz.backends import tensorflow as tf_capture
 from tb_gradviz.backends import tf_statistics
-from tb_gradviz import format as fmt
+from tb_gradviz import records
 from tb_gradviz import kernels
 
 
@@ -53,9 +53,9 @@ def _previous_tensor_summary(t, buckets, divisor):
         return tf.math.bincount(tf.cast(indices, tf.int32), minlength=length, maxlength=length, dtype=tf.float64)
 
     nonzero = tf.boolean_mask(finite, tf.not_equal(finite, 0.0))
-    bins = tf.searchsorted(tf.constant(fmt.LOG_EDGES, tf.float64), tf.abs(nonzero), side="right")
-    stats = tf.concat([head, bincount(tf.boolean_mask(bins, nonzero < 0), fmt.MAGNITUDE_BINS),
-                       bincount(tf.boolean_mask(bins, nonzero > 0), fmt.MAGNITUDE_BINS)], 0)
+    bins = tf.searchsorted(tf.constant(records.LOG_EDGES, tf.float64), tf.abs(nonzero), side="right")
+    stats = tf.concat([head, bincount(tf.boolean_mask(bins, nonzero < 0), records.MAGNITUDE_BINS),
+                       bincount(tf.boolean_mask(bins, nonzero > 0), records.MAGNITUDE_BINS)], 0)
 
     span = high - low
     spread = tf.logical_and(n > 0, span > 0)
@@ -70,21 +70,21 @@ def _previous_tensor_summary(t, buckets, divisor):
     return histogram, stats
 
 
-def previous_group_summary(tensors, divisor=None, buckets=fmt.HISTOGRAM_BUCKETS):
+def previous_group_summary(tensors, divisor=None, buckets=records.HISTOGRAM_BUCKETS):
     rows = [_previous_tensor_summary(t, buckets, divisor) for t in tensors]
     return tf.stack([h for h, _ in rows]), tf.stack([s for _, s in rows])
 
 
-def null_group_summary(tensors, divisor=None, buckets=fmt.HISTOGRAM_BUCKETS):
+def null_group_summary(tensors, divisor=None, buckets=records.HISTOGRAM_BUCKETS):
     """Not a summary: one sum per tensor, so the gradient is still computed."""
     totals = tf.stack([tf.reduce_sum(tf.cast(t, tf.float64)) for t in tensors])
-    return tf.tile(totals[:, None, None], [1, buckets, 3]), tf.tile(totals[:, None], [1, fmt.STATS_LENGTH])
+    return tf.tile(totals[:, None, None], [1, buckets, 3]), tf.tile(totals[:, None], [1, records.STATS_LENGTH])
 
 
 _DEFAULT_STATISTICS = tf_capture.default_statistics
 
 
-def _host_group_summary(tensors, divisor=None, buckets=fmt.HISTOGRAM_BUCKETS):
+def _host_group_summary(tensors, divisor=None, buckets=records.HISTOGRAM_BUCKETS):
     """What the host path computes, on numpy arrays (for `check_exact`)."""
     rows = kernels.summaries((np.asarray(t), divisor) for t in tensors)
     return np.stack([h for h, _ in rows]), np.stack([s for _, s in rows])
@@ -107,7 +107,7 @@ def use(name):
 
 
 def check_exact(name, seed=0):
-    """Asserts the variant gives format's numpy reference records, on awkward values."""
+    """Asserts the variant gives records' numpy reference records, on awkward values."""
     where, group_summary = VARIANTS[name]
     if (where or _DEFAULT_STATISTICS()) == "host":
         fn = _host_group_summary
@@ -123,8 +123,9 @@ def check_exact(name, seed=0):
     for group in groups:
         histograms, stats = [np.asarray(o) for o in fn([tf.constant(array) for array in group])]
         for r, array in enumerate(group):
-            expected = fmt.stats_vector(array)
-            np.testing.assert_array_equal(histograms[r], fmt.linear_histogram(array))
-            np.testing.assert_array_equal(stats[r, :7], expected[:7])
-            np.testing.assert_array_equal(stats[r, 10:], expected[10:])
-            np.testing.assert_allclose(stats[r, 7:10], expected[7:10], rtol=1e-9)
+            expected = records.stats_vector(array)
+            np.testing.assert_array_equal(histograms[r], records.linear_histogram(array))
+            summed = records.SUMMED_STATS
+            np.testing.assert_array_equal(stats[r, : summed.start], expected[: summed.start])
+            np.testing.assert_array_equal(stats[r, summed.stop :], expected[summed.stop :])
+            np.testing.assert_allclose(stats[r, summed], expected[summed], rtol=1e-9)

@@ -7,7 +7,7 @@ import keras
 import numpy as np
 
 from tb_gradviz import capture
-from tb_gradviz import format as fmt
+from tb_gradviz import events
 from tb_gradviz import selection
 
 
@@ -109,7 +109,7 @@ class GradVizCallback(keras.callbacks.Callback):
         self.loss = None if loss is None else selection.as_loss(loss)
         self.training = training
         self._probe = probe_batch(probe_data)
-        self._log = fmt.EventLog(log_dir)
+        self._log = events.EventLog(log_dir)
         self._capture = None
 
     @property

@@ -33,7 +33,8 @@ from dataclasses import dataclass, field
 import keras
 import numpy as np
 
-from tb_gradviz import format as fmt
+from tb_gradviz import events
+from tb_gradviz import records
 from tb_gradviz.selection import pooling_description
 
 BACKENDS = ("tensorflow", "jax", "torch")
@@ -224,21 +225,21 @@ def layer_plan(chosen, recording, shapes_and_dtypes, loss_scaled, device=None):
     """
     plan = LayerPlan(chosen, [], pooling_description(chosen.layer), device=device)
     groups = (
-        (fmt.ACTIVATION, recording.outputs),
-        (fmt.INPUT_GRADIENT, recording.inputs),
-        (fmt.OUTPUT_GRADIENT, recording.outputs),
+        (records.ACTIVATION, recording.outputs),
+        (records.INPUT_GRADIENT, recording.inputs),
+        (records.OUTPUT_GRADIENT, recording.outputs),
     )
     for role, forward in groups:
         for i, t in enumerate(forward):
             shape, dtype = shapes_and_dtypes(t)
-            name = fmt.tensor_name(role, i, len(forward))
-            scaled = loss_scaled and role != fmt.ACTIVATION
+            name = records.tensor_name(role, i, len(forward))
+            scaled = loss_scaled and role != records.ACTIVATION
             plan.tensors.append(TensorPlan(name, role, i, list(shape), dtype, loss_scaled=scaled))
     plan.has_routing = plan.pooling is not None and len(recording.inputs) == 1 and len(recording.outputs) == 1
     return plan
 
 
-def records(plans, summaries, routings, skipped):
+def step_records(plans, summaries, routings, skipped):
     """Returns `run`'s result: `(step_records, skipped_paths)`.
 
     Args:
@@ -254,16 +255,16 @@ def records(plans, summaries, routings, skipped):
         for t in plan.tensors:
             histogram, stats = next(summaries)
             content = dict(layer_content, role=t.role, index=t.index, shape=t.shape, dtype=t.dtype)
-            if t.role != fmt.ACTIVATION:
+            if t.role != records.ACTIVATION:
                 content["loss_scaled"] = t.loss_scaled
-            result += fmt.tensor_records(plan.chosen.path, t.name, histogram, stats, content)
+            result += events.tensor_records(plan.chosen.path, t.name, histogram, stats, content)
         if plan.has_routing:
-            result += fmt.routing_records(plan.chosen.path, next(routings), layer_content)
+            result += events.routing_records(plan.chosen.path, next(routings), layer_content)
     return result, list(skipped)
 
 
 # The sums each device statistics pass returns per tensor, in this order:
-# `format.summary_from_sums`' arguments from `zeros` to `squares`, then the
+# `records.summary_from_sums`' arguments from `zeros` to `squares`, then the
 # plain sum and the sum of magnitudes of all values (the routing record's,
 # NaN when a value is).
 DEVICE_SUMS = ("zeros", "nans", "pos_inf", "neg_inf", "low", "high", "total", "squares", "raw_sum", "raw_abs_sum")
@@ -286,16 +287,16 @@ def device_records(plans, rows, routing_counts, skipped):
         for t in plan.tensors:
             n, sums, linear, magnitude = by_name[t.name] = next(rows)
             summaries.append(
-                fmt.summary_from_sums(n, *sums[:8], linear, magnitude.astype(np.float64), len(linear))
+                records.summary_from_sums(n, *sums[:8], linear, magnitude.astype(np.float64), len(linear))
             )
         if plan.has_routing:
-            input_sums, output_sums = by_name[fmt.INPUT_GRADIENT][1], by_name[fmt.OUTPUT_GRADIENT][1]
+            input_sums, output_sums = by_name[records.INPUT_GRADIENT][1], by_name[records.OUTPUT_GRADIENT][1]
             routings.append(np.array([*map(float, next(counts)), input_sums[8], output_sums[8], output_sums[9]]))
-    return records(plans, summaries, routings, skipped)
+    return step_records(plans, summaries, routings, skipped)
 
 
 def host_routing(counts, input_gradient, output_gradient, divisor=None):
-    """Returns the routing record (`format.ROUTING_FIELDS`) from counts and host gradients.
+    """Returns the routing record (`records.ROUTING_FIELDS`) from counts and host gradients.
 
     Args:
       counts: `(input_positions, routed_positions, windows, tied_windows)`.
@@ -345,7 +346,7 @@ def host_summaries(items):
     """Returns `(histogram, stats)` of each `(values, divisor)`, computed on the host.
 
     With numba (every extra installs it), `kernels` summarises in two fused
-    passes per tensor; without it, the numpy definition in `format` does, in
+    passes per tensor; without it, the numpy definition in `records` does, in
     ~20 passes (a warning says once which extra to install).
     """
     if numba_available():
@@ -357,7 +358,7 @@ def host_summaries(items):
         values = np.asarray(values, dtype=np.float64)
         if divisor is not None:
             values = values / divisor
-        result.append((fmt.linear_histogram(values), fmt.stats_vector(values)))
+        result.append((records.linear_histogram(values), records.stats_vector(values)))
     return result
 
 
@@ -459,6 +460,6 @@ def host_records(plans, arrays, divisor, routing_counts, skipped):
         values = {t.name: next(by_tensor) for t in plan.tensors}
         if plan.has_routing:
             routings.append(
-                host_routing(next(counts), values[fmt.INPUT_GRADIENT], values[fmt.OUTPUT_GRADIENT], divisor)
+                host_routing(next(counts), values[records.INPUT_GRADIENT], values[records.OUTPUT_GRADIENT], divisor)
             )
-    return records(plans, summaries, routings, skipped)
+    return step_records(plans, summaries, routings, skipped)

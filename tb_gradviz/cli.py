@@ -16,7 +16,7 @@ import os
 import sys
 import time
 
-from tb_gradviz import format as fmt
+from tb_gradviz import records
 
 EXIT_USAGE = 2
 EXIT_NO_DATA = 1
@@ -198,7 +198,7 @@ def summary_rows(snapshot, layers):
         pooling = info.get(layer["layer"], {}).get("pooling") or {}
         for tensor, record in layer["tensors"].items():
             stats = record["stats"]
-            routed = routing if routing and tensor.startswith(fmt.INPUT_GRADIENT) else None
+            routed = routing if routing and tensor.startswith(records.INPUT_GRADIENT) else None
             rows.append(
                 (
                     layer["layer"],
@@ -219,7 +219,7 @@ def summary_rows(snapshot, layers):
 
 
 def mass_conservation(routing):
-    """'kept', 'off by ...' or '?': the server's verdict (`format.mass_conservation`), as the tab shows it."""
+    """'kept', 'off by ...' or '?': the server's verdict (`records.mass_conservation`), as the tab shows it."""
     verdict = routing["mass"]
     if verdict["conserved"] is None:
         return "?"
@@ -288,12 +288,12 @@ def export_series(gradviz, ctx, experiment, runs):
 def csv_header():
     return (
         ["run", "layer", "layer_class", "tensor", "role", "shape", "step", "wall_time"]
-        + list(fmt.STATS_FIELDS)
-        + list(fmt.ROUTING_FIELDS)
+        + list(records.STATS_FIELDS)
+        + list(records.ROUTING_FIELDS)
         + ["hist_low", "hist_high"]
-        + [f"hist_{i}" for i in range(fmt.HISTOGRAM_BUCKETS)]
-        + [f"neg_mag_{i}" for i in range(fmt.MAGNITUDE_BINS)]
-        + [f"pos_mag_{i}" for i in range(fmt.MAGNITUDE_BINS)]
+        + [f"hist_{i}" for i in range(records.HISTOGRAM_BUCKETS)]
+        + [f"neg_mag_{i}" for i in range(records.MAGNITUDE_BINS)]
+        + [f"pos_mag_{i}" for i in range(records.MAGNITUDE_BINS)]
     )
 
 
@@ -309,12 +309,12 @@ def write_csv(series, out):
         histogram = data["histogram"]
         for i, step in enumerate(data["steps"]):
             r = routing_row.get(step)
-            counts = histogram["counts"][i] or [""] * fmt.HISTOGRAM_BUCKETS
+            counts = histogram["counts"][i] or [""] * records.HISTOGRAM_BUCKETS
             writer.writerow(
                 [data["run"], data["layer"], data["layer_class"], data["tensor"], data["role"]]
                 + ["x".join(map(str, data["shape"])), step, data["wall_times"][i]]
-                + [data["stats"][name][i] for name in fmt.STATS_FIELDS]
-                + [routing[name][r] if r is not None else "" for name in fmt.ROUTING_FIELDS]
+                + [data["stats"][name][i] for name in records.STATS_FIELDS]
+                + [routing[name][r] if r is not None else "" for name in records.ROUTING_FIELDS]
                 + [_blank_if_none(histogram["low"][i]), _blank_if_none(histogram["high"][i])]
                 + list(counts)
                 + data["log"]["negative"][i]

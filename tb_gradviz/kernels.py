@@ -1,11 +1,11 @@
 """The statistics of one tensor in two fused passes over its values, on the host.
 
-`format.linear_histogram` and `format.stats_vector` define the records; numpy
+`records.linear_histogram` and `records.stats_vector` define the records; numpy
 computes them in ~20 passes over a float64 copy, TensorFlow's CPU kernels in
 ~25 (one per op). Here numba compiles the same definition into two passes:
 the first takes the sum, the extrema and the zeros, the second, which needs
 the extrema and the mean, sums the squared deviations and fills both
-histograms. Every count and edge is bit-identical to `format`'s; mean, std
+histograms. Every count and edge is bit-identical to `records`'; mean, std
 and sum differ from numpy's only in the order of float64 additions.
 
 Two kernels: `_summary_float32` for float32 values (what a float32 or mixed
@@ -25,10 +25,9 @@ import os
 import numba
 import numpy as np
 
-from tb_gradviz import format as fmt
+from tb_gradviz import records
 
-_HEAD = len(fmt.STATS_FIELDS)
-_MAGNITUDE_BINS = fmt.MAGNITUDE_BINS
+_MAGNITUDE_BINS = records.MAGNITUDE_BINS
 _SUM = {"reassoc", "nsz", "contract"}  # fastmath flags for the loops that only add
 
 
@@ -45,10 +44,10 @@ def _octave_bins_and_edges(exponent_fields):
     lows = np.ldexp(1.0, fields - bias)
     lows[0] = 0.0  # field 0: zero and subnormals
     highs = np.append(lows[1:], np.inf)
-    bins = np.searchsorted(fmt.LOG_EDGES, lows, side="right").astype(np.int64)
+    bins = np.searchsorted(records.LOG_EDGES, lows, side="right").astype(np.int64)
     edges = np.full(len(fields), np.inf)
     for e in fields:
-        inside = fmt.LOG_EDGES[(fmt.LOG_EDGES > lows[e]) & (fmt.LOG_EDGES < highs[e])]
+        inside = records.LOG_EDGES[(records.LOG_EDGES > lows[e]) & (records.LOG_EDGES < highs[e])]
         assert inside.size <= 1, "a binary octave holds two half-decade edges"
         if inside.size:
             edges[e] = inside[0]
@@ -72,7 +71,7 @@ def _float32_octave_table():
             if float(f) < edge:
                 f = np.nextafter(f, np.float32(np.inf))
             keys[e] = int(f.view(np.int32))
-    bins = np.append(bins, len(fmt.LOG_EDGES))  # field 255 (inf, NaN) never reaches the bins
+    bins = np.append(bins, len(records.LOG_EDGES))  # field 255 (inf, NaN) never reaches the bins
     return (bins << 32) | keys
 
 
@@ -117,7 +116,7 @@ def _squared_deviations(values, mean):
 
 @numba.njit(nogil=True, cache=True)
 def _linear_buckets(values, low, width, last, out):
-    """format.linear_histogram's bucket of each value: floor((v - low) / width), at most `last`."""
+    """records.linear_histogram's bucket of each value: floor((v - low) / width), at most `last`."""
     for i in range(values.size):
         out[i] = min(np.int32(np.floor((np.float64(values[i]) - low) / width)), last)
 
@@ -162,11 +161,11 @@ def _summary_float32(values, buckets, octave, octave_bin, octave_edge):
     return _records(n, zeros, 0, 0, 0, low, high, total, squares, pairs.sum(axis=1), pairs.sum(axis=0), buckets)
 
 
-# The records from the sums and counts: format's one assembly, compiled.
+# The records from the sums and counts: records' one assembly, compiled.
 # numba's on-disk cache of the kernels below keys on this file's stamp only,
-# so after editing format.summary_from_sums in a checkout, delete
+# so after editing records.summary_from_sums in a checkout, delete
 # tb_gradviz/__pycache__/kernels.*.nb[ic] (an install writes new files, and recompiles).
-_records = numba.njit(nogil=True, cache=True)(fmt.summary_from_sums)
+_records = numba.njit(nogil=True, cache=True)(records.summary_from_sums)
 
 
 @numba.njit(nogil=True, cache=True)
@@ -215,8 +214,8 @@ def _summary(values, divisor, buckets, octave_bin, octave_edge):
             linear[min(int(np.floor((v - low) / width)), buckets - 1)] += 1
     return _records(n, zeros, nans, pos_inf, neg_inf, low, high, total, squares, linear, magnitude, buckets)
 
-def summary(values, divisor=None, buckets=fmt.HISTOGRAM_BUCKETS):
-    """Returns `(format.linear_histogram(v), format.stats_vector(v))` of `v = values / divisor`.
+def summary(values, divisor=None, buckets=records.HISTOGRAM_BUCKETS):
+    """Returns `(records.linear_histogram(v), records.stats_vector(v))` of `v = values / divisor`.
 
     Args:
       values: a float32 or float64 array (float16 widens exactly: pass it as float32).
@@ -240,7 +239,7 @@ def _usable_cpus():
     return os.cpu_count() or 1
 
 
-def summaries(items, buckets=fmt.HISTOGRAM_BUCKETS, workers=None):
+def summaries(items, buckets=records.HISTOGRAM_BUCKETS, workers=None):
     """Returns `[(histogram, stats), ...]` for `items` of `(values, divisor)`, using `workers` threads.
 
     The kernel releases the GIL; the largest arrays go first.

@@ -11,14 +11,21 @@ from tensorboard.plugins.histogram import metadata as histogram_metadata
 
 PLUGIN_NAME = "gradviz"
 
-# Version of the JSON in `SummaryMetadata.plugin_data.content`. Bump it when
-# the content or a record layout changes; `parse_plugin_metadata` keeps
-# reading every older version.
+# Version of the JSON in `SummaryMetadata.plugin_data.content`. Content and
+# record layouts change by addition only (a metadata key or a record field
+# appended at the end; `records` lists every earlier layout, and readers
+# fill what is missing), which keeps it at 1. Bump it only for a change a
+# reader of the previous version would misread; `parse_plugin_metadata`
+# keeps reading every older version and refuses newer ones.
 PROTO_VERSION = 1
 
 KIND_TENSOR = "tensor"
 KIND_ROUTING = "routing"
 KINDS = (KIND_TENSOR, KIND_ROUTING)
+
+
+class NewerVersionError(ValueError):
+    """Metadata written by a newer tb_gradviz than this reader."""
 
 
 def create_summary_metadata(content):
@@ -58,6 +65,7 @@ def parse_plugin_metadata(content):
       The content as a dict with at least `version` and `kind`.
 
     Raises:
+      NewerVersionError: the content is of a newer version than this reader.
       ValueError: the content is not tb_gradviz metadata of a known version.
     """
     if not isinstance(content, (bytes, bytearray)):
@@ -69,8 +77,47 @@ def parse_plugin_metadata(content):
     if not isinstance(parsed, dict):
         raise ValueError(f"tb_gradviz metadata must be a JSON object; received {type(parsed).__name__}")
     version = parsed.get("version")
-    if not isinstance(version, int) or not 1 <= version <= PROTO_VERSION:
+    if isinstance(version, int) and not isinstance(version, bool) and version > PROTO_VERSION:
+        raise NewerVersionError(f"tb_gradviz metadata version {version}; this reader knows 1..{PROTO_VERSION}")
+    if not isinstance(version, int) or isinstance(version, bool) or version < 1:
         raise ValueError(f"unknown tb_gradviz metadata version {version!r}; this reader knows 1..{PROTO_VERSION}")
     if parsed.get("kind") not in KINDS:
         raise ValueError(f"unknown tb_gradviz record kind {parsed.get('kind')!r}; expected one of {KINDS}")
+    if not _valid_content(parsed):
+        raise ValueError(f"tb_gradviz {parsed['kind']} metadata lacks a field or has one of the wrong type: {str(parsed)[:200]}")
     return parsed
+
+
+def _is_str(value):
+    return isinstance(value, str)
+
+
+def _is_int(value):
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_shape(value):
+    return isinstance(value, list) and all(_is_int(n) or n is None for n in value)
+
+
+def _valid_content(content):
+    """Whether parsed metadata has the fields, of the types, readers rely on (absent optional ones allowed)."""
+    common = (
+        _is_str(content.get("layer"))
+        and _is_int(content.get("layer_index"))
+        and _is_str(content.get("layer_class", ""))
+        and _is_str(content.get("layer_dtype", ""))
+        and _is_str(content.get("backend", ""))
+        and _is_str(content.get("device", ""))
+        and isinstance(content.get("pooling"), (dict, type(None)))
+    )
+    if not common or content["kind"] == KIND_ROUTING:
+        return common
+    return (
+        _is_str(content.get("tensor"))
+        and _is_str(content.get("role"))
+        and _is_int(content.get("index"))
+        and _is_str(content.get("histogram_tag"))
+        and _is_shape(content.get("shape"))
+        and _is_str(content.get("dtype", ""))
+    )

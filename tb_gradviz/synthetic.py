@@ -1,15 +1,18 @@
 """Synthetic tb_gradviz logs, written with numpy alone.
 
 For plugin tests and benchmarks that need many layers and steps quickly
-(e.g. 50 layers x 500 steps): the records have the real format and
-metadata, the values are random but shaped like the real thing (ReLU-like
-activations, 75 % sparse input-gradients of 2x2/2 max pools).
+(e.g. 50 layers x 500 steps). Each layer is a real 2x2/2 max pool computed
+in numpy on a ReLU-like random input: its output, the gradient routed to
+each window's first maximum (raster order, as TensorFlow's CPU kernel) and
+the routing record counted from those arrays, so ties and zeros are what a
+max pool gives. Like the callback, each step is one event holding every
+layer.
 
 `write_run` computes every record from its own arrays and writes it with
-`format.EventLog`. `write_large_run` is for scale tests (200 layers x 1000
+`events.EventLog`. `write_large_run` is for scale tests (200 layers x 1000
 steps is ~0.9 GB of records): it computes a few records per layer, reuses
-them across steps, and writes serialized events straight to a
-`format.EventFile`.
+them across steps, and writes serialized events straight to an
+`events.EventFile`.
 """
 
 import time
@@ -17,7 +20,8 @@ import time
 import numpy as np
 from tensorboard.compat.proto import event_pb2
 
-from tb_gradviz import format as fmt
+from tb_gradviz import events
+from tb_gradviz import records
 
 _POOL_2X2 = {
     "type": "max",
@@ -29,17 +33,49 @@ _POOL_2X2 = {
 }
 
 
-def _layer_arrays(rng, batch, size, channels, step):
-    """Returns (activation, input_gradient, output_gradient) of a fake 2x2/2 max pool."""
-    out_shape = (batch, size // 2, size // 2, channels)
-    activation = np.maximum(rng.normal(0.1, 1.0, out_shape), 0)
-    output_gradient = rng.normal(0, 1e-3 / (1 + step), out_shape)
-    input_gradient = np.zeros((batch, size, size, channels))
-    # Route each window's gradient to one position, chosen at random.
-    di, dj = rng.integers(0, 2, size=(2,) + out_shape)
-    b, i, j, c = np.indices(out_shape)
-    input_gradient[b, 2 * i + di, 2 * j + dj, c] = output_gradient
-    return activation, input_gradient, output_gradient
+def max_pool_2x2(inputs, output_gradient):
+    """A 2x2/2 max pool of `[b, h, w, c]` inputs (h, w even) and its backward pass.
+
+    Returns:
+      `(outputs, input_gradient, routing)`: each window's maximum; the
+      upstream gradient of each window sent to its first maximum in raster
+      order, zero elsewhere; and the routing record (`records.ROUTING_FIELDS`)
+      counted from these arrays.
+    """
+    b, h, w, c = inputs.shape
+    windows = inputs.reshape(b, h // 2, 2, w // 2, 2, c).transpose(0, 1, 3, 5, 2, 4).reshape(b, h // 2, w // 2, c, 4)
+    outputs = windows.max(axis=-1)
+    winner = windows.argmax(axis=-1)  # the first maximum
+    tied = np.count_nonzero((windows == outputs[..., None]).sum(axis=-1) > 1)
+    bi, i, j, ci = np.indices(outputs.shape)
+    rows, cols = 2 * i + winner // 2, 2 * j + winner % 2
+    input_gradient = np.zeros(inputs.shape)
+    input_gradient[bi, rows, cols, ci] = output_gradient
+    routed = np.zeros(inputs.shape, bool)
+    routed[bi, rows, cols, ci] = True
+    routing = np.array(
+        [
+            inputs.size,
+            np.count_nonzero(routed),
+            outputs.size,
+            tied,
+            input_gradient.sum(),
+            output_gradient.sum(dtype=np.float64),
+            np.abs(output_gradient).sum(dtype=np.float64),
+        ]
+    )
+    return outputs, input_gradient, routing
+
+
+def pool_arrays(rng, batch=2, size=8, channels=4, step=0):
+    """Returns `(inputs, output_gradient)` of a synthetic max pool at `step`.
+
+    The inputs are ReLU-like (about half exact zeros, so some windows tie);
+    the upstream gradient shrinks as `1e-3 / (1 + step)`.
+    """
+    inputs = np.maximum(rng.normal(0.1, 1.0, (batch, size, size, channels)), 0).astype(np.float32)
+    output_gradient = rng.normal(0, 1e-3 / (1 + step), (batch, size // 2, size // 2, channels)).astype(np.float32)
+    return inputs, output_gradient
 
 
 def pool_records(rng, name, index, batch=2, size=8, channels=4, step=0):
@@ -52,39 +88,14 @@ def pool_records(rng, name, index, batch=2, size=8, channels=4, step=0):
       batch, size, channels: the input shape is `[batch, size, size, channels]`.
       step: the output gradient shrinks as `1e-3 / (1 + step)`.
     """
-    arrays = _layer_arrays(rng, batch, size, channels, step)
-    records = []
-    for role, array in zip(fmt.ROLES, arrays):
-        content = {
-            "layer_index": index,
-            "layer_class": "MaxPooling2D",
-            "layer_dtype": "float32",
-            "role": role,
-            "index": 0,
-            "shape": list(array.shape),
-            "dtype": "float32",
-            "pooling": _POOL_2X2,
-        }
-        records += fmt.tensor_records(name, role, fmt.linear_histogram(array), fmt.stats_vector(array), content)
-    activation, input_gradient, output_gradient = arrays
-    routing = np.array(
-        [
-            input_gradient.size,
-            activation.size,
-            activation.size,
-            0,
-            input_gradient.sum(),
-            output_gradient.sum(),
-            np.abs(output_gradient).sum(),
-        ],
-        dtype=np.float64,
-    )
-    records += fmt.routing_records(
-        name,
-        routing,
-        {"layer_index": index, "layer_class": "MaxPooling2D", "layer_dtype": "float32", "pooling": _POOL_2X2},
-    )
-    return records
+    inputs, output_gradient = pool_arrays(rng, batch, size, channels, step)
+    activation, input_gradient, routing = max_pool_2x2(inputs, output_gradient)
+    layer_content = {"layer_index": index, "layer_class": "MaxPooling2D", "layer_dtype": "float32", "pooling": _POOL_2X2}
+    result = []
+    for role, array in zip(records.ROLES, (activation, input_gradient, output_gradient)):
+        content = dict(layer_content, role=role, index=0, shape=list(array.shape), dtype="float32")
+        result += events.tensor_records(name, role, records.linear_histogram(array), records.stats_vector(array), content)
+    return result + events.routing_records(name, routing, layer_content)
 
 
 def write_run(logdir, layers=4, steps=10, batch=2, size=8, channels=4, seed=0, first_step=1):
@@ -102,22 +113,26 @@ def write_run(logdir, layers=4, steps=10, batch=2, size=8, channels=4, seed=0, f
     """
     rng = np.random.default_rng(seed)
     names = [f"block{i}/pool" for i in range(layers)]
-    log = fmt.EventLog(logdir)
+    log = events.EventLog(logdir)
     try:
         for s in range(steps):
             step = first_step + s
-            records = []
+            step_records = []
             for index, name in enumerate(names):
-                records += pool_records(rng, name, index, batch, size, channels, s)
-            log.write(step, records)
+                step_records += pool_records(rng, name, index, batch, size, channels, s)
+            log.write(step, step_records)
     finally:
         log.close()
     return names
 
 
-def _summary_field(records, with_metadata):
-    """The serialized `summary` field (number 5) of an Event holding `records`."""
-    summary = fmt.summary_proto(records, lambda tag: with_metadata)
+def _summary_field(layer_records, with_metadata):
+    """The serialized `summary` field (number 5) of an Event holding `layer_records`.
+
+    Serialized fields of one message concatenate: an Event followed by
+    several such fields holds one Summary with all their values.
+    """
+    summary = events.summary_proto(layer_records, lambda tag: with_metadata)
     return event_pb2.Event(summary=summary).SerializeToString()
 
 
@@ -125,10 +140,10 @@ def write_large_run(logdir, layers=200, steps=1000, variants=4, seed=0, first_st
     """Writes a large run of synthetic max-pool layers quickly, in the real format.
 
     Each layer gets `variants` sets of records (computed as `write_run`
-    computes them); step `first_step + s` uses set `s % variants`. Each
-    (step, layer) is one event, layers of a step in model order, and each
-    tag's metadata goes with its first value in the file, as `EventLog`
-    writes it. 200 layers x 1000 steps took 8-17 s and 0.9 GB here.
+    computes them); step `first_step + s` uses set `s % variants`. Each step
+    is one event holding every layer in model order, as the callback writes
+    it, and each tag's metadata goes with its first value in the file, as
+    `EventLog` writes it.
 
     Args:
       logdir: the run directory.
@@ -145,19 +160,17 @@ def write_large_run(logdir, layers=200, steps=1000, variants=4, seed=0, first_st
     """
     rng = np.random.default_rng(seed)
     names = [f"block{i}/pool" for i in range(layers)]
-    # fields[layer][variant]; the first event of a layer carries the metadata.
-    fields = []
-    first_fields = []
-    for index, name in enumerate(names):
-        sets = [pool_records(rng, name, index, 2, 8, 4, v) for v in range(variants)]
-        fields.append([_summary_field(records, with_metadata=False) for records in sets])
-        first_fields.append(_summary_field(sets[0], with_metadata=True))
+    # variant_fields[variant]: every layer's summary field of that variant;
+    # the first event carries the metadata.
+    sets = [[pool_records(rng, name, index, 2, 8, 4, v) for v in range(variants)] for index, name in enumerate(names)]
+    variant_fields = [b"".join(_summary_field(layer[v], with_metadata=False) for layer in sets) for v in range(variants)]
+    first_fields = b"".join(_summary_field(layer[0], with_metadata=True) for layer in sets)
     start = time.time() if wall_time is None else wall_time
-    events = fmt.EventFile(logdir, wall_time=start)
+    event_file = events.EventFile(logdir, wall_time=start)
     try:
         for s in range(steps):
             prefix = event_pb2.Event(wall_time=start + s, step=first_step + s).SerializeToString()
-            events.write(*(prefix + (first_fields[i] if s == 0 else fields[i][s % variants]) for i in range(layers)))
+            event_file.write(prefix + (first_fields if s == 0 else variant_fields[s % variants]))
     finally:
-        events.close()
-    return names, events.path
+        event_file.close()
+    return names, event_file.path

@@ -3,7 +3,7 @@
 from tensorboard.backend.event_processing import event_accumulator
 from tensorboard.util import tensor_util
 
-from tb_gradviz import format as fmt
+from tb_gradviz import records
 from tb_gradviz import metadata
 
 
@@ -28,15 +28,15 @@ def last(accumulator, tag):
 
 
 def stats(accumulator, layer, tensor):
-    return fmt.decode_stats(last(accumulator, fmt.stats_tag(layer, tensor)))
+    return records.decode_stats(last(accumulator, records.stats_tag(layer, tensor)))
 
 
 def histogram(accumulator, layer, tensor):
-    return last(accumulator, fmt.histogram_tag(layer, tensor))
+    return last(accumulator, records.histogram_tag(layer, tensor))
 
 
 def routing(accumulator, layer):
-    return fmt.decode_routing(last(accumulator, fmt.routing_tag(layer)))
+    return records.decode_routing(last(accumulator, records.routing_tag(layer)))
 
 
 def content(accumulator, tag):

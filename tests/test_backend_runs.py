@@ -15,7 +15,7 @@ import pytest
 
 import eventdata
 from test_plugin import get_json, make_app
-from tb_gradviz import format as fmt
+from tb_gradviz import records
 
 pytestmark = pytest.mark.slow
 
@@ -57,15 +57,16 @@ def test_the_three_backends_write_the_same_records(runs):
         for backend in ("jax", "torch"):
             values = eventdata.last(logs[backend], tag)
             if tag.endswith("/stats"):
-                counts = [fmt.STATS_FIELDS.index(f) for f in ("count", "zeros", "nan", "pos_inf", "neg_inf")]
+                counts = slice(records.STAT_COUNT, records.STAT_NEG_INF + 1)
+                floats = slice(records.STAT_MIN, records.STAT_SUM + 1)
                 # Counts are exact; the float statistics agree to float32 rounding of the pass.
                 np.testing.assert_array_equal(values[counts], reference[counts], err_msg=f"{backend} {tag}")
-                head = len(fmt.STATS_FIELDS)
-                np.testing.assert_allclose(values[5:head], reference[5:head], rtol=1e-4, atol=1e-6, err_msg=f"{backend} {tag}")
+                np.testing.assert_allclose(values[floats], reference[floats], rtol=1e-4, atol=1e-6, err_msg=f"{backend} {tag}")
             elif tag.endswith("/routing"):
-                np.testing.assert_array_equal(values[:4], reference[:4], err_msg=f"{backend} {tag}")
-                np.testing.assert_allclose(values[4:], reference[4:], rtol=1e-4, atol=1e-6, err_msg=f"{backend} {tag}")
-    content = {b: eventdata.content(logs[b], fmt.stats_tag("pool", "input_gradient")) for b in BACKENDS}
+                counts, sums = slice(None, records.ROUTING_SUMS.start), records.ROUTING_SUMS
+                np.testing.assert_array_equal(values[counts], reference[counts], err_msg=f"{backend} {tag}")
+                np.testing.assert_allclose(values[sums], reference[sums], rtol=1e-4, atol=1e-6, err_msg=f"{backend} {tag}")
+    content = {b: eventdata.content(logs[b], records.stats_tag("pool", "input_gradient")) for b in BACKENDS}
     assert [(c["backend"], c["device"]) for c in content.values()] == [(b, "cpu") for b in BACKENDS]
 
 

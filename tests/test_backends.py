@@ -17,7 +17,7 @@ keras = pytest.importorskip("keras")
 import eventdata  # noqa: E402
 from values import awkward_rows  # noqa: E402
 from tb_gradviz import GradVizCallback  # noqa: E402
-from tb_gradviz import format as fmt  # noqa: E402
+from tb_gradviz import records  # noqa: E402
 
 layers = keras.layers
 BACKEND = keras.backend.backend()
@@ -68,7 +68,7 @@ def fit_once(model, x, y, log_dir, **kwargs):
 
 def assert_record_matches(log, layer, tensor, array, rel=1e-6):
     logged = eventdata.stats(log, layer, tensor)
-    expected = fmt.decode_stats(fmt.stats_vector(array))
+    expected = records.decode_stats(records.stats_vector(array))
     for field in ("count", "zeros", "nan", "pos_inf", "neg_inf"):
         assert logged[field] == expected[field], (tensor, field)
     for field in ("min", "max", "mean", "std", "sum"):
@@ -102,7 +102,7 @@ def test_maxpool_records_equal_the_frameworks_own_gradients(tmp_path):
     assert routing["routed_positions"] == activation.size
     assert routing["input_gradient_sum"] == pytest.approx(float(input_gradient.sum(dtype=np.float64)), rel=1e-6)
     assert routing["output_gradient_abs_sum"] == pytest.approx(float(np.abs(output_gradient).sum(dtype=np.float64)), rel=1e-6)
-    content = eventdata.content(log, fmt.stats_tag("pool", "input_gradient"))
+    content = eventdata.content(log, records.stats_tag("pool", "input_gradient"))
     assert (content["backend"], content["device"], content["shape"]) == (BACKEND, "cpu", [4, 10, 10, 6])
 
 
@@ -164,7 +164,7 @@ def test_training_is_bit_identical_with_and_without_the_callback(tmp_path):
         np.testing.assert_array_equal(expected, actual, err_msg=path)
     assert rng_without == rng_with
     assert history_without == history_with
-    assert len(eventdata.values(eventdata.load(tmp_path), fmt.stats_tag("pool", "activation"))) == 8
+    assert len(eventdata.values(eventdata.load(tmp_path), records.stats_tag("pool", "activation"))) == 8
 
 
 def test_steps_frequency_and_layer_choice(tmp_path):
@@ -173,7 +173,7 @@ def test_steps_frequency_and_layer_choice(tmp_path):
     callback = GradVizCallback(tmp_path / "b", (x[:4], y[:4]), every_n_batches=3, layers=["re*", layers.Conv2D, "pool"])
     model.fit(x, y, batch_size=4, epochs=2, verbose=0, callbacks=[callback])
     log = eventdata.load(tmp_path / "b")
-    assert [s for s, _ in eventdata.values(log, fmt.stats_tag("pool", "input_gradient"))] == [3, 6]
+    assert [s for s, _ in eventdata.values(log, records.stats_tag("pool", "input_gradient"))] == [3, 6]
     assert eventdata.layers(log) == callback.chosen_layers == ["conv", "relu", "pool"]
     with pytest.raises(ValueError, match=r"'pol'.*Nearest: 'pool'"):
         model.fit(x, y, epochs=1, verbose=0, callbacks=[GradVizCallback(tmp_path, (x, y), layers="pol")])
@@ -212,7 +212,7 @@ def test_multi_input_add_and_subclassed_models(tmp_path):
     grads = [eventdata.stats(log, "add", t) for t in ("input_gradient_0", "input_gradient_1", "output_gradient")]
     # Add passes its output gradient unchanged to each input.
     assert grads[0]["sum"] == grads[1]["sum"] == pytest.approx(grads[2]["sum"], rel=1e-12)
-    assert eventdata.content(log, fmt.stats_tag("add", "input_gradient_1"))["index"] == 1
+    assert eventdata.content(log, records.stats_tag("add", "input_gradient_1"))["index"] == 1
 
     class Block(layers.Layer):  # a plain layer that holds layers
         def __init__(self, **kwargs):
@@ -259,7 +259,7 @@ def test_nan_and_inf_are_counted_and_kept_out_of_the_histogram(tmp_path):
     activation = eventdata.stats(log, "pool", "activation")
     assert (activation["count"], activation["nan"], activation["pos_inf"]) == (8, 1, 1)
     assert eventdata.histogram(log, "pool", "activation")[:, 2].sum() == 6
-    assert [s for s, _ in eventdata.values(log, fmt.stats_tag("pool", "activation"))] == [5]
+    assert [s for s, _ in eventdata.values(log, records.stats_tag("pool", "activation"))] == [5]
 
 
 @pytest.mark.parametrize("policy", ["mixed_float16", "mixed_bfloat16"])
@@ -282,7 +282,7 @@ def test_mixed_precision_records_the_unscaled_gradients_in_their_dtype(tmp_path,
         )
         log = eventdata.load(tmp_path)
         dtype = policy.removeprefix("mixed_")
-        content = eventdata.content(log, fmt.stats_tag("pool", "output_gradient"))
+        content = eventdata.content(log, records.stats_tag("pool", "output_gradient"))
         assert (content["dtype"], content["loss_scaled"]) == (dtype, scaled)
         logged = eventdata.stats(log, "pool", "output_gradient")
         expected = output_gradient.astype(np.float64) / scale
@@ -333,7 +333,7 @@ def test_every_kind_of_probe_data(tmp_path):
         callback = GradVizCallback(tmp_path / name.replace(" ", "_"), source)
         callback.set_model(model)
         callback.log_now(step=0)
-        content = eventdata.content(eventdata.load(tmp_path / name.replace(" ", "_")), fmt.stats_tag("pool", "activation"))
+        content = eventdata.content(eventdata.load(tmp_path / name.replace(" ", "_")), records.stats_tag("pool", "activation"))
         assert content["shape"] == [size, 4, 4, 4], name
     with pytest.raises(ValueError, match=r"probe_data is an empty list_iterator; it must yield at least one"):
         GradVizCallback(tmp_path, iter([]))
@@ -352,7 +352,7 @@ def test_a_custom_training_loop_logs_with_log_now(tmp_path):
         callback.log_now(step=step)
     callback.on_train_end()
     log = eventdata.load(tmp_path)
-    assert [s for s, _ in eventdata.values(log, fmt.stats_tag("pool", "activation"))] == [10, 20]
+    assert [s for s, _ in eventdata.values(log, records.stats_tag("pool", "activation"))] == [10, 20]
     with pytest.raises(ValueError, match="step must be a non-negative integer; received -1"):
         callback.log_now(step=-1)
 
@@ -484,14 +484,14 @@ def test_device_statistics_equal_the_numpy_definition(dtype, divisor):
             sums, linear, magnitude = (t.numpy() for t in backend._group_sums(keras.ops.convert_to_tensor(np.stack(group)), divisor))
         for r, row in enumerate(group):
             values = row.astype(np.float64) / (divisor or 1.0)
-            histogram, stats = fmt.summary_from_sums(row.size, *sums[r][:8], linear[r], magnitude[r].astype(np.float64), len(linear[r]))
-            expected = fmt.stats_vector(values)
-            summed = [fmt.STATS_FIELDS.index(f) for f in ("mean", "std", "sum")]
-            exact = np.setdiff1d(np.arange(fmt.STATS_LENGTH), summed)
+            histogram, stats = records.summary_from_sums(row.size, *sums[r][:8], linear[r], magnitude[r].astype(np.float64), len(linear[r]))
+            expected = records.stats_vector(values)
+            summed = [records.STATS_FIELDS.index(f) for f in ("mean", "std", "sum")]
+            exact = np.setdiff1d(np.arange(records.STATS_LENGTH), summed)
             np.testing.assert_array_equal(stats[exact], expected[exact], err_msg=f"row {r}")
             scale = np.abs(values[np.isfinite(values)]).sum()
             np.testing.assert_allclose(stats[summed], expected[summed], rtol=1e-9, atol=1e-12 * scale, err_msg=f"row {r}")
-            np.testing.assert_array_equal(histogram, fmt.linear_histogram(values), err_msg=f"row {r}")
+            np.testing.assert_array_equal(histogram, records.linear_histogram(values), err_msg=f"row {r}")
             with np.errstate(invalid="ignore"):
                 raw = [values.sum(), np.abs(values).sum()]
                 np.testing.assert_allclose(sums[r][8:], raw, rtol=1e-9, atol=1e-12 * raw[1], equal_nan=True)
@@ -515,10 +515,10 @@ def test_host_and_device_statistics_give_the_same_records():
     host, _ = capture.new_capture(model, chosen, statistics="host").run(x, y)
     device, _ = capture.new_capture(model, chosen, statistics="device").run(x, y)
     assert [tag for tag, _, _ in host] == [tag for tag, _, _ in device]
-    summed = [fmt.STATS_FIELDS.index(f) for f in ("mean", "std", "sum")]
+    summed = [records.STATS_FIELDS.index(f) for f in ("mean", "std", "sum")]
     for (tag, a, _), (_, b, _) in zip(host, device):
         if tag.endswith("/stats"):
-            exact = np.setdiff1d(np.arange(fmt.STATS_LENGTH), summed)
+            exact = np.setdiff1d(np.arange(records.STATS_LENGTH), summed)
             np.testing.assert_array_equal(a[exact], b[exact], err_msg=tag)
             np.testing.assert_allclose(a[summed], b[summed], rtol=1e-9, atol=1e-15, err_msg=tag)
         elif tag.endswith("/routing"):

@@ -10,7 +10,7 @@ keras = pytest.importorskip("keras")
 
 import eventdata  # noqa: E402
 from tb_gradviz import GradVizCallback  # noqa: E402
-from tb_gradviz import format as fmt  # noqa: E402
+from tb_gradviz import records  # noqa: E402
 
 layers = keras.layers
 
@@ -56,7 +56,7 @@ def test_training_is_bit_identical_with_and_without_the_callback(tmp_path):
     for (path, expected), (_, actual) in zip(without, with_):
         np.testing.assert_array_equal(expected, actual, err_msg=path)
     assert rng_without == rng_with
-    assert len(eventdata.values(eventdata.load(tmp_path), fmt.stats_tag("pool", "activation"))) == 8
+    assert len(eventdata.values(eventdata.load(tmp_path), records.stats_tag("pool", "activation"))) == 8
 
 
 def test_steps_follow_optimizer_iterations_across_fits_without_retracing(tmp_path):
@@ -65,7 +65,7 @@ def test_steps_follow_optimizer_iterations_across_fits_without_retracing(tmp_pat
     callback = GradVizCallback(tmp_path, (x[:4], y[:4]))
     model.fit(x, y, batch_size=8, epochs=2, verbose=0, callbacks=[callback])
     model.fit(x, y, batch_size=8, epochs=1, verbose=0, callbacks=[callback])
-    steps = [s for s, _ in eventdata.values(eventdata.load(tmp_path), fmt.stats_tag("pool", "activation"))]
+    steps = [s for s, _ in eventdata.values(eventdata.load(tmp_path), records.stats_tag("pool", "activation"))]
     assert steps == [2, 4, 6]
     assert callback._capture.tracing_count == 1
     # One event file per fit: the writer is closed at train end and reopened lazily.
@@ -78,7 +78,7 @@ def test_every_n_epochs_and_every_n_batches(tmp_path):
     model.fit(x, y, batch_size=4, epochs=4, verbose=0, callbacks=[GradVizCallback(tmp_path / "e", (x, y), every_n_epochs=2)])
     model = small_cnn()
     model.fit(x, y, batch_size=4, epochs=2, verbose=0, callbacks=[GradVizCallback(tmp_path / "b", (x, y), every_n_batches=3)])
-    tag = fmt.stats_tag("pool", "input_gradient")
+    tag = records.stats_tag("pool", "input_gradient")
     assert [s for s, _ in eventdata.values(eventdata.load(tmp_path / "e"), tag)] == [8, 16]
     assert [s for s, _ in eventdata.values(eventdata.load(tmp_path / "b"), tag)] == [3, 6]
 
@@ -106,7 +106,7 @@ def test_dataset_probe_uses_its_first_batch(tmp_path):
     dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(4)
     small_cnn().fit(x, y, epochs=1, verbose=0, callbacks=[GradVizCallback(tmp_path, dataset)])
     log = eventdata.load(tmp_path)
-    assert eventdata.content(log, fmt.stats_tag("pool", "activation"))["shape"] == [4, 4, 4, 4]
+    assert eventdata.content(log, records.stats_tag("pool", "activation"))["shape"] == [4, 4, 4, 4]
 
 
 def test_layer_choice_by_name_path_glob_class_and_predicate(tmp_path):

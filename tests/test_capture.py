@@ -7,9 +7,9 @@ tf = pytest.importorskip("tensorflow")
 keras = pytest.importorskip("keras")
 
 import eventdata  # noqa: E402
-from values import awkward_rows  # noqa: E402
+from values import assert_same_stats, awkward_rows  # noqa: E402
 from tb_gradviz import GradVizCallback  # noqa: E402
-from tb_gradviz import format as fmt  # noqa: E402
+from tb_gradviz import records  # noqa: E402
 
 layers = keras.layers
 
@@ -36,13 +36,13 @@ def reference_tensors(pre, pool, post, x, y, loss):
 def assert_matches_reference(log, layer, tensor, array):
     """Counts are exact; float statistics agree to float64 rounding of the sums."""
     logged = eventdata.stats(log, layer, tensor)
-    expected = fmt.decode_stats(fmt.stats_vector(array))
+    expected = records.decode_stats(records.stats_vector(array))
     for field in ("count", "zeros", "nan", "pos_inf", "neg_inf", "min", "max"):
         assert logged[field] == expected[field], (tensor, field)
     for field in ("mean", "std", "sum"):
         assert logged[field] == pytest.approx(expected[field], rel=1e-9, abs=1e-15), (tensor, field)
     assert logged["log_counts"] == expected["log_counts"], tensor
-    np.testing.assert_array_equal(eventdata.histogram(log, layer, tensor), fmt.linear_histogram(array))
+    np.testing.assert_array_equal(eventdata.histogram(log, layer, tensor), records.linear_histogram(array))
 
 
 def conv_pool_model(seed, pool_layer):
@@ -84,7 +84,7 @@ def test_conv_maxpool_records_equal_hand_written_tape(tmp_path):
     assert routing["input_gradient_sum"] == pytest.approx(routing["output_gradient_sum"], rel=1e-6)
     assert routing["output_gradient_abs_sum"] == pytest.approx(float(np.abs(output_gradient).sum(dtype=np.float64)), rel=1e-9)
 
-    content = eventdata.content(log, fmt.stats_tag("pool", "input_gradient"))
+    content = eventdata.content(log, records.stats_tag("pool", "input_gradient"))
     assert content["shape"] == [4, 10, 10, 6]
     assert content["layer_class"] == "MaxPooling2D"
     assert content["dtype"] == "float32"
@@ -193,9 +193,9 @@ def test_resnet50_nested_in_sequential_logs_its_two_pooling_layers(tmp_path):
     assert callback.chosen_layers == ["resnet50/pool1_pool", "resnet50/avg_pool"]
     log = eventdata.load(tmp_path)
     assert eventdata.layers(log) == ["resnet50/pool1_pool", "resnet50/avg_pool"]
-    pool1 = eventdata.content(log, fmt.stats_tag("resnet50/pool1_pool", "input_gradient"))
+    pool1 = eventdata.content(log, records.stats_tag("resnet50/pool1_pool", "input_gradient"))
     assert pool1["shape"] == [4, 18, 18, 64]  # after ZeroPadding2D around a 16x16 map
-    assert eventdata.content(log, fmt.stats_tag("resnet50/pool1_pool", "activation"))["shape"] == [4, 8, 8, 64]
+    assert eventdata.content(log, records.stats_tag("resnet50/pool1_pool", "activation"))["shape"] == [4, 8, 8, 64]
     zeros = eventdata.stats(log, "resnet50/pool1_pool", "input_gradient")
     routing = eventdata.routing(log, "resnet50/pool1_pool")
     # Overlapping 3x3/2 windows share winners: fewer routed positions than windows.
@@ -226,14 +226,14 @@ def test_group_summary_rows_equal_the_numpy_definition(dtype, divisor):
         histograms, stats = [o.numpy() for o in summarise([tf.constant(r.reshape(4, 9, 9)) for r in group])]
         for r, row in enumerate(group):
             values = row.astype(np.float64) / (divisor or 1.0)
-            expected = fmt.stats_vector(values)
-            summed = [fmt.STATS_FIELDS.index(f) for f in ("mean", "std", "sum")]
-            exact = np.setdiff1d(np.arange(fmt.STATS_LENGTH), summed)
+            expected = records.stats_vector(values)
+            summed = [records.STATS_FIELDS.index(f) for f in ("mean", "std", "sum")]
+            exact = np.setdiff1d(np.arange(records.STATS_LENGTH), summed)
             np.testing.assert_array_equal(stats[r, exact], expected[exact], err_msg=f"row {r}")
             # Sums agree to float64 rounding, judged against the sum of |x| (rows cancel).
             scale = np.abs(values[np.isfinite(values)]).sum()
             np.testing.assert_allclose(stats[r, summed], expected[summed], rtol=1e-9, atol=1e-12 * scale, err_msg=f"row {r}")
-            np.testing.assert_array_equal(histograms[r], fmt.linear_histogram(values), err_msg=f"row {r}")
+            np.testing.assert_array_equal(histograms[r], records.linear_histogram(values), err_msg=f"row {r}")
 
 
 def test_float32_values_are_far_enough_from_the_magnitude_edges_for_a_float64_log():
@@ -246,8 +246,8 @@ def test_float32_values_are_far_enough_from_the_magnitude_edges_for_a_float64_lo
 
     getcontext().prec = 50
     closest = Decimal(1)
-    for k in range(len(fmt.LOG_EDGES)):
-        edge = Decimal(10) ** (Decimal(k + 2 * fmt.LOG_MIN_EXPONENT) / 2)
+    for k in range(len(records.LOG_EDGES)):
+        edge = Decimal(10) ** (Decimal(k + 2 * records.LOG_MIN_EXPONENT) / 2)
         f = np.float32(float(edge))
         for a in (np.nextafter(f, np.float32(0)), f, np.nextafter(f, np.float32(np.inf))):
             gap = abs(Decimal(float(a)) - edge) / edge
@@ -264,7 +264,7 @@ def test_float32_subnormals_count_as_zeros_on_device():
     values = tf.constant([1e-45, -1e-40, 0.0, 1.0], tf.float32)
     with tf.device("/CPU:0"):
         _, stats = tf.function(lambda t: tf_statistics.group_summary([t]))(values)
-    record = fmt.decode_stats(stats.numpy()[0])
+    record = records.decode_stats(stats.numpy()[0])
     assert record["zeros"] == 3
     assert sum(record["log_counts"]["positive"]) + sum(record["log_counts"]["negative"]) == 1
 
@@ -327,16 +327,15 @@ def test_a_gradient_tensor_shared_by_two_inputs_is_summarised_once():
     x, y = rng.random((8, 6), "float32"), rng.random((8, 2), "float32")
 
     probe = capture.LayerCapture(model, selection.select_layers(model, ["add"]))
-    records, _ = probe.run(tf.constant(x), tf.constant(y))
+    written, _ = probe.run(tf.constant(x), tf.constant(y))
     assert probe._items == [0, 1, 1, 1]  # activation; input_gradient_0, _1 and output_gradient: one item
     with tf.GradientTape() as tape:
         added = model.get_layer("add")([model.get_layer("left")(x), model.get_layer("right")(x)])
         tape.watch(added)
         loss = keras.losses.MeanSquaredError()(y, model.get_layer("head")(added))
     expected = tape.gradient(loss, added).numpy()
-    by_tag = {tag: array for tag, array, _ in records}
+    by_tag = {tag: array for tag, array, _ in written}
     for tensor in ("input_gradient_0", "input_gradient_1", "output_gradient"):
-        np.testing.assert_array_equal(by_tag[fmt.histogram_tag("add", tensor)], fmt.linear_histogram(expected))
-        stats = by_tag[fmt.stats_tag("add", tensor)]
-        np.testing.assert_array_equal(stats[:7], fmt.stats_vector(expected)[:7])
-        np.testing.assert_allclose(stats[7:], fmt.stats_vector(expected)[7:], rtol=1e-9, atol=1e-15)
+        np.testing.assert_array_equal(by_tag[records.histogram_tag("add", tensor)], records.linear_histogram(expected))
+        stats = by_tag[records.stats_tag("add", tensor)]
+        assert_same_stats(stats, records.stats_vector(expected), rtol=1e-9, atol=1e-15)

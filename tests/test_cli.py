@@ -17,7 +17,7 @@ import pytest
 
 import eventdata
 from tb_gradviz import cli
-from tb_gradviz import format as fmt
+from tb_gradviz import records
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -71,7 +71,7 @@ def test_summary_shows_the_two_tensors_of_each_pool_at_the_last_step(logdir):
     assert (status, err) == (0, "")
     assert "run max  (step 4)" in out and "run avg  (step 4)" in out
     rows = {(r["layer"], r["tensor"]): r for r in table_rows(out, "max")}
-    assert set(rows) == {("pool", t) for t in fmt.ROLES}
+    assert set(rows) == {("pool", t) for t in records.ROLES}
     gradient = rows[("pool", "input_gradient")]
     assert gradient["shape"] == "4x8x8x3" and rows[("pool", "activation")]["shape"] == "4x4x4x3"
     assert gradient["zeros %"] == "75.00" and gradient["routed %"] == "25.00" and gradient["max routed %"] == "25.00"
@@ -99,9 +99,9 @@ def test_export_csv_matches_the_event_files(logdir, tmp_path):
     expected = eventdata.stats(eventdata.load(logdir / "max"), "pool", "input_gradient")
     assert int(row["count"]) == expected["count"] == 768 and int(row["zeros"]) == expected["zeros"] == 576
     assert float(row["sum"]) == expected["sum"]
-    assert [int(row[f"pos_mag_{i}"]) for i in range(fmt.MAGNITUDE_BINS)] == expected["log_counts"]["positive"]
+    assert [int(row[f"pos_mag_{i}"]) for i in range(records.MAGNITUDE_BINS)] == expected["log_counts"]["positive"]
     histogram = eventdata.histogram(eventdata.load(logdir / "max"), "pool", "input_gradient")
-    assert [int(row[f"hist_{i}"]) for i in range(fmt.HISTOGRAM_BUCKETS)] == histogram[:, 2].astype(int).tolist()
+    assert [int(row[f"hist_{i}"]) for i in range(records.HISTOGRAM_BUCKETS)] == histogram[:, 2].astype(int).tolist()
     assert int(row["routed_positions"]) == 192 and int(row["windows"]) == 192
 
 
@@ -111,7 +111,7 @@ def test_export_json_is_valid_json_with_every_series(logdir):
     data = json.loads(out)
     assert data["format_version"] == 1
     assert [(s["run"], s["layer"], s["tensor"], s["steps"]) for s in data["series"]] == [
-        ("avg", "pool", t, [2, 4]) for t in fmt.ROLES
+        ("avg", "pool", t, [2, 4]) for t in records.ROLES
     ]
     assert np.isnan(data["series"][1]["routing"]["tied_windows"][0])  # NaN survives as NaN
 

@@ -17,7 +17,7 @@ import pytest
 pytest.importorskip("tensorflow")
 
 import eventdata  # noqa: E402
-from tb_gradviz import format as fmt  # noqa: E402
+from tb_gradviz import records  # noqa: E402
 
 SCRIPT = os.path.join(os.path.dirname(__file__), "distributed_fit.py")
 TIMEOUT = 240  # seconds; a run takes ~10-30 s on 2 cores
@@ -72,7 +72,7 @@ def test_mirrored_probe_is_the_whole_batch_on_one_device(mirrored):
     for tensor in ("activation", "input_gradient", "output_gradient"):
         expected = reference[tensor]
         logged = eventdata.stats(log, "pool", tensor)
-        want = fmt.decode_stats(fmt.stats_vector(expected))
+        want = records.decode_stats(records.stats_vector(expected))
         # Counts of the whole probe batch (8 examples), BatchNorm statistics
         # over all 8, the batch's mean loss: not one replica's half.
         assert logged["count"] == expected.size == (8 * 4 * 4 * 4 if tensor != "input_gradient" else 8 * 8 * 8 * 4)
@@ -82,7 +82,7 @@ def test_mirrored_probe_is_the_whole_batch_on_one_device(mirrored):
         # differ in the last bit (one activation crossed a histogram edge).
         for field in ("min", "max", "mean", "std", "sum"):
             assert logged[field] == pytest.approx(want[field], rel=1e-5, abs=1e-9), (tensor, field)
-    assert eventdata.content(log, fmt.stats_tag("pool", "activation"))["shape"] == [8, 4, 4, 4]
+    assert eventdata.content(log, records.stats_tag("pool", "activation"))["shape"] == [8, 4, 4, 4]
 
 
 def test_mirrored_probe_inside_and_outside_the_scope_log_the_same(mirrored):
@@ -142,6 +142,6 @@ def test_multi_worker_only_the_chief_writes_and_training_is_unchanged(tmp_path):
     files = os.listdir(tmp_path / "logs")
     assert len(files) == 1 and f".{chief['pid']}." in files[0], files
     log = eventdata.load(tmp_path / "logs")
-    steps = [s for s, _ in eventdata.values(log, fmt.stats_tag("pool", "input_gradient"))]
+    steps = [s for s, _ in eventdata.values(log, records.stats_tag("pool", "input_gradient"))]
     assert steps == list(range(1, 9))  # 2 epochs of 4 global batches of 8
     assert eventdata.stats(log, "pool", "input_gradient")["count"] == 8 * 8 * 8 * 4

@@ -14,7 +14,8 @@ import pytest
 
 import eventdata
 from tbserver import get_json, running_tensorboard
-from tb_gradviz import format as fmt
+from tb_gradviz import events
+from tb_gradviz import records
 from tb_gradviz import synthetic
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
@@ -166,8 +167,8 @@ def _percent_text(zeros, count):
 
 def _expected_zeros(log, layer, tensor, step):
     """The zero fraction at `step` as the tab prints it, from the event file."""
-    stats = dict(eventdata.values(log, fmt.stats_tag(layer, tensor)))[step]
-    decoded = fmt.decode_stats(stats)
+    stats = dict(eventdata.values(log, records.stats_tag(layer, tensor)))[step]
+    decoded = records.decode_stats(stats)
     return _percent_text(decoded["zeros"], decoded["count"])
 
 
@@ -175,7 +176,7 @@ def test_layer_view_of_a_trained_cnn(browser, trained_logs):
     root, logdir, shapes = trained_logs
     steps = [STEPS_PER_EPOCH * (epoch + 1) for epoch in range(EPOCHS)]
     log = eventdata.load(logdir / "cnn_a")
-    assert [s for s, _ in eventdata.values(log, fmt.stats_tag("pool", "input_gradient"))] == steps
+    assert [s for s, _ in eventdata.values(log, records.stats_tag("pool", "input_gradient"))] == steps
 
     ready = _runs_loaded({"cnn_a": steps[-1], "cnn_b": steps[-1]})
     with running_tensorboard(logdir, root / "tensorboard.log", ready) as url:
@@ -289,21 +290,21 @@ def _write_run_with_layer_name(run_dir, layer, steps=3):
     pooling = {"type": "max", "global": False, "pool_size": [2, 2], "strides": [2, 2],
                "padding": "valid", "data_format": "channels_last"}
     common = {"layer_index": 0, "layer_class": "MaxPooling2D", "layer_dtype": "float32", "pooling": pooling}
-    log = fmt.EventLog(run_dir)
+    log = events.EventLog(run_dir)
     try:
         for step in range(1, steps + 1):
             activation = rng.standard_normal((2, 4, 4, 3))
             output_gradient = rng.standard_normal((2, 4, 4, 3)) * 1e-3
             input_gradient = np.zeros((2, 8, 8, 3))
             input_gradient[:, ::2, ::2, :] = output_gradient
-            records = []
-            for role, array in zip(fmt.ROLES, (activation, input_gradient, output_gradient)):
+            written = []
+            for role, array in zip(records.ROLES, (activation, input_gradient, output_gradient)):
                 content = dict(common, role=role, index=0, shape=list(array.shape), dtype="float32")
-                records += fmt.tensor_records(layer, role, fmt.linear_histogram(array), fmt.stats_vector(array), content)
+                written += events.tensor_records(layer, role, records.linear_histogram(array), records.stats_vector(array), content)
             routing = np.array([input_gradient.size, activation.size, activation.size, 0,
                                 input_gradient.sum(), output_gradient.sum()])
-            records += fmt.routing_records(layer, routing, common)
-            log.write(step, records)
+            written += events.routing_records(layer, routing, common)
+            log.write(step, written)
     finally:
         log.close()
 

@@ -132,11 +132,11 @@ def test_steps_appended_to_an_open_event_file_are_served_after_a_reload(tmp_path
     """TensorBoard reading while training writes: the same file grows, the plugin follows."""
     import numpy as np
 
-    from tb_gradviz import format as fmt
+    from tb_gradviz import events
 
     logdir = tmp_path / "logs"
     rng = np.random.default_rng(0)
-    log = fmt.EventLog(logdir / "training")
+    log = events.EventLog(logdir / "training")
     first, more = 4, 6
     try:
         for step in range(1, first + 1):

@@ -1,4 +1,4 @@
-"""The host kernel against format's numpy definition of the records."""
+"""The host kernel against records' numpy definition of the records."""
 
 import numpy as np
 import pytest
@@ -6,27 +6,27 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from tb_gradviz import format as fmt
+from tb_gradviz import records
 from tb_gradviz import kernels
 
-SUMMED = [fmt.STATS_FIELDS.index(f) for f in ("mean", "std", "sum")]
-EXACT = np.setdiff1d(np.arange(fmt.STATS_LENGTH), SUMMED)
+SUMMED = [records.STATS_FIELDS.index(f) for f in ("mean", "std", "sum")]
+EXACT = np.setdiff1d(np.arange(records.STATS_LENGTH), SUMMED)
 
 
 def assert_records_equal(values, divisor=None):
     histogram, stats = kernels.summary(values, divisor)
     widened = np.asarray(values, np.float64).ravel() / (1.0 if divisor is None else divisor)
-    expected = fmt.stats_vector(widened)
+    expected = records.stats_vector(widened)
     np.testing.assert_array_equal(stats[EXACT], expected[EXACT])
     # Sums agree to float64 rounding, judged against the sum of |x| (values may cancel).
     scale = np.abs(widened[np.isfinite(widened)]).sum()
     np.testing.assert_allclose(stats[SUMMED], expected[SUMMED], rtol=1e-12, atol=1e-13 * scale)
-    np.testing.assert_array_equal(histogram, fmt.linear_histogram(widened))
+    np.testing.assert_array_equal(histogram, records.linear_histogram(widened))
 
 
 def edge_neighbours():
     """Every magnitude edge, every power of two in float32's range, and their float64 neighbours."""
-    points = np.concatenate([fmt.LOG_EDGES, np.ldexp(1.0, np.arange(-149, 128))])
+    points = np.concatenate([records.LOG_EDGES, np.ldexp(1.0, np.arange(-149, 128))])
     down, up = np.nextafter(points, 0), np.nextafter(points, np.inf)
     return np.concatenate([points, down, up, np.nextafter(down, 0), np.nextafter(up, np.inf)])
 
@@ -35,24 +35,24 @@ def test_octave_lookup_is_searchsorted_on_every_edge_and_its_neighbours():
     magnitudes = np.concatenate([edge_neighbours(), [5e-324, 2.2e-308, 1e-300, 1e150]])
     values = np.concatenate([magnitudes, -magnitudes])
     _, stats = kernels.summary(values)
-    expected = fmt.stats_vector(values)
-    np.testing.assert_array_equal(stats[len(fmt.STATS_FIELDS) :], expected[len(fmt.STATS_FIELDS) :])
+    expected = records.stats_vector(values)
+    np.testing.assert_array_equal(stats[records.NEGATIVE_BINS.start :], expected[records.NEGATIVE_BINS.start :])
     # The bins are not all alike: every one of the 2 x 38 holds some of these values.
-    assert np.all(stats[len(fmt.STATS_FIELDS) :] > 0)
+    assert np.all(stats[records.NEGATIVE_BINS.start :] > 0)
 
 
 def test_float32_edge_neighbours_and_specials():
     f = np.float32
-    edges = fmt.LOG_EDGES.astype(f)
+    edges = records.LOG_EDGES.astype(f)
     values = np.concatenate(
         [edges, np.nextafter(edges, f(0)), np.nextafter(edges, f(np.inf)), [0.0, -0.0, np.nan, np.inf, -np.inf, 1e-45, -1e-40]]
     ).astype(f)
     values = np.concatenate([values, -values])
     assert_records_equal(values)
     _, stats = kernels.summary(values)
-    record = fmt.decode_stats(stats)
+    record = records.decode_stats(stats)
     # The four zeros are +-0.0 only: float32 subnormals are non-zero values
-    # here, in magnitude bin 0, as format defines (no flush-to-zero).
+    # here, in magnitude bin 0, as records defines (no flush-to-zero).
     assert (record["count"], record["zeros"], record["nan"], record["pos_inf"], record["neg_inf"]) == (len(values), 4, 2, 2, 2)
 
 
@@ -77,7 +77,7 @@ def test_empty_and_all_nan_give_nan_extrema_and_an_empty_histogram():
     for values in (np.zeros(0, np.float32), np.full(3, np.nan, np.float32)):
         histogram, stats = kernels.summary(values)
         assert np.isnan(stats[5:10]).all()
-        np.testing.assert_array_equal(histogram, np.zeros((fmt.HISTOGRAM_BUCKETS, 3)))
+        np.testing.assert_array_equal(histogram, np.zeros((records.HISTOGRAM_BUCKETS, 3)))
 
 
 @pytest.mark.parametrize("divisor", [1024.0, 3.0, 2.0**-10])
@@ -108,7 +108,7 @@ def test_any_float32_array(values):
 
 
 @settings(max_examples=100, deadline=None)
-# A span wider than float64's range would overflow the bucket width, in format too.
+# A span wider than float64's range would overflow the bucket width, in records too.
 @given(hnp.arrays(np.float64, st.integers(0, 200), elements=st.one_of(st.floats(-1e150, 1e150), st.sampled_from([np.nan, np.inf, -np.inf, -0.0]))))
 def test_any_float64_array(values):
     assert_records_equal(values)
@@ -143,20 +143,20 @@ def test_float32_kernel_over_many_blocks_equals_the_definition_and_the_one_value
     }[kind].astype(np.float32)
     assert_records_equal(values)
     fast = kernels.summary(values)
-    one_at_a_time = kernels._summary(values, 1.0, fmt.HISTOGRAM_BUCKETS, kernels._OCTAVE_BIN, kernels._OCTAVE_EDGE)
+    one_at_a_time = kernels._summary(values, 1.0, records.HISTOGRAM_BUCKETS, kernels._OCTAVE_BIN, kernels._OCTAVE_EDGE)
     np.testing.assert_array_equal(fast[0], one_at_a_time[0])
     np.testing.assert_array_equal(fast[1][EXACT], one_at_a_time[1][EXACT])
 
 
 def test_equal_values_fill_the_last_bucket_as_tensorboards_own_histogram():
     # Issue 11, defect 4: TensorBoard's histogram summary puts the count of equal
-    # values in the last bucket; format's definition and the kernel now do too.
+    # values in the last bucket; records' definition and the kernel now do too.
     from tensorboard.plugins.histogram import summary_v2
     from tensorboard.util import tensor_util
 
     for values in (np.full(7, 2.5), np.array([-1.0]), np.full((3, 4), 0.0)):
-        proto = summary_v2.histogram_pb("t", values, buckets=fmt.HISTOGRAM_BUCKETS)
+        proto = summary_v2.histogram_pb("t", values, buckets=records.HISTOGRAM_BUCKETS)
         theirs = tensor_util.make_ndarray(proto.value[0].tensor)
-        np.testing.assert_array_equal(fmt.linear_histogram(values), theirs)
+        np.testing.assert_array_equal(records.linear_histogram(values), theirs)
         histogram, _ = kernels.summary(values.astype(np.float32))
         np.testing.assert_array_equal(histogram, theirs)

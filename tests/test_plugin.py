@@ -23,9 +23,11 @@ from tensorboard.backend.event_processing import plugin_event_multiplexer
 from tensorboard.plugins import base_plugin
 from werkzeug import test as werkzeug_test
 
+import eventdata
 import tbserver
 
-from tb_gradviz import format as fmt
+from tb_gradviz import events
+from tb_gradviz import records
 from tb_gradviz import metadata, plugin, synthetic
 
 PREFIX = "/data/plugin/gradviz"
@@ -57,17 +59,17 @@ def _dense_arrays(seed):
 
 
 def _dense_records(layer, arrays, layer_index=5):
-    records = []
+    written = []
     for role, array in arrays.items():
         content = {"layer_index": layer_index, "layer_class": "Dense", "layer_dtype": "float32", "role": role,
                    "index": 0, "shape": list(array.shape), "dtype": "float32", "pooling": None}
-        records += fmt.tensor_records(layer, role, fmt.linear_histogram(array), fmt.stats_vector(array), content)
-    return records
+        written += events.tensor_records(layer, role, records.linear_histogram(array), records.stats_vector(array), content)
+    return written
 
 
 def write_dense_run(logdir, steps):
     """Writes a non-pooling layer with NaN/Inf values at `steps`; returns `{step: arrays}`."""
-    log = fmt.EventLog(logdir)
+    log = events.EventLog(logdir)
     written = {}
     try:
         for step in steps:
@@ -80,9 +82,9 @@ def write_dense_run(logdir, steps):
 
 def write_foreign_run(logdir):
     """A run without tb_gradviz data: one histogram under another tag."""
-    log = fmt.EventLog(logdir)
+    log = events.EventLog(logdir)
     try:
-        log.write(1, [("weights/kernel", fmt.linear_histogram(np.arange(10.0)), metadata.create_histogram_metadata())])
+        log.write(1, [("weights/kernel", records.linear_histogram(np.arange(10.0)), metadata.create_histogram_metadata())])
     finally:
         log.close()
 
@@ -97,25 +99,25 @@ def write_malformed_run(logdir):
         md.plugin_data.content = content_bytes
         return md
 
-    records = [
-        ("gradviz/junk/activation/stats", np.zeros(fmt.STATS_LENGTH), raw_metadata(b"\xff not json")),
-        ("gradviz/list/activation/stats", np.zeros(fmt.STATS_LENGTH), raw_metadata(b"[1, 2]")),
-        ("gradviz/future/activation/stats", np.zeros(fmt.STATS_LENGTH),
+    written = [
+        ("gradviz/junk/activation/stats", np.zeros(records.STATS_LENGTH), raw_metadata(b"\xff not json")),
+        ("gradviz/list/activation/stats", np.zeros(records.STATS_LENGTH), raw_metadata(b"[1, 2]")),
+        ("gradviz/future/activation/stats", np.zeros(records.STATS_LENGTH),
          raw_metadata(json.dumps(dict(good, version=99, layer="future")).encode())),
-        ("gradviz/typo/activation/stats", np.zeros(fmt.STATS_LENGTH),
+        ("gradviz/typo/activation/stats", np.zeros(records.STATS_LENGTH),
          raw_metadata(json.dumps(dict(good, version=1, layer=7)).encode())),
     ]
     # A layer whose metadata is fine but whose records have the wrong length
     # at step 1 and a NaN count at step 2; step 3 is good.
-    bad_length = fmt.tensor_records("short", "activation", fmt.linear_histogram(np.ones(2)), np.zeros(5),
+    bad_length = events.tensor_records("short", "activation", records.linear_histogram(np.ones(2)), np.zeros(5),
                                     dict(good, layer="short"))
-    log = fmt.EventLog(logdir)
+    log = events.EventLog(logdir)
     try:
-        log.write(1, records + bad_length)
-        nan_count = fmt.stats_vector(np.ones(2))
+        log.write(1, written + bad_length)
+        nan_count = records.stats_vector(np.ones(2))
         nan_count[0] = np.nan
-        log.write(2, [(fmt.stats_tag("short", "activation"), nan_count, None)])
-        log.write(3, [(fmt.stats_tag("short", "activation"), fmt.stats_vector(np.ones(2)), None)])
+        log.write(2, [(records.stats_tag("short", "activation"), nan_count, None)])
+        log.write(3, [(records.stats_tag("short", "activation"), records.stats_vector(np.ones(2)), None)])
     finally:
         log.close()
 
@@ -206,18 +208,33 @@ def test_runs_skips_malformed_and_foreign_metadata(client):
     assert [layer["layer"] for layer in runs["malformed"]["layers"]] == ["short"]
 
 
+def test_skipped_newer_and_unknown_metadata_is_logged_once_per_reason(logdir, caplog):
+    # Issue 11: series were skipped silently; TensorBoard's own plugins log it.
+    client = make_app(logdir)[0]
+    with caplog.at_level("WARNING", logger="tb_gradviz.store"):
+        get_json(client, "/runs")
+        get_json(client, "/runs")
+    messages = sorted(record.getMessage() for record in caplog.records if record.name == "tb_gradviz.store")
+    assert len(messages) == 2, messages
+    newer, unreadable = messages
+    assert "a newer metadata version" in newer and "'gradviz/future/activation/stats'" in newer
+    assert "version 99; this reader knows 1..1" in newer
+    # Corrupt, non-object and mistyped metadata: one warning, naming the first.
+    assert "metadata tb_gradviz cannot read (sample: run 'malformed', tag 'gradviz/junk/activation/stats')" in unreadable
+
+
 def test_runs_orders_several_input_gradients_after_activation(tmp_path):
     arrays = {"activation": np.ones((2, 3)), "input_gradient_1": np.ones((2, 3)),
               "input_gradient_0": np.ones((2, 3)), "output_gradient": np.ones((2, 3))}
-    records = []
+    written = []
     for tensor, array in arrays.items():
         role = tensor.rsplit("_", 1)[0] if tensor.startswith("input_gradient_") else tensor
         index = int(tensor[-1]) if tensor.startswith("input_gradient_") else 0
         content = {"layer_index": 0, "layer_class": "Add", "layer_dtype": "float32", "role": role, "index": index,
                    "shape": [2, 3], "dtype": "float32", "pooling": None}
-        records += fmt.tensor_records("add", tensor, fmt.linear_histogram(array), fmt.stats_vector(array), content)
-    log = fmt.EventLog(tmp_path / "run")
-    log.write(1, records)
+        written += events.tensor_records("add", tensor, records.linear_histogram(array), records.stats_vector(array), content)
+    log = events.EventLog(tmp_path / "run")
+    log.write(1, written)
     log.close()
     client, _ = make_app(tmp_path)
     (layer,) = get_json(client, "/runs")["runs"][0]["layers"]
@@ -235,15 +252,15 @@ def test_series_matches_the_numpy_reference_exactly(client):
     assert body["wall_times"] == [1002.0, 1004.0, 1006.0]
     assert (body["role"], body["shape"], body["dtype"]) == ("activation", [2, 16], "float32")
     for i, step in enumerate((2, 4, 6)):
-        expected = fmt.decode_stats(fmt.stats_vector(written[step]["activation"]))
-        for name in plugin._COUNT_FIELDS:
+        expected = records.decode_stats(records.stats_vector(written[step]["activation"]))
+        for name in records.STATS_COUNT_FIELDS:
             assert body["stats"][name][i] == int(expected[name])
             assert isinstance(body["stats"][name][i], int)
         for name in ("min", "max", "mean", "std", "sum"):
             assert body["stats"][name][i] == expected[name]
         assert body["log"]["negative"][i] == expected["log_counts"]["negative"]
         assert body["log"]["positive"][i] == expected["log_counts"]["positive"]
-        histogram = fmt.linear_histogram(written[step]["activation"])
+        histogram = records.linear_histogram(written[step]["activation"])
         assert body["histogram"]["counts"][i] == histogram[:, 2].astype(int).tolist()
         assert body["histogram"]["low"][i] == histogram[0, 0]
         assert body["histogram"]["high"][i] == histogram[-1, 1]
@@ -251,7 +268,7 @@ def test_series_matches_the_numpy_reference_exactly(client):
     assert body["stats"]["pos_inf"] == [1, 1, 1]
     assert body["stats"]["zeros"] == [4, 4, 4]
     assert body["histogram"]["buckets"] == 30
-    assert body["log"]["edges"] == fmt.LOG_EDGES.tolist()
+    assert body["log"]["edges"] == records.LOG_EDGES.tolist()
     assert len(body["log"]["edges"]) + 1 == len(body["log"]["positive"][0]) == 38
 
 
@@ -271,7 +288,7 @@ def test_series_of_constant_tensor_counts_everything_in_the_last_bucket(client):
     assert body["histogram"]["low"][0] == body["histogram"]["high"][0] == 0.25
     assert body["stats"]["std"][0] == 0.0
     # 0.25 lies in [10**-1, 10**-0.5): bin index of edge 10**-0.5 in the positive half.
-    assert body["log"]["positive"][0][int(np.searchsorted(fmt.LOG_EDGES, 0.25, side="right"))] == 32
+    assert body["log"]["positive"][0][int(np.searchsorted(records.LOG_EDGES, 0.25, side="right"))] == 32
 
 
 def test_series_of_synthetic_pool_counts_its_routing_zeros(client):
@@ -330,25 +347,28 @@ def test_series_with_histograms_downsampled_separately_has_null_steps(tmp_path):
 # /routing
 
 
-def test_routing_of_a_pool_layer(client):
+def test_routing_of_a_pool_layer(client, logdir):
     body = get_json(client, "/routing", run="cnn", layer="block0/pool")
     assert body["pooling"] == _MAX_POOL
     assert body["steps"] == [1, 2, 3, 4, 5, 6]
-    assert body["input_positions"] == [512] * 6
-    assert body["routed_positions"] == body["windows"] == [128] * 6
-    assert body["tied_windows"] == [0] * 6
-    assert all(isinstance(n, int) for n in body["input_positions"])
-    np.testing.assert_allclose(body["input_gradient_sum"], body["output_gradient_sum"])
+    # What the file holds, read by TensorBoard's own event reader.
+    written = [row for _, row in eventdata.values(eventdata.load(logdir / "cnn"), records.routing_tag("block0/pool"))]
+    for i, name in enumerate(records.ROUTING_FIELDS):
+        assert body[name] == [row[i] for row in written], name
+    assert all(isinstance(n, int) for n in body["input_positions"] + body["tied_windows"])
+    assert body["input_positions"] == [512] * 6 and body["windows"] == [128] * 6
+    assert sum(body["tied_windows"]) > 0  # ReLU zeros tie whole windows
+    np.testing.assert_allclose(body["input_gradient_sum"], body["output_gradient_sum"], rtol=1e-5)
 
 
 def test_routing_of_average_pool_serves_nan_tied_windows(tmp_path):
     pooling = dict(_MAX_POOL, type="average")
-    records = fmt.routing_records("avg", np.array([16, 16, 4, np.nan, 0.5, 0.5, 0.75]),
+    written = events.routing_records("avg", np.array([16, 16, 4, np.nan, 0.5, 0.5, 0.75]),
                                   {"layer_index": 0, "layer_class": "AveragePooling2D", "layer_dtype": "float32",
                                    "pooling": pooling})
-    records += _dense_records("avg", {"activation": np.ones((1, 2, 2, 1))}, layer_index=0)
-    log = fmt.EventLog(tmp_path / "run")
-    log.write(7, records)
+    written += _dense_records("avg", {"activation": np.ones((1, 2, 2, 1))}, layer_index=0)
+    log = events.EventLog(tmp_path / "run")
+    log.write(7, written)
     log.close()
     client, _ = make_app(tmp_path)
     body = get_json(client, "/routing", run="run", layer="avg")
@@ -362,13 +382,13 @@ def test_routing_of_average_pool_serves_nan_tied_windows(tmp_path):
 
 def test_routing_records_without_abs_sum_are_served_with_nan(tmp_path):
     # Version-1 records written before `output_gradient_abs_sum` existed.
-    records = fmt.routing_records("pool", np.array([16, 4, 4, 0, 0.5, 0.5]),
+    written = events.routing_records("pool", np.array([16, 4, 4, 0, 0.5, 0.5]),
                                   {"layer_index": 0, "layer_class": "MaxPooling2D", "layer_dtype": "float32",
                                    "pooling": _MAX_POOL})
-    records += _dense_records("pool", {"activation": np.ones((1, 2, 2, 1))}, layer_index=0)
-    log = fmt.EventLog(tmp_path / "run")
-    log.write(3, records)
-    log.write(4, [(fmt.routing_tag("pool"), np.array([16, 4, 4]), None)])  # too short: left out
+    written += _dense_records("pool", {"activation": np.ones((1, 2, 2, 1))}, layer_index=0)
+    log = events.EventLog(tmp_path / "run")
+    log.write(3, written)
+    log.write(4, [(records.routing_tag("pool"), np.array([16, 4, 4]), None)])  # too short: left out
     log.close()
     client, _ = make_app(tmp_path)
     body = get_json(client, "/routing", run="run", layer="pool")
@@ -380,7 +400,7 @@ def test_routing_records_without_abs_sum_are_served_with_nan(tmp_path):
 
 def test_cli_and_tab_judge_mass_conservation_alike(tmp_path):
     # Issue 11, defect 2: the CLI judged against Σ|grad| with 1e-5, the tab against n·RMS with 1e-3.
-    # Now the server decides once (format.mass_conservation) and /routing, /step and the CLI say the same.
+    # Now the server decides once (records.mass_conservation) and /routing, /step and the CLI say the same.
     from tb_gradviz import cli
 
     content = {"layer_index": 0, "layer_class": "MaxPooling2D", "pooling": _MAX_POOL}
@@ -390,11 +410,11 @@ def test_cli_and_tab_judge_mass_conservation_alike(tmp_path):
         "float16_rounding": (("float16", 2.0 + 2e-3, 2.0, 4.0), True),  # within float16's rounding
     }
     for run, ((dtype, input_sum, output_sum, abs_sum), _) in cases.items():
-        records = fmt.routing_records("pool", np.array([16, 4, 4, 0, input_sum, output_sum, abs_sum]),
+        written = events.routing_records("pool", np.array([16, 4, 4, 0, input_sum, output_sum, abs_sum]),
                                       dict(content, layer_dtype=dtype))
-        records += _dense_records("pool", {"input_gradient": np.ones((1, 4, 4, 1))}, layer_index=0)
-        log = fmt.EventLog(tmp_path / run)
-        log.write(7, records)
+        written += _dense_records("pool", {"input_gradient": np.ones((1, 4, 4, 1))}, layer_index=0)
+        log = events.EventLog(tmp_path / run)
+        log.write(7, written)
         log.close()
     client, _ = make_app(tmp_path)
     layers = {r["run"]: r["layers"] for r in get_json(client, "/runs")["runs"]}
@@ -419,7 +439,7 @@ def test_routing_of_a_layer_that_is_not_a_pool_is_404(client):
 def test_step_without_step_gives_each_layers_last_step(client):
     body = get_json(client, "/step", run="cnn")
     assert body["step"] == 6
-    assert body["log_edges"] == fmt.LOG_EDGES.tolist()
+    assert body["log_edges"] == records.LOG_EDGES.tolist()
     assert [layer["layer"] for layer in body["layers"]] == ["block0/pool", "block1/pool", "block2/pool"]
     layer = body["layers"][0]
     assert layer["step"] == 6
@@ -452,12 +472,12 @@ def test_step_before_the_first_logged_step_is_404(client, step):
 
 
 def test_step_with_layers_logged_at_different_steps(tmp_path):
-    log = fmt.EventLog(tmp_path / "run")
+    log = events.EventLog(tmp_path / "run")
     for step in range(1, 6):
-        records = _dense_records("every", _dense_arrays(step), layer_index=0)
+        written = _dense_records("every", _dense_arrays(step), layer_index=0)
         if step % 2 == 0:
-            records += _dense_records("even", _dense_arrays(step), layer_index=1)
-        log.write(step, records)
+            written += _dense_records("even", _dense_arrays(step), layer_index=1)
+        log.write(step, written)
     log.close()
     client, _ = make_app(tmp_path)
     body = get_json(client, "/step", run="run", step="3")

@@ -8,7 +8,7 @@ keras = pytest.importorskip("keras")
 
 import eventdata  # noqa: E402
 from tb_gradviz import GradVizCallback  # noqa: E402
-from tb_gradviz import format as fmt  # noqa: E402
+from tb_gradviz import records  # noqa: E402
 
 layers = keras.layers
 
@@ -26,12 +26,12 @@ def assert_records_equal(log, layer, tensor, array):
     """The logged record is the numpy definition applied to `array`: counts,
     min, max and histogram exactly, the sums to float64 rounding (TensorFlow
     adds in another order than numpy)."""
-    logged, expected = eventdata.last(log, fmt.stats_tag(layer, tensor)), fmt.stats_vector(array)
-    summed = [fmt.STATS_FIELDS.index(f) for f in ("mean", "std", "sum")]
-    exact = np.setdiff1d(np.arange(fmt.STATS_LENGTH), summed)
+    logged, expected = eventdata.last(log, records.stats_tag(layer, tensor)), records.stats_vector(array)
+    summed = [records.STATS_FIELDS.index(f) for f in ("mean", "std", "sum")]
+    exact = np.setdiff1d(np.arange(records.STATS_LENGTH), summed)
     np.testing.assert_array_equal(logged[exact], expected[exact])
     np.testing.assert_allclose(logged[summed], expected[summed], rtol=1e-12)
-    np.testing.assert_array_equal(eventdata.histogram(log, layer, tensor), fmt.linear_histogram(array))
+    np.testing.assert_array_equal(eventdata.histogram(log, layer, tensor), records.linear_histogram(array))
 
 
 def test_training_is_bit_identical_with_and_without_the_callback(tmp_path, policy):
@@ -67,9 +67,9 @@ def test_training_is_bit_identical_with_and_without_the_callback(tmp_path, polic
         np.testing.assert_array_equal(expected, actual)
     assert rng_without == rng_with
     log = eventdata.load(tmp_path)
-    assert len(eventdata.values(log, fmt.stats_tag("pool", "activation"))) == 8
+    assert len(eventdata.values(log, records.stats_tag("pool", "activation"))) == 8
     dtype = "float16" if policy == "mixed_float16" else "float32"
-    assert eventdata.content(log, fmt.stats_tag("pool", "input_gradient"))["dtype"] == dtype
+    assert eventdata.content(log, records.stats_tag("pool", "input_gradient"))["dtype"] == dtype
 
 
 def pool_model(kernel, auto_scale_loss=True):
@@ -116,7 +116,7 @@ def test_float16_gradient_underflow_is_counted_not_hidden(tmp_path, policy, auto
     log = eventdata.load(tmp_path)
     assert_records_equal(log, "pool", "input_gradient", input_gradient)
     assert_records_equal(log, "pool", "output_gradient", output_gradient)
-    content = eventdata.content(log, fmt.stats_tag("pool", "output_gradient"))
+    content = eventdata.content(log, records.stats_tag("pool", "output_gradient"))
     assert (content["dtype"], content["loss_scaled"]) == ("float16" if mixed else "float32", scaled)
 
     # 4 windows over 16 positions: 12 zeros by routing alone.
@@ -127,7 +127,7 @@ def test_float16_gradient_underflow_is_counted_not_hidden(tmp_path, policy, auto
         # What train_step would see without loss scaling: one gradient is
         # an exact zero, one is subnormal; both are in the record.
         assert (output_stats["zeros"], input_stats["zeros"]) == (1, 13)
-        below_normal = np.searchsorted(fmt.LOG_EDGES, smallest_normal_float16)  # bins wholly below 2**-14
+        below_normal = np.searchsorted(records.LOG_EDGES, smallest_normal_float16)  # bins wholly below 2**-14
         assert sum(output_stats["log_counts"]["positive"][:below_normal]) == 1
     else:
         # float32, or float16 with the loss scaled as train_step scales it.
@@ -152,7 +152,7 @@ def test_nan_and_inf_are_counted_and_training_goes_on(tmp_path, policy):
     model.fit(x, y, epochs=3, verbose=0, callbacks=[GradVizCallback(tmp_path, (probe_x, y), layers=["identity", "pool"])])
 
     log = eventdata.load(tmp_path)
-    steps = [s for s, _ in eventdata.values(log, fmt.stats_tag("identity", "activation"))]
+    steps = [s for s, _ in eventdata.values(log, records.stats_tag("identity", "activation"))]
     # One event per epoch. Under mixed_float16 the first loss-scaled step
     # overflows; LossScaleOptimizer skips it and the step count waits.
     assert steps == ([0, 1, 2] if policy == "mixed_float16" else [1, 2, 3])

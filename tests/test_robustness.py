@@ -11,7 +11,7 @@ keras = pytest.importorskip("keras")
 
 import eventdata  # noqa: E402
 from tb_gradviz import GradVizCallback  # noqa: E402
-from tb_gradviz import format as fmt  # noqa: E402
+from tb_gradviz import records  # noqa: E402
 
 layers = keras.layers
 
@@ -93,7 +93,7 @@ def test_keyboard_interrupt_leaves_every_written_event_readable(tmp_path):
     model.fit(x, y, batch_size=4, epochs=1, verbose=0, callbacks=[gradviz])
     assert os.listdir(tmp_path) == files
     log = eventdata.load(tmp_path)
-    assert [s for s, _ in eventdata.values(log, fmt.stats_tag("pool", "activation"))] == list(range(1, 12))
+    assert [s for s, _ in eventdata.values(log, records.stats_tag("pool", "activation"))] == list(range(1, 12))
 
 
 def test_probe_of_the_wrong_size_fails_at_fit_start_naming_both_shapes(tmp_path):
@@ -135,7 +135,7 @@ def test_free_input_size_accepts_a_probe_of_another_size(tmp_path):
     probe_x, probe_y = data(2, size=12)
     model.fit(x, y, verbose=0, callbacks=[GradVizCallback(tmp_path, (probe_x, probe_y))])
     log = eventdata.load(tmp_path)
-    assert eventdata.content(log, fmt.stats_tag("pool", "input_gradient"))["shape"] == [2, 12, 12, 4]
+    assert eventdata.content(log, records.stats_tag("pool", "input_gradient"))["shape"] == [2, 12, 12, 4]
 
 
 def test_loss_given_by_name_takes_sample_weight(tmp_path):

@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from tb_gradviz import format as fmt
+from tb_gradviz import records
 
 
 def awkward_rows(rng, size):
@@ -10,7 +10,7 @@ def awkward_rows(rng, size):
     both signs, all equal, nothing finite, values on and next to every
     magnitude edge (both signs), and a wide spread of magnitudes."""
     f32 = np.float32
-    edges = fmt.LOG_EDGES.astype(f32)
+    edges = records.LOG_EDGES.astype(f32)
     near = np.concatenate([edges, np.nextafter(edges, f32(0)), np.nextafter(edges, f32(np.inf)), [1e-13, 1e-37, 3e38]])
     near = np.concatenate([near, -near]).astype(f32)
     rows = [
@@ -26,3 +26,14 @@ def awkward_rows(rng, size):
     special[:5] = [np.nan, np.inf, -np.inf, 0.0, -0.0]
     rows.append(special)
     return rows
+
+
+def assert_same_stats(actual, expected, rtol, atol=0.0, err_msg=""):
+    """Stats records: every field exact but the summed ones (`records.SUMMED_STATS`), to `rtol`."""
+    actual, expected = np.asarray(actual), np.asarray(expected)
+    exact = np.ones(actual.shape[-1], bool)
+    exact[records.SUMMED_STATS] = False
+    np.testing.assert_array_equal(actual[..., exact], expected[..., exact], err_msg=err_msg)
+    np.testing.assert_allclose(
+        actual[..., records.SUMMED_STATS], expected[..., records.SUMMED_STATS], rtol=rtol, atol=atol, err_msg=err_msg
+    )

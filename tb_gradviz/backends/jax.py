@@ -20,7 +20,7 @@ import keras
 import numpy as np
 
 from tb_gradviz import capture
-from tb_gradviz import format as fmt
+from tb_gradviz import records
 
 
 def _is_float(t):
@@ -49,7 +49,7 @@ class LayerCapture(capture.ProbePass):
         self._chunks = None
 
     def run(self, x, y, sample_weight=None):
-        """Runs the pass; returns `(step_records, skipped_paths)` (see `capture.records`)."""
+        """Runs the pass; returns `(step_records, skipped_paths)` (see `capture.step_records`)."""
         model = self.model
         state = (
             [v.value for v in model.trainable_variables],
@@ -167,7 +167,7 @@ class LayerCapture(capture.ProbePass):
         (_, (activations, pool_inputs)), zero_grads = jax.value_and_grad(loss_of, has_aux=True)(zeros)
         gradients = []
         for plan, grads in zip(self.plans, zero_grads):
-            inputs = sum(t.role == fmt.INPUT_GRADIENT for t in plan.tensors)
+            inputs = sum(t.role == records.INPUT_GRADIENT for t in plan.tensors)
             gradients.append((grads[:inputs], grads[inputs:]))
         routing_counts = []
         for c, plan, pool_input in zip(self._called, self.plans, pool_inputs):
@@ -184,7 +184,7 @@ def _chunk_sums(chunks, scaled, tensors, divisor):
     ]
 
 
-def _group_sums(x, divisor, buckets=fmt.HISTOGRAM_BUCKETS):
+def _group_sums(x, divisor, buckets=records.HISTOGRAM_BUCKETS):
     """`(sums [R, len(DEVICE_SUMS)], linear [R, buckets], magnitude [R, 2 MAGNITUDE_BINS])` of R rows.
 
     The float64 arithmetic of `kernels`, row-wise: the bucket of a value is
@@ -207,8 +207,8 @@ def _group_sums(x, divisor, buckets=fmt.HISTOGRAM_BUCKETS):
     width = jnp.where(spread, (high - low) / buckets, 1.0)
     position = jnp.floor((f - jnp.where(spread, low, 0.0)[:, None]) / _unbroadcast(f, width[:, None]))
     linear = jnp.where(finite, jnp.clip(position, 0, buckets - 1), buckets).astype(jnp.int32)
-    bins = fmt.MAGNITUDE_BINS
-    magnitude = jnp.searchsorted(jnp.asarray(fmt.LOG_EDGES), jnp.abs(f), side="right") + jnp.where(f > 0, bins, 0)
+    bins = records.MAGNITUDE_BINS
+    magnitude = jnp.searchsorted(jnp.asarray(records.LOG_EDGES), jnp.abs(f), side="right") + jnp.where(f > 0, bins, 0)
     magnitude = jnp.where(finite, magnitude, 2 * bins).astype(jnp.int32)
     count = lambda mask: jnp.sum(mask, axis=1).astype(jnp.float64)  # noqa: E731
     sums = jnp.stack(

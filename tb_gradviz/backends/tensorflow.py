@@ -14,7 +14,7 @@ import numpy as np
 import tensorflow as tf
 
 from tb_gradviz import capture
-from tb_gradviz import format as fmt
+from tb_gradviz import records
 from tb_gradviz.backends import tf_statistics
 
 
@@ -62,7 +62,7 @@ class LayerCapture(capture.ProbePass):
         """Runs the pass; returns `(step_records, skipped_paths)`.
 
         `step_records` is a list of `(tag, array, summary_metadata)` ready
-        for `format.EventLog.write`.
+        for `events.EventLog.write`.
         """
         # Always in the model's strategy scope, whether or not `fit` was
         # called inside it: Keras divides losses by the number of replicas
@@ -78,7 +78,7 @@ class LayerCapture(capture.ProbePass):
             )
         else:
             summaries = [(outputs[position][row], outputs[position + 1][row]) for position, row in self._group_rows]
-        return capture.records(self.plans, [summaries[item] for item in self._items], routings, self._skipped)
+        return capture.step_records(self.plans, [summaries[item] for item in self._items], routings, self._skipped)
 
     def collective_ops(self, x, y, sample_weight=None):
         """Returns the sorted op types of the pass that communicate across workers.
@@ -189,8 +189,8 @@ class LayerCapture(capture.ProbePass):
             tensors = rec.outputs + input_grads + output_grads
             forward = rec.outputs + rec.inputs + rec.outputs
             for t, forward_t, tensor_plan in zip(tensors, forward, plan.tensors):
-                divisor = None if tensor_plan.role == fmt.ACTIVATION else scale
-                producer = sole_inputs.get(id(forward_t)) if tensor_plan.role == fmt.INPUT_GRADIENT else None
+                divisor = None if tensor_plan.role == records.ACTIVATION else scale
+                producer = sole_inputs.get(id(forward_t)) if tensor_plan.role == records.INPUT_GRADIENT else None
                 if producer is not None:
                     same_as_output[len(item_of_tensor)] = producer
                     item_of_tensor.append(None)
@@ -200,7 +200,7 @@ class LayerCapture(capture.ProbePass):
                 item = item_of_graph_tensor.setdefault(t.ref(), len(summarised))
                 if item == len(summarised):
                     summarised.append((t, divisor))
-                if tensor_plan.role == fmt.OUTPUT_GRADIENT:
+                if tensor_plan.role == records.OUTPUT_GRADIENT:
                     item_of_output_gradient[id(forward_t)] = item
                 item_of_tensor.append(item)
             if plan.has_routing:
@@ -274,7 +274,7 @@ def _sole_inputs_of_outputs(recordings):
 
 
 def routing_summary(original_call, inputs, input_gradient, output_gradient, pooling, divisor=None):
-    """Returns the routing record (`format.ROUTING_FIELDS`) of a pooling layer.
+    """Returns the routing record (`records.ROUTING_FIELDS`) of a pooling layer.
 
     Routing is the gradient of `sum(pool(x))`: for each input position, how
     many windows send their gradient to it (TensorFlow's MaxPoolGrad picks the

@@ -2,7 +2,7 @@
 
 On an accelerator the TensorFlow pass summarises its tensors where they are,
 so that only bucket counts and scalars leave the device. `group_summary`
-computes `format.linear_histogram` and `format.stats_vector` of many
+computes `records.linear_histogram` and `records.stats_vector` of many
 equal-sized tensors at once (tests/test_capture.py checks it bit for bit
 against the numpy definition and the host kernel).
 """
@@ -11,7 +11,7 @@ import numpy as np
 import tensorflow as tf
 
 from tb_gradviz import capture
-from tb_gradviz import format as fmt
+from tb_gradviz import records
 
 # Magnitude bins from a float64 log: bin = floor(2 log10 |x|) + 25, clipped to
 # [0, MAGNITUDE_BINS - 1]. Exact for every float32 value (float16 and bfloat16
@@ -22,11 +22,11 @@ from tb_gradviz import format as fmt
 # integer, which _LOG_NUDGE lifts past any rounding below it.
 # tests/test_capture.py checks both the margin and the op on edge neighbours.
 _LOG_PER_LN = 2 / np.log(10.0)
-_LOG_OFFSET = -fmt.LOG_MIN_EXPONENT * fmt.LOG_BINS_PER_DECADE + 1
+_LOG_OFFSET = -records.LOG_MIN_EXPONENT * records.LOG_BINS_PER_DECADE + 1
 _LOG_NUDGE = 1e-11
 _FLOAT32_EXACT = (tf.float16, tf.bfloat16, tf.float32)
 # Edges padded with 0 below and +inf above: bin j is right iff PADDED[j] <= a < PADDED[j + 1].
-_PADDED_EDGES = np.concatenate([[0.0], fmt.LOG_EDGES, [np.inf]])
+_PADDED_EDGES = np.concatenate([[0.0], records.LOG_EDGES, [np.inf]])
 
 
 def summary_chunks(items):
@@ -42,10 +42,10 @@ def summary_chunks(items):
     return [(indices, items[indices[0]][1]) for indices in capture.summary_chunks(keys)]
 
 
-def group_summary(tensors, divisor=None, buckets=fmt.HISTOGRAM_BUCKETS):
+def group_summary(tensors, divisor=None, buckets=records.HISTOGRAM_BUCKETS):
     """Returns `(histograms [R, k, 3], stats [R, STATS_LENGTH])` of R tensors, on device.
 
-    Row r is `format.linear_histogram` and `format.stats_vector` of
+    Row r is `records.linear_histogram` and `records.stats_vector` of
     `tensors[r]`: histogram edges, counts and bins exactly, mean, std and sum
     to float64 rounding (the order of additions differs from numpy's).
 
@@ -140,7 +140,7 @@ def _row_statistics(v, exact, total, count, zeros, rows, buckets, masked, float3
         squares = tf.where(finite, squares, 0.0)
     squares = tf.reduce_sum(squares, axis=1)
 
-    # Linear buckets, as format.linear_histogram: floor((x - low) / width),
+    # Linear buckets, as records.linear_histogram: floor((x - low) / width),
     # where x == high may give `buckets` (folded into the last bucket below).
     # Values are >= low, so the cast's truncation is the floor. A row whose
     # values are all equal (or absent) gets start = low (or 0) and width 1,
@@ -160,14 +160,14 @@ def _row_statistics(v, exact, total, count, zeros, rows, buckets, masked, float3
     magnitude_abs = tf.abs(v_or_zero)
     if float32_values:
         estimate = tf.math.log(magnitude_abs) * _LOG_PER_LN + (_LOG_OFFSET + _LOG_NUDGE)
-        bins = tf.floor(tf.clip_by_value(estimate, 0.0, fmt.MAGNITUDE_BINS - 1.0))
+        bins = tf.floor(tf.clip_by_value(estimate, 0.0, records.MAGNITUDE_BINS - 1.0))
         bins = tf.cast(bins, tf.int32)
     else:
         bins = _magnitude_bins(magnitude_abs)
-    bins = bins + tf.cast(v_or_zero > 0, tf.int32) * fmt.MAGNITUDE_BINS
-    magnitude = _row_counts(bins, 2 * fmt.MAGNITUDE_BINS, rows)
+    bins = bins + tf.cast(v_or_zero > 0, tf.int32) * records.MAGNITUDE_BINS
+    magnitude = _row_counts(bins, 2 * records.MAGNITUDE_BINS, rows)
     misplaced = tf.cast(zeros, tf.float64) + dropped
-    magnitude = magnitude - tf.pad(misplaced[:, None], [[0, 0], [0, 2 * fmt.MAGNITUDE_BINS - 1]])
+    magnitude = magnitude - tf.pad(misplaced[:, None], [[0, 0], [0, 2 * records.MAGNITUDE_BINS - 1]])
     return nonfinite, low, high, total, squares, linear, magnitude
 
 
@@ -186,7 +186,7 @@ def _magnitude_bins(a):
     comparison each way against the exact float64 edges corrects it.
     """
     padded = tf.constant(_PADDED_EDGES, tf.float64)
-    last = len(fmt.LOG_EDGES)
+    last = len(records.LOG_EDGES)
     estimate = tf.floor(tf.math.log(tf.cast(a, tf.float32)) * np.float32(_LOG_PER_LN)) + _LOG_OFFSET
     j = tf.cast(tf.clip_by_value(estimate, 0, last), tf.int32)
     j = j - tf.cast(a < tf.gather(padded, j), tf.int32) + tf.cast(a >= tf.gather(padded, j + 1), tf.int32)
@@ -217,7 +217,7 @@ def divide(x, y):
 
     In a tf.function, Grappler rewrites division by a constant into
     multiplication by its reciprocal, which can differ in the last bit
-    (span / 30 did), so bucket edges would not be `format.linear_histogram`'s.
+    (span / 30 did), so bucket edges would not be `records.linear_histogram`'s.
     DivNoNan is not rewritten; `y` is never zero here.
     """
     return tf.math.divide_no_nan(x, y)

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from tb_gradviz import capture
-from tb_gradviz import format as fmt
+from tb_gradviz import records
 
 
 def _is_float(t):
@@ -41,7 +41,7 @@ class LayerCapture(capture.ProbePass):
         super().__init__(model, chosen, loss, training, statistics, default_statistics)
 
     def run(self, x, y, sample_weight=None):
-        """Runs the pass; returns `(step_records, skipped_paths)` (see `capture.records`)."""
+        """Runs the pass; returns `(step_records, skipped_paths)` (see `capture.step_records`)."""
         model = self.model
         scale = capture.loss_scale(model)
         state = list(model.non_trainable_variables) + list(model.metrics_variables)
@@ -124,7 +124,7 @@ def _kept_random_state():
             torch.cuda.set_rng_state_all(cuda)
 
 
-def _group_sums(x, divisor, buckets=fmt.HISTOGRAM_BUCKETS):
+def _group_sums(x, divisor, buckets=records.HISTOGRAM_BUCKETS):
     """`(sums [R, len(DEVICE_SUMS)], linear [R, buckets], magnitude [R, 2 MAGNITUDE_BINS])` of R rows.
 
     The float64 arithmetic of `kernels`, row-wise (see backends/jax.py's
@@ -145,8 +145,8 @@ def _group_sums(x, divisor, buckets=fmt.HISTOGRAM_BUCKETS):
     width = torch.where(spread, (high - low) / buckets, 1.0)
     position = torch.floor((f - torch.where(spread, low, 0.0)[:, None]) / width[:, None])
     linear = torch.where(finite, position.clamp(0, buckets - 1), buckets).to(torch.int64)
-    bins = fmt.MAGNITUDE_BINS
-    edges = torch.as_tensor(fmt.LOG_EDGES, dtype=torch.float64, device=v.device)
+    bins = records.MAGNITUDE_BINS
+    edges = torch.as_tensor(records.LOG_EDGES, dtype=torch.float64, device=v.device)
     magnitude = torch.searchsorted(edges, f.abs(), right=True) + (f > 0) * bins
     magnitude = torch.where(finite, magnitude, 2 * bins)
     count = lambda mask: mask.sum(dim=1).to(torch.float64)  # noqa: E731

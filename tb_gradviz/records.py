@@ -1,8 +1,9 @@
-"""The on-disk format of tb_gradviz: tags, record layouts and the event writer.
+"""The records of tb_gradviz: tags, layouts with named fields, their numpy definition and decoders.
 
-Imports neither TensorFlow nor Keras. `capture` computes the same records on
-device; the numpy functions here are the definition (and are used to write
-logs without TensorFlow, e.g. for benchmarks). docs/FORMAT.md describes it all.
+The one owner of what a record holds: the writer (`events`), the capture
+backends, `kernels`, the plugin, the CLI, the benchmarks and the tests use
+the names here, never positions. Imports only numpy. docs/FORMAT.md
+describes the same layouts for readers in other languages.
 
 Per layer and tensor, one log event writes:
 
@@ -14,19 +15,15 @@ Per layer and tensor, one log event writes:
 
 and, per pooling layer, `gradviz/<layer>/routing`: a float64 vector of
 `ROUTING_FIELDS`.
+
+Layouts change by addition only: a field is appended at the end of a
+record, never moved, renamed or given another meaning, so a reader pads an
+older, shorter record with NaN (`*_LAYOUTS` list every length ever written)
+and the metadata version stays 1. tests/test_layouts.py reads event files
+written by every earlier layout.
 """
 
-import itertools
-import os
-import socket
-import struct
-import time
-
-import google_crc32c
 import numpy as np
-from tensorboard.compat.proto import event_pb2, summary_pb2, tensor_pb2, tensor_shape_pb2, types_pb2
-
-from tb_gradviz import metadata
 
 TAG_PREFIX = "gradviz"
 HISTOGRAM_BUCKETS = 30
@@ -67,6 +64,31 @@ ROUTING_FIELDS = (
     "output_gradient_sum",
     "output_gradient_abs_sum",  # the scale against which the two sums are compared
 )
+
+# Named positions, for code that indexes a vector (numba compiles module ints
+# as constants). The stats fields that count elements, and the two bin lists:
+(STAT_COUNT, STAT_ZEROS, STAT_NAN, STAT_POS_INF, STAT_NEG_INF, STAT_MIN, STAT_MAX, STAT_MEAN, STAT_STD, STAT_SUM) = range(
+    len(STATS_FIELDS)
+)
+STATS_COUNT_FIELDS = STATS_FIELDS[: STAT_NEG_INF + 1]
+# The fields that depend on the order of float additions (fast paths agree
+# with the numpy definition to rounding there); every other field is exact.
+SUMMED_STATS = slice(STAT_MEAN, STAT_SUM + 1)
+NEGATIVE_BINS = slice(len(STATS_FIELDS), len(STATS_FIELDS) + MAGNITUDE_BINS)
+_FIRST_BIN = NEGATIVE_BINS.start
+POSITIVE_BINS = slice(len(STATS_FIELDS) + MAGNITUDE_BINS, STATS_LENGTH)
+(
+    ROUTING_INPUT_POSITIONS,
+    ROUTING_ROUTED_POSITIONS,
+    ROUTING_WINDOWS,
+    ROUTING_TIED_WINDOWS,
+    ROUTING_INPUT_GRADIENT_SUM,
+    ROUTING_OUTPUT_GRADIENT_SUM,
+    ROUTING_OUTPUT_GRADIENT_ABS_SUM,
+) = range(len(ROUTING_FIELDS))
+# `tied_windows` is NaN for average pools; the other three always count.
+ROUTING_COUNT_FIELDS = ROUTING_FIELDS[: ROUTING_TIED_WINDOWS + 1]
+ROUTING_SUMS = slice(ROUTING_INPUT_GRADIENT_SUM, None)
 
 ACTIVATION = "activation"
 INPUT_GRADIENT = "input_gradient"
@@ -125,7 +147,7 @@ def stats_vector(values):
     values = np.asarray(values, dtype=np.float64).ravel()
     finite = values[np.isfinite(values)]
     head = np.full(len(STATS_FIELDS), np.nan)
-    head[:5] = [
+    head[: STAT_NEG_INF + 1] = [
         values.size,
         np.count_nonzero(values == 0),
         np.count_nonzero(np.isnan(values)),
@@ -133,15 +155,12 @@ def stats_vector(values):
         np.count_nonzero(values == -np.inf),
     ]
     if finite.size:
-        head[5:] = [finite.min(), finite.max(), finite.mean(), finite.std(), finite.sum()]
+        head[STAT_MIN:] = [finite.min(), finite.max(), finite.mean(), finite.std(), finite.sum()]
     nonzero = finite[finite != 0]
     bins = np.searchsorted(LOG_EDGES, np.abs(nonzero), side="right")
     negative = np.bincount(bins[nonzero < 0], minlength=MAGNITUDE_BINS)
     positive = np.bincount(bins[nonzero > 0], minlength=MAGNITUDE_BINS)
     return np.concatenate([head, negative, positive]).astype(np.float64)
-
-
-_HEAD = len(STATS_FIELDS)
 
 
 def summary_from_sums(n, zeros, nans, pos_inf, neg_inf, low, high, total, squares, linear, magnitude, buckets):
@@ -156,24 +175,24 @@ def summary_from_sums(n, zeros, nans, pos_inf, neg_inf, low, high, total, square
     then positive), where the zeros are still in negative bin 0. Written in
     the subset of Python that numba compiles (kernels.py compiles it).
     """
-    stats = np.zeros(_HEAD + 2 * MAGNITUDE_BINS)
-    stats[0] = n
-    stats[1] = zeros
-    stats[2] = nans
-    stats[3] = pos_inf
-    stats[4] = neg_inf
-    stats[_HEAD:] = magnitude
-    stats[_HEAD] -= zeros
+    stats = np.zeros(STATS_LENGTH)
+    stats[STAT_COUNT] = n
+    stats[STAT_ZEROS] = zeros
+    stats[STAT_NAN] = nans
+    stats[STAT_POS_INF] = pos_inf
+    stats[STAT_NEG_INF] = neg_inf
+    stats[_FIRST_BIN:] = magnitude
+    stats[_FIRST_BIN] -= zeros
     histogram = np.zeros((buckets, 3))
     finite = n - nans - pos_inf - neg_inf
     if finite == 0:
-        stats[5:_HEAD] = np.nan
+        stats[STAT_MIN:_FIRST_BIN] = np.nan
         return histogram, stats
-    stats[5] = low
-    stats[6] = high
-    stats[7] = total / finite
-    stats[8] = np.sqrt(squares / finite)
-    stats[9] = total
+    stats[STAT_MIN] = low
+    stats[STAT_MAX] = high
+    stats[STAT_MEAN] = total / finite
+    stats[STAT_STD] = np.sqrt(squares / finite)
+    stats[STAT_SUM] = total
     if high > low:
         width = (high - low) / buckets
         for j in range(buckets):
@@ -188,34 +207,115 @@ def summary_from_sums(n, zeros, nans, pos_inf, neg_inf, low, high, total, square
     return histogram, stats
 
 
+class Layout:
+    """One record's layout: its shape now, the lengths it had before, which values count.
+
+    Args:
+      name: the record's name in messages.
+      shape: the shape of a record written now.
+      count_columns: a function of an `[n, *shape]` array returning the part
+        that counts elements; a row where any of it is not a finite,
+        non-negative number is malformed.
+      earlier_lengths: lengths of a vector record in earlier layouts (fields
+        were appended since); such records are padded with NaN.
+    """
+
+    def __init__(self, name, shape, count_columns, earlier_lengths=()):
+        self.name = name
+        self.shape = shape
+        self._count_columns = count_columns
+        self._earlier_lengths = frozenset(earlier_lengths)
+
+    def upgrade(self, array):
+        """Returns a record in today's layout, or None if it has no known layout.
+
+        A record of an earlier layout gets NaN for the fields added since.
+        """
+        array = np.asarray(array, dtype=np.float64)
+        if array.shape == self.shape:
+            return array
+        if array.ndim == 1 and array.size in self._earlier_lengths:
+            return np.concatenate([array, np.full(self.shape[0] - array.size, np.nan)])
+        return None
+
+    def valid_rows(self, values):
+        """Returns which rows of `[n, *shape]` records have whole, non-negative counts."""
+        counts = self._count_columns(values).reshape(len(values), -1)
+        return np.all(np.isfinite(counts) & (counts >= 0), axis=1)
+
+
+HISTOGRAM = Layout("histogram", (HISTOGRAM_BUCKETS, 3), lambda values: values[:, :, 2])
+STATS = Layout(
+    "stats",
+    (STATS_LENGTH,),
+    lambda values: np.concatenate([values[:, : STAT_NEG_INF + 1], values[:, _FIRST_BIN:]], axis=1),
+)
+# Routing records before `output_gradient_abs_sum` (tb_gradviz's first
+# commit) hold six fields.
+ROUTING = Layout(
+    "routing", (len(ROUTING_FIELDS),), lambda values: values[:, : ROUTING_WINDOWS + 1], earlier_lengths=(6,)
+)
+
+
+def _upgraded(layout, vector):
+    upgraded = layout.upgrade(np.asarray(vector, dtype=np.float64).ravel())
+    if upgraded is None:
+        raise ValueError(
+            f"a {layout.name} record has {layout.shape[0]} values (or {sorted(layout._earlier_lengths)} "
+            f"in earlier layouts); received {np.size(vector)}"
+        )
+    return upgraded
+
+
 def decode_stats(vector):
-    """Returns the stats record as a dict; `log_counts` holds the two bin lists.
+    """Returns one stats record as a dict; `log_counts` holds the two bin lists.
 
     Raises:
       ValueError: the vector does not have the record's length.
     """
-    vector = np.asarray(vector, dtype=np.float64).ravel()
-    if vector.size != STATS_LENGTH:
-        raise ValueError(f"a stats record has {STATS_LENGTH} values; received {vector.size}")
+    vector = _upgraded(STATS, vector)
     result = {name: float(value) for name, value in zip(STATS_FIELDS, vector)}
-    tail = vector[len(STATS_FIELDS) :].astype(np.int64)
     result["log_counts"] = {
-        "negative": tail[:MAGNITUDE_BINS].tolist(),
-        "positive": tail[MAGNITUDE_BINS:].tolist(),
+        "negative": vector[NEGATIVE_BINS].astype(np.int64).tolist(),
+        "positive": vector[POSITIVE_BINS].astype(np.int64).tolist(),
     }
     return result
 
 
 def decode_routing(vector):
-    """Returns the routing record as a dict of `ROUTING_FIELDS`.
+    """Returns one routing record as a dict of `ROUTING_FIELDS` (NaN for fields its layout lacked).
 
     Raises:
-      ValueError: the vector does not have the record's length.
+      ValueError: the vector has no routing layout's length.
     """
-    vector = np.asarray(vector, dtype=np.float64).ravel()
-    if vector.size != len(ROUTING_FIELDS):
-        raise ValueError(f"a routing record has {len(ROUTING_FIELDS)} values; received {vector.size}")
-    return {name: float(value) for name, value in zip(ROUTING_FIELDS, vector)}
+    return {name: float(value) for name, value in zip(ROUTING_FIELDS, _upgraded(ROUTING, vector))}
+
+
+def stats_columns(values):
+    """Decodes `[n, STATS_LENGTH]` stats records column-wise.
+
+    Returns:
+      `{field: [n] array}` for `STATS_FIELDS` (the count fields as int64),
+      and `"negative"`, `"positive"`: the `[n, MAGNITUDE_BINS]` int64 bins.
+    """
+    values = np.asarray(values, dtype=np.float64).reshape(-1, STATS_LENGTH)
+    columns = {
+        name: values[:, i].astype(np.int64) if name in STATS_COUNT_FIELDS else values[:, i]
+        for i, name in enumerate(STATS_FIELDS)
+    }
+    columns["negative"] = values[:, NEGATIVE_BINS].astype(np.int64)
+    columns["positive"] = values[:, POSITIVE_BINS].astype(np.int64)
+    return columns
+
+
+def routing_columns(values):
+    """Decodes `[n, len(ROUTING_FIELDS)]` routing records column-wise: `{field: [n] float64 array}`.
+
+    Counts stay float: `tied_windows` is NaN for average pools, and fields
+    added after a record was written are NaN.
+    """
+    values = np.asarray(values, dtype=np.float64).reshape(-1, len(ROUTING_FIELDS))
+    return {name: values[:, i] for i, name in enumerate(ROUTING_FIELDS)}
 
 
 # Pooling only moves gradient, so the sums on both sides of a pooling layer
@@ -265,147 +365,3 @@ def log_edges_description():
     }
 
 
-def _tensor_proto(array):
-    array = np.ascontiguousarray(array, dtype=np.float64)
-    return tensor_pb2.TensorProto(
-        dtype=types_pb2.DT_DOUBLE,
-        tensor_shape=tensor_shape_pb2.TensorShapeProto(
-            dim=[tensor_shape_pb2.TensorShapeProto.Dim(size=n) for n in array.shape]
-        ),
-        tensor_content=array.tobytes(),
-    )
-
-
-def summary_proto(records, carries_metadata):
-    """Returns a `Summary` holding `records`, each a `(tag, array, summary_metadata)`.
-
-    Args:
-      records: the values, in order; arrays are written as float64 tensors.
-      carries_metadata: `tag -> bool`, whether that value carries its
-        metadata (TensorBoard keeps a series' first metadata, so writers send
-        it once per tag and file).
-    """
-    summary = summary_pb2.Summary()
-    for tag, array, summary_metadata in records:
-        value = summary.value.add(tag=tag, tensor=_tensor_proto(array))
-        if carries_metadata(tag):
-            value.metadata.CopyFrom(summary_metadata)
-    return summary
-
-
-def masked_crc32c(data):
-    """TFRecord's checksum: CRC32C, rotated right by 15 bits, plus a constant (mod 2^32)."""
-    crc = google_crc32c.value(data)
-    return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
-
-
-def tfrecord(data):
-    """Returns `data` framed as a TFRecord: length, its checksum, the data, its checksum."""
-    header = struct.pack("<Q", len(data))
-    return header + struct.pack("<I", masked_crc32c(header)) + data + struct.pack("<I", masked_crc32c(data))
-
-
-_file_numbers = itertools.count()
-
-
-class EventFile:
-    """An event file that TensorBoard reads: `events.out.tfevents.<time>.<host>.<pid>.<n><suffix>`.
-
-    Writes the file-version event first, as TensorBoard's writers do, then
-    serialized events as they come. TensorBoard's own `EventFileWriter`
-    checksums in pure Python; `google_crc32c` does it in C (the two are
-    timed in bench/RESULTS.md, section 1).
-    """
-
-    def __init__(self, logdir, suffix=".gradviz", wall_time=None):
-        wall_time = time.time() if wall_time is None else wall_time
-        os.makedirs(logdir, exist_ok=True)
-        name = f"events.out.tfevents.{int(wall_time):010d}.{socket.gethostname()}.{os.getpid()}.{next(_file_numbers)}{suffix}"
-        self.path = os.path.join(os.fspath(logdir), name)
-        self._stream = open(self.path, "wb")
-        self.write(event_pb2.Event(wall_time=wall_time, file_version="brain.Event:2").SerializeToString())
-
-    def write(self, *events):
-        """Writes serialized events; `flush` makes them visible to readers."""
-        self._stream.write(b"".join(tfrecord(event) for event in events))
-
-    def flush(self):
-        self._stream.flush()
-
-    def close(self):
-        self._stream.close()
-
-
-class EventLog:
-    """Writes tb_gradviz records into one event file of a run directory.
-
-    The file is created at the first write, so nothing is written if nothing
-    fires. Each summary's metadata goes out with the first value of its tag in
-    this file only (TensorBoard keeps the first), and every `write` is flushed,
-    so an interrupted process leaves whole, readable records.
-    """
-
-    def __init__(self, logdir):
-        self.logdir = os.fspath(logdir)
-        self._file = None
-        self._tags_with_metadata = set()
-
-    def write(self, step, records, wall_time=None):
-        """Writes one event holding `records` at `step`, and flushes it.
-
-        Args:
-          step: the global step (an int).
-          records: iterable of `(tag, array, summary_metadata)`.
-          wall_time: seconds since the epoch; defaults to now.
-        """
-        records = list(records)
-        first_values = {tag for tag, _, _ in records} - self._tags_with_metadata
-        summary = summary_proto(records, first_values.__contains__)
-        self._tags_with_metadata |= first_values
-        if not summary.value:
-            return
-        if self._file is None:
-            self._file = EventFile(self.logdir)
-        event = event_pb2.Event(step=int(step), summary=summary)
-        event.wall_time = time.time() if wall_time is None else wall_time
-        self._file.write(event.SerializeToString())
-        self._file.flush()
-
-    def close(self):
-        """Closes the file; a later `write` opens a new one."""
-        if self._file is not None:
-            self._file.close()
-            self._file = None
-            self._tags_with_metadata.clear()
-
-
-def tensor_records(layer, tensor, histogram, stats, content):
-    """Returns the `(tag, array, metadata)` records of one tensor of one layer.
-
-    Args:
-      layer: the layer path, e.g. `"resnet50/pool1_pool"`.
-      tensor: the tensor name, e.g. `"input_gradient"`.
-      histogram: the `[k, 3]` linear histogram.
-      stats: the `STATS_LENGTH` stats vector.
-      content: layer and tensor metadata (see docs/FORMAT.md); the tags and
-        the layouts are added here.
-    """
-    hist_tag = histogram_tag(layer, tensor)
-    stats_content = dict(
-        content,
-        kind=metadata.KIND_TENSOR,
-        layer=layer,
-        tensor=tensor,
-        histogram_tag=hist_tag,
-        log_edges=log_edges_description(),
-    )
-    return [
-        (hist_tag, histogram, metadata.create_histogram_metadata(f"tb_gradviz: {tensor} of {layer}")),
-        (stats_tag(layer, tensor), stats, metadata.create_summary_metadata(stats_content)),
-    ]
-
-
-def routing_records(layer, routing, content):
-    """Returns the `(tag, array, metadata)` record of a pooling layer's routing."""
-    routing_content = dict(content, kind=metadata.KIND_ROUTING, layer=layer)
-    return [(routing_tag(layer), routing, metadata.create_summary_metadata(routing_content))]

@@ -1,0 +1,170 @@
+"""The event writer of tb_gradviz: records into TensorBoard event files.
+
+Imports neither TensorFlow nor Keras, so runs are written the same way on
+every backend (and without one, e.g. for benchmarks). What a record holds is
+`records`' business; this module frames `(tag, array, metadata)` values as
+`Summary` protos, events and TFRecords.
+"""
+
+import itertools
+import os
+import socket
+import struct
+import time
+
+import google_crc32c
+import numpy as np
+from tensorboard.compat.proto import event_pb2, summary_pb2, tensor_pb2, tensor_shape_pb2, types_pb2
+
+from tb_gradviz import metadata
+from tb_gradviz.records import histogram_tag, log_edges_description, routing_tag, stats_tag
+
+
+def _tensor_proto(array):
+    array = np.ascontiguousarray(array, dtype=np.float64)
+    return tensor_pb2.TensorProto(
+        dtype=types_pb2.DT_DOUBLE,
+        tensor_shape=tensor_shape_pb2.TensorShapeProto(
+            dim=[tensor_shape_pb2.TensorShapeProto.Dim(size=n) for n in array.shape]
+        ),
+        tensor_content=array.tobytes(),
+    )
+
+
+def summary_proto(records, carries_metadata):
+    """Returns a `Summary` holding `records`, each a `(tag, array, summary_metadata)`.
+
+    Args:
+      records: the values, in order; arrays are written as float64 tensors.
+      carries_metadata: `tag -> bool`, whether that value carries its
+        metadata (TensorBoard keeps a series' first metadata, so writers send
+        it once per tag and file).
+    """
+    summary = summary_pb2.Summary()
+    for tag, array, summary_metadata in records:
+        value = summary.value.add(tag=tag, tensor=_tensor_proto(array))
+        if carries_metadata(tag):
+            value.metadata.CopyFrom(summary_metadata)
+    return summary
+
+
+def masked_crc32c(data):
+    """TFRecord's checksum: CRC32C, rotated right by 15 bits, plus a constant (mod 2^32)."""
+    crc = google_crc32c.value(data)
+    return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
+
+
+def tfrecord(data):
+    """Returns `data` framed as a TFRecord: length, its checksum, the data, its checksum."""
+    header = struct.pack("<Q", len(data))
+    return header + struct.pack("<I", masked_crc32c(header)) + data + struct.pack("<I", masked_crc32c(data))
+
+
+_file_numbers = itertools.count()
+
+
+class EventFile:
+    """An event file that TensorBoard reads: `events.out.tfevents.<time>.<host>.<pid>.<n><suffix>`.
+
+    Writes the file-version event first, as TensorBoard's writers do, then
+    serialized events as they come. TensorBoard's own `EventFileWriter`
+    checksums in pure Python; `google_crc32c` does it in C (the two are
+    timed in bench/RESULTS.md, section 1).
+    """
+
+    def __init__(self, logdir, suffix=".gradviz", wall_time=None):
+        wall_time = time.time() if wall_time is None else wall_time
+        os.makedirs(logdir, exist_ok=True)
+        # TensorBoard reads a run's files in name order and skips a file named
+        # before one it has read: the number is zero-padded so that a
+        # process's tenth file in a second sorts after its ninth.
+        number = next(_file_numbers)
+        name = f"events.out.tfevents.{int(wall_time):010d}.{socket.gethostname()}.{os.getpid()}.{number:06d}{suffix}"
+        self.path = os.path.join(os.fspath(logdir), name)
+        self._stream = open(self.path, "wb")
+        self.write(event_pb2.Event(wall_time=wall_time, file_version="brain.Event:2").SerializeToString())
+
+    def write(self, *events):
+        """Writes serialized events; `flush` makes them visible to readers."""
+        self._stream.write(b"".join(tfrecord(event) for event in events))
+
+    def flush(self):
+        self._stream.flush()
+
+    def close(self):
+        self._stream.close()
+
+
+class EventLog:
+    """Writes tb_gradviz records into one event file of a run directory.
+
+    The file is created at the first write, so nothing is written if nothing
+    fires. Each summary's metadata goes out with the first value of its tag in
+    this file only (TensorBoard keeps the first), and every `write` is flushed,
+    so an interrupted process leaves whole, readable records.
+    """
+
+    def __init__(self, logdir):
+        self.logdir = os.fspath(logdir)
+        self._file = None
+        self._tags_with_metadata = set()
+
+    def write(self, step, records, wall_time=None):
+        """Writes one event holding `records` at `step`, and flushes it.
+
+        Args:
+          step: the global step (an int).
+          records: iterable of `(tag, array, summary_metadata)`.
+          wall_time: seconds since the epoch; defaults to now.
+        """
+        records = list(records)
+        first_values = {tag for tag, _, _ in records} - self._tags_with_metadata
+        summary = summary_proto(records, first_values.__contains__)
+        self._tags_with_metadata |= first_values
+        if not summary.value:
+            return
+        wall_time = time.time() if wall_time is None else wall_time
+        if self._file is None:
+            self._file = EventFile(self.logdir, wall_time=wall_time)
+        event = event_pb2.Event(step=int(step), summary=summary, wall_time=wall_time)
+        self._file.write(event.SerializeToString())
+        self._file.flush()
+
+    def close(self):
+        """Closes the file; a later `write` opens a new one."""
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+            self._tags_with_metadata.clear()
+
+
+def tensor_records(layer, tensor, histogram, stats, content):
+    """Returns the `(tag, array, metadata)` records of one tensor of one layer.
+
+    Args:
+      layer: the layer path, e.g. `"resnet50/pool1_pool"`.
+      tensor: the tensor name, e.g. `"input_gradient"`.
+      histogram: the `[k, 3]` linear histogram.
+      stats: the `STATS_LENGTH` stats vector.
+      content: layer and tensor metadata (see docs/FORMAT.md); the tags and
+        the layouts are added here.
+    """
+    hist_tag = histogram_tag(layer, tensor)
+    stats_content = dict(
+        content,
+        kind=metadata.KIND_TENSOR,
+        layer=layer,
+        tensor=tensor,
+        histogram_tag=hist_tag,
+        log_edges=log_edges_description(),
+    )
+    return [
+        (hist_tag, histogram, metadata.create_histogram_metadata(f"tb_gradviz: {tensor} of {layer}")),
+        (stats_tag(layer, tensor), stats, metadata.create_summary_metadata(stats_content)),
+    ]
+
+
+def routing_records(layer, routing, content):
+    """Returns the `(tag, array, metadata)` record of a pooling layer's routing."""
+    routing_content = dict(content, kind=metadata.KIND_ROUTING, layer=layer)
+    return [(routing_tag(layer), routing, metadata.create_summary_metadata(routing_content))]

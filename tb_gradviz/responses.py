@@ -1,0 +1,187 @@
+"""The bodies of the plugin's JSON answers, built from decoded series (docs/API.md).
+
+Plain functions from `store` data to plain dicts: no provider, no request.
+Counts are served as ints; a count that is NaN (`tied_windows` of an average
+pool, a field an older layout lacks) stays a float. Imports neither
+TensorFlow nor Keras.
+"""
+
+import numpy as np
+
+from tb_gradviz import records
+
+LOG_EDGES = records.LOG_EDGES.tolist()
+
+
+def _tensor_order(content):
+    role = content["role"]
+    role_rank = records.ROLES.index(role) if role in records.ROLES else len(records.ROLES)
+    return (role_rank, content["index"], content["tensor"])
+
+
+def _counts(column):
+    """A column of counts as a list: ints, NaN kept as a float."""
+    return [int(v) if np.isfinite(v) else v for v in np.asarray(column, dtype=np.float64).tolist()]
+
+
+def _stats_row(values):
+    """One stats record as `{field: scalar}` (counts as ints) and its magnitude bins."""
+    columns = records.stats_columns(values[None])
+    stats = {name: columns[name][0].item() for name in records.STATS_FIELDS}
+    log = {"negative": columns["negative"][0].tolist(), "positive": columns["positive"][0].tolist()}
+    return stats, log
+
+
+def _routing_row(values, dtype):
+    """One routing record as `{field: scalar}` (counts as ints, NaN kept) with its `mass` verdict."""
+    columns = records.routing_columns(values[None])
+    result = {
+        name: _counts(column)[0] if name in records.ROUTING_COUNT_FIELDS else column[0].item()
+        for name, column in columns.items()
+    }
+    result["mass"] = records.mass_conservation(records.decode_routing(values), dtype)
+    return result
+
+
+def layer_summary(name, layer):
+    """The `/runs` description of one layer of a `store.RunStore.layers()` index."""
+    info = layer["info"]
+    pooling = layer["routing"][1].get("pooling") if layer["routing"] else None
+    if pooling is None:
+        pooling = next((t[1]["pooling"] for t in layer["tensors"].values() if t[1].get("pooling")), None)
+    contents = sorted((content for _, content, _ in layer["tensors"].values()), key=_tensor_order)
+    tensors = [
+        {
+            "tensor": content["tensor"],
+            "role": content["role"],
+            "index": content["index"],
+            "shape": content["shape"],
+            "dtype": content.get("dtype"),
+        }
+        for content in contents
+    ]
+    steps = [series.max_step for _, _, series in layer["tensors"].values() if series.max_step is not None]
+    return {
+        "layer": name,
+        "layer_index": info["layer_index"],
+        "layer_class": info.get("layer_class"),
+        "layer_dtype": info.get("layer_dtype"),
+        # Files written before other backends existed came from TensorFlow.
+        "backend": info.get("backend", "tensorflow"),
+        "device": info.get("device"),
+        "pooling": pooling,
+        "tensors": tensors,
+        "max_step": max(steps) if steps else None,
+    }
+
+
+def runs_body(layer_indexes):
+    """The `/runs` body from `{run: layer index}`: runs by name, layers by `layer_index`."""
+    runs = []
+    for run, layers in sorted(layer_indexes.items()):
+        summaries = [layer_summary(name, layer) for name, layer in layers.items()]
+        summaries.sort(key=lambda layer: (layer["layer_index"], layer["layer"]))
+        runs.append({"run": run, "layers": summaries})
+    return {"runs": runs}
+
+
+def _histogram_columns(histograms, steps):
+    """The linear histograms (a `store.Series` or None) aligned with `steps`, None where missing."""
+    empty = [None] * len(steps)
+    result = {"buckets": records.HISTOGRAM_BUCKETS, "low": empty, "high": list(empty), "counts": list(empty)}
+    if histograms is None or not len(steps):
+        return result
+    # The last record of a step wins, as the stats rows are also sorted stably by step.
+    rows = histograms.rows_at(steps.tolist())
+    low = histograms.values[:, 0, 0].tolist()
+    high = histograms.values[:, -1, 1].tolist()
+    counts = histograms.values[:, :, 2].astype(np.int64).tolist()
+    result["low"] = [None if row is None else low[row] for row in rows]
+    result["high"] = [None if row is None else high[row] for row in rows]
+    result["counts"] = [None if row is None else counts[row] for row in rows]
+    return result
+
+
+def series_body(run, content, stats, histograms):
+    """The `/series` body of one tensor: its stats `store.Series` and histograms (a Series or None)."""
+    columns = records.stats_columns(stats.values)
+    return {
+        "run": run,
+        "layer": content["layer"],
+        "tensor": content["tensor"],
+        "role": content["role"],
+        "shape": content["shape"],
+        "dtype": content.get("dtype"),
+        "steps": stats.steps.tolist(),
+        "wall_times": stats.wall_times.tolist(),
+        "stats": {name: columns[name].tolist() for name in records.STATS_FIELDS},
+        "histogram": _histogram_columns(histograms, stats.steps),
+        "log": {"edges": LOG_EDGES, "negative": columns["negative"].tolist(), "positive": columns["positive"].tolist()},
+    }
+
+
+def routing_body(run, content, routing):
+    """The `/routing` body of a pooling layer: its routing `store.Series`, field by field, and the mass verdicts."""
+    dtype = content.get("layer_dtype")
+    verdicts = [records.mass_conservation(records.decode_routing(row), dtype) for row in routing.values]
+    columns = records.routing_columns(routing.values)
+    body = {"run": run, "layer": content["layer"], "pooling": content.get("pooling"), "steps": routing.steps.tolist()}
+    for name, column in columns.items():
+        body[name] = _counts(column) if name in records.ROUTING_COUNT_FIELDS else column.tolist()
+    body["mass"] = {key: [v[key] for v in verdicts] for key in ("difference", "relative", "tolerance", "conserved")}
+    return body
+
+
+def _layer_at(name, layer, stats, routing, limit):
+    """One layer of `/step`: its latest step `<= limit` and each record's value there, or None."""
+    found = []
+    for _, (tag, content, _) in layer["tensors"].items():
+        series = stats[tag]
+        row = series.index_at_or_before(limit)
+        if row is not None:
+            found.append((content, series, row))
+    if not found:
+        return None
+    step = max(int(series.steps[row]) for _, series, row in found)
+    tensors = {}
+    for content, series, row in sorted(found, key=lambda item: _tensor_order(item[0])):
+        values, log = _stats_row(series.values[row])
+        tensors[content["tensor"]] = {"step": int(series.steps[row]), "role": content["role"], "stats": values, "log": log}
+    routing_at = None
+    if layer["routing"] is not None:
+        tag, content, _ = layer["routing"]
+        series = routing[tag]
+        row = series.index_at_or_before(step)
+        if row is not None:
+            routing_at = dict(_routing_row(series.values[row], content.get("layer_dtype")), step=int(series.steps[row]))
+    return {
+        "layer": name,
+        "layer_index": layer["info"]["layer_index"],
+        "layer_class": layer["info"].get("layer_class"),
+        "step": step,
+        "tensors": tensors,
+        "routing": routing_at,
+    }
+
+
+def step_body(run, layers, stats, routing, limit):
+    """The `/step` body: every layer of a run at its latest step `<= limit`, or None if none has one.
+
+    Args:
+      layers: the run's layer index (`store.RunStore.layers()`).
+      stats, routing: `{tag: store.Series}` of its stats and routing series.
+    """
+    snapshots = []
+    for name, layer in layers.items():
+        snapshot = _layer_at(name, layer, stats, routing, limit)
+        if snapshot is not None:
+            snapshots.append(snapshot)
+    if not snapshots:
+        return None
+    snapshots.sort(key=lambda snapshot: (snapshot["layer_index"], snapshot["layer"]))
+    return {
+        "run": run,
+        "step": max(snapshot["step"] for snapshot in snapshots),
+        "layers": snapshots,
+        "log_edges": LOG_EDGES,
+    }
