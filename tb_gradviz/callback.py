@@ -8,6 +8,7 @@ import numpy as np
 
 from tb_gradviz import capture
 from tb_gradviz import events
+from tb_gradviz import records
 from tb_gradviz import selection
 
 
@@ -53,6 +54,9 @@ class GradVizCallback(keras.callbacks.Callback):
       loss: None to use the model's compiled loss, or a Keras loss.
       training: run the probe in training mode (BatchNorm batch statistics,
         Dropout on) like a train step; its state changes are undone.
+      stop_on_nonfinite: stop training (`model.stop_training`, as Keras'
+        `TerminateOnNaN` does for the loss) after a log event that recorded
+        a NaN or an Inf in any activation or gradient; a message names them.
 
     Raises:
       ValueError, TypeError: an argument is invalid; the message says what
@@ -69,6 +73,7 @@ class GradVizCallback(keras.callbacks.Callback):
         every_n_batches=None,
         loss=None,
         training=True,
+        stop_on_nonfinite=False,
     ):
         super().__init__()
         if not isinstance(log_dir, (str, os.PathLike)):
@@ -102,12 +107,15 @@ class GradVizCallback(keras.callbacks.Callback):
             _check_frequency("every_n_epochs", every_n_epochs)
         if not isinstance(training, bool):
             raise TypeError(f"training must be True or False; received {training!r}")
+        if not isinstance(stop_on_nonfinite, bool):
+            raise TypeError(f"stop_on_nonfinite must be True or False; received {stop_on_nonfinite!r}")
         self.log_dir = log_dir
         self.layers = selection.check_layer_spec(layers)
         self.every_n_epochs = every_n_epochs
         self.every_n_batches = every_n_batches
         self.loss = None if loss is None else selection.as_loss(loss)
         self.training = training
+        self.stop_on_nonfinite = stop_on_nonfinite
         self._probe = probe_batch(probe_data)
         self._log = events.EventLog(log_dir)
         self._capture = None
@@ -162,9 +170,15 @@ class GradVizCallback(keras.callbacks.Callback):
             if collective_ops is not None and collective_ops(x, y, sample_weight):
                 self._capture.run(x, y, sample_weight)
             return
-        records, skipped = self._capture.run(x, y, sample_weight)
+        written, skipped = self._capture.run(x, y, sample_weight)
         capture.warn_skipped(skipped)
-        self._log.write(self._step() if step is None else _check_step(step), records)
+        step = self._step() if step is None else _check_step(step)
+        self._log.write(step, written)
+        if self.stop_on_nonfinite:
+            nonfinite = [tag for tag, values, _ in written if records.stats_has_nonfinite(tag, values)]
+            if nonfinite:
+                print(f"GradVizCallback: step {step}: NaN or Inf recorded in {', '.join(nonfinite)}; stopping training")
+                self.model.stop_training = True
 
     def _writes_summaries(self):
         backend = keras.backend.backend()

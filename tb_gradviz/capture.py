@@ -193,6 +193,7 @@ class LayerPlan:
     pooling: dict = None
     has_routing: bool = False
     device: str = None  # where the pass ran, e.g. "cpu" or "cuda:0"
+    units_axis: int = None  # the channel axis of the first activation, when a units record is written
 
     @property
     def content(self):
@@ -236,10 +237,26 @@ def layer_plan(chosen, recording, shapes_and_dtypes, loss_scaled, device=None):
             scaled = loss_scaled and role != records.ACTIVATION
             plan.tensors.append(TensorPlan(name, role, i, list(shape), dtype, loss_scaled=scaled))
     plan.has_routing = plan.pooling is not None and len(recording.inputs) == 1 and len(recording.outputs) == 1
+    if recording.outputs:
+        rank = len(shapes_and_dtypes(recording.outputs[0])[0])
+        if rank >= 2:
+            plan.units_axis = 1 if getattr(chosen.layer, "data_format", None) == "channels_first" else rank - 1
     return plan
 
 
-def step_records(plans, summaries, routings, skipped):
+def dead_channels(plan, activations):
+    """Which channels of a layer's first activation are exactly zero everywhere (a boolean vector).
+
+    Zero for every probe example and every position: a ReLU unit that no
+    input of the batch switches on. Written in `keras.ops`, so every
+    backend's pass computes it the same way; a NaN is not zero.
+    """
+    x = activations[0]
+    axes = [a for a in range(len(x.shape)) if a != plan.units_axis]
+    return keras.ops.all(keras.ops.equal(x, 0), axis=axes)
+
+
+def step_records(plans, summaries, routings, skipped, units):
     """Returns `run`'s result: `(step_records, skipped_paths)`.
 
     Args:
@@ -247,9 +264,10 @@ def step_records(plans, summaries, routings, skipped):
       summaries: `(histogram, stats)` of each plan tensor, in plan order.
       routings: the routing vector of each plan with routing, in order.
       skipped: paths of chosen layers that the pass never called.
+      units: `dead_channels` of each plan with a `units_axis`, in order.
     """
     result = []
-    summaries, routings = iter(summaries), iter(routings)
+    summaries, routings, units = iter(summaries), iter(routings), iter(units)
     for plan in plans:
         layer_content = plan.content
         for t in plan.tensors:
@@ -260,6 +278,10 @@ def step_records(plans, summaries, routings, skipped):
             result += events.tensor_records(plan.chosen.path, t.name, histogram, stats, content)
         if plan.has_routing:
             result += events.routing_records(plan.chosen.path, next(routings), layer_content)
+        if plan.units_axis is not None:
+            units_content = dict(layer_content, tensor=plan.tensors[0].name, channel_axis=plan.units_axis)
+            vector = records.units_vector(keras.ops.convert_to_numpy(next(units)))
+            result += events.units_records(plan.chosen.path, vector, units_content)
     return result, list(skipped)
 
 
@@ -270,7 +292,7 @@ def step_records(plans, summaries, routings, skipped):
 DEVICE_SUMS = ("zeros", "nans", "pos_inf", "neg_inf", "low", "high", "total", "squares", "raw_sum", "raw_abs_sum")
 
 
-def device_records(plans, rows, routing_counts, skipped):
+def device_records(plans, rows, routing_counts, skipped, units):
     """Returns `run`'s result from statistics computed on a device.
 
     Args:
@@ -278,7 +300,7 @@ def device_records(plans, rows, routing_counts, skipped):
       rows: per plan tensor, in plan order, `(n, sums, linear, magnitude)`:
         its number of elements, its `DEVICE_SUMS`, its linear bucket counts
         and its magnitude bin counts (zeros in negative bin 0), as numpy.
-      routing_counts, skipped: as for `host_records`.
+      routing_counts, skipped, units: as for `host_records`.
     """
     summaries, routings = [], []
     rows, counts = iter(rows), iter(routing_counts)
@@ -292,7 +314,7 @@ def device_records(plans, rows, routing_counts, skipped):
         if plan.has_routing:
             input_sums, output_sums = by_name[records.INPUT_GRADIENT][1], by_name[records.OUTPUT_GRADIENT][1]
             routings.append(np.array([*map(float, next(counts)), input_sums[8], output_sums[8], output_sums[9]]))
-    return step_records(plans, summaries, routings, skipped)
+    return step_records(plans, summaries, routings, skipped, units)
 
 
 def host_routing(counts, input_gradient, output_gradient, divisor=None):
@@ -439,7 +461,7 @@ def warn_skipped(paths):
         )
 
 
-def host_records(plans, arrays, divisor, routing_counts, skipped):
+def host_records(plans, arrays, divisor, routing_counts, skipped, units):
     """Returns `run`'s result from the captured tensors, summarised on the host.
 
     Args:
@@ -450,6 +472,8 @@ def host_records(plans, arrays, divisor, routing_counts, skipped):
       routing_counts: `(input_positions, routed_positions, windows,
         tied_windows)` of each plan with routing, in order.
       skipped: paths of chosen layers that the pass never called.
+      units: `dead_channels` of each plan with a `units_axis`, in order
+        (numpy or the backend's tensors).
     """
     tensors = [t for plan in plans for t in plan.tensors]
     summaries = host_summaries([(a, divisor if t.loss_scaled else None) for a, t in zip(arrays, tensors)])
@@ -462,4 +486,4 @@ def host_records(plans, arrays, divisor, routing_counts, skipped):
             routings.append(
                 host_routing(next(counts), values[records.INPUT_GRADIENT], values[records.OUTPUT_GRADIENT], divisor)
             )
-    return step_records(plans, summaries, routings, skipped)
+    return step_records(plans, summaries, routings, skipped, units)

@@ -3,9 +3,11 @@
     tb-gradviz demo [--logdir DIR] [--model all|resnet50|cnn] [--no-serve]
     tb-gradviz summary LOGDIR [--run RUN] [--step STEP]
     tb-gradviz export LOGDIR [--format csv|json] [--output FILE]
+    tb-gradviz check LOGDIR [--run RUN] [--fail-on FLAGS] [--ratio R]
 
-`summary` and `export` read through the same code as the TensorBoard plugin
-and never import TensorFlow; `demo` does.
+`summary`, `export` and `check` read through the same code as the
+TensorBoard plugin and never import TensorFlow; `demo` does. `check` exits
+with status 1 (`EXIT_FLAGGED`) when a chosen training-health flag is raised.
 """
 
 import argparse
@@ -16,10 +18,11 @@ import os
 import sys
 import time
 
-from tb_gradviz import records
+from tb_gradviz import health, records
 
 EXIT_USAGE = 2
 EXIT_NO_DATA = 1
+EXIT_FLAGGED = 1
 
 
 class CommandError(Exception):
@@ -64,6 +67,20 @@ def build_parser():
     export.add_argument("--format", choices=("csv", "json"), default="csv", help="(default: %(default)s)")
     export.add_argument("--output", default="-", help="file to write, '-' for stdout (default)")
     export.add_argument("--run", default=None, help="only this run")
+
+    check = commands.add_parser(
+        "check", help="training-health flags per run and layer at the last step; exit 1 when a chosen one is raised"
+    )
+    check.add_argument("logdir")
+    check.add_argument("--run", default=None, help="only this run")
+    check.add_argument(
+        "--fail-on", type=_flags, default=list(health.FLAGS),
+        help=f"the flags that fail the check, comma-separated (default: {','.join(health.FLAGS)})",
+    )
+    check.add_argument(
+        "--ratio", type=_ratio, default=health.DEFAULT_RATIO,
+        help="vanishing / exploding: the output-gradient RMS ratio to the reference layer (default: %(default)g)",
+    )
     return parser
 
 
@@ -86,6 +103,14 @@ _non_negative_int = _typed("step", int, lambda v: v >= 0, "an integer >= 0")
 _positive_float = _typed("seconds", float, lambda v: v > 0 and math.isfinite(v), "a positive number")
 _image_size = _typed("image size", int, lambda v: v >= 32, "an integer >= 32 (ResNet50's smallest input)")
 _port = _typed("port", int, lambda v: 0 <= v <= 65535, "a port number 0-65535")
+_ratio = _typed("ratio", float, lambda v: 1 < v < math.inf, "a finite number above 1")
+
+
+def _flags(text):
+    try:
+        return health.parse_flags(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 DEFAULT_PORT = 6006  # TensorBoard's
 
 
@@ -93,7 +118,7 @@ def main(argv=None):
     """Entry point of the `tb-gradviz` console script; returns the exit status."""
     try:
         args = build_parser().parse_args(argv)
-        return {"demo": _demo, "summary": _summary, "export": _export}[args.command](args)
+        return {"demo": _demo, "summary": _summary, "export": _export, "check": _check}[args.command](args)
     except CommandError as e:
         print(f"error: {e}", file=sys.stderr)
         return e.code
@@ -180,7 +205,9 @@ def _summary(args):
     return 0
 
 
-SUMMARY_COLUMNS = ("layer", "tensor", "step", "shape", "zeros %", "routed %", "max routed %", "tied", "nan", "inf", "mass")
+SUMMARY_COLUMNS = (
+    "layer", "tensor", "step", "shape", "zeros %", "routed %", "max routed %", "tied", "nan", "inf", "mass", "flags"
+)
 
 
 def summary_rows(snapshot, layers):
@@ -213,6 +240,7 @@ def summary_rows(snapshot, layers):
                     str(stats["nan"]),
                     str(stats["pos_inf"] + stats["neg_inf"]),
                     mass_conservation(routed) if routed else "",
+                    ",".join(flag["flag"] for flag in layer.get("flags", [])),
                 )
             )
     return rows
@@ -236,12 +264,38 @@ def _count(value):
     return "-" if not math.isfinite(value) else str(int(value))
 
 
-def _table(rows):
-    widths = [max(len(str(c)) for c in column) for column in zip(SUMMARY_COLUMNS, *rows)]
-    lines = ["  ".join(str(c).ljust(w) for c, w in zip(SUMMARY_COLUMNS, widths)).rstrip()]
+def _table(rows, columns=SUMMARY_COLUMNS):
+    widths = [max(len(str(c)) for c in column) for column in zip(columns, *rows)]
+    lines = ["  ".join(str(c).ljust(w) for c, w in zip(columns, widths)).rstrip()]
     lines.append("  ".join("-" * w for w in widths))
     lines += ["  ".join(str(c).ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows]
     return "\n".join(lines)
+
+
+# check
+
+
+def _check(args):
+    gradviz, ctx, experiment = _open_logdir(args.logdir)
+    raised = []
+    for run in _runs(gradviz, ctx, experiment, args.logdir, args.run):
+        snapshot = gradviz.step_impl(ctx, experiment, run["run"], None, args.ratio)
+        rows = [
+            (layer["layer"], flag["flag"], "yes" if flag["flag"] in args.fail_on else "no", flag["detail"])
+            for layer in snapshot["layers"]
+            for flag in layer["flags"]
+        ]
+        raised += [row for row in rows if row[2] == "yes"]
+        reference = snapshot["health"]["reference_layer"]
+        print(f"run {run['run']}  (step {snapshot['step']}, reference layer {reference or '-'})")
+        print(_table(rows, ("layer", "flag", "fails", "detail")) if rows else "no flag raised")
+        if all(layer["units"] is None for layer in snapshot["layers"]):
+            print("(dead units not recorded: the run was written before tb_gradviz recorded them)")
+        print()
+    if raised:
+        print(f"{len(raised)} flag(s) among --fail-on {','.join(args.fail_on)} raised", file=sys.stderr)
+        return EXIT_FLAGGED
+    return 0
 
 
 # export

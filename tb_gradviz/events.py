@@ -17,7 +17,7 @@ import numpy as np
 from tensorboard.compat.proto import event_pb2, summary_pb2, tensor_pb2, tensor_shape_pb2, types_pb2
 
 from tb_gradviz import metadata
-from tb_gradviz.records import histogram_tag, log_edges_description, routing_tag, stats_tag
+from tb_gradviz.records import histogram_tag, log_edges_description, routing_tag, stats_tag, units_tag
 
 
 def _tensor_proto(array):
@@ -168,3 +168,9 @@ def routing_records(layer, routing, content):
     """Returns the `(tag, array, metadata)` record of a pooling layer's routing."""
     routing_content = dict(content, kind=metadata.KIND_ROUTING, layer=layer)
     return [(routing_tag(layer), routing, metadata.create_summary_metadata(routing_content))]
+
+
+def units_records(layer, units, content):
+    """Returns the `(tag, array, metadata)` record of a layer's dead units (`records.units_vector`)."""
+    units_content = dict(content, kind=metadata.KIND_UNITS, layer=layer)
+    return [(units_tag(layer), units, metadata.create_summary_metadata(units_content))]

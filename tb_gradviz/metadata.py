@@ -21,7 +21,8 @@ PROTO_VERSION = 1
 
 KIND_TENSOR = "tensor"
 KIND_ROUTING = "routing"
-KINDS = (KIND_TENSOR, KIND_ROUTING)
+KIND_UNITS = "units"
+KINDS = (KIND_TENSOR, KIND_ROUTING, KIND_UNITS)
 
 
 class NewerVersionError(ValueError):
@@ -113,6 +114,8 @@ def _valid_content(content):
     )
     if not common or content["kind"] == KIND_ROUTING:
         return common
+    if content["kind"] == KIND_UNITS:
+        return _is_str(content.get("tensor")) and _is_int(content.get("channel_axis"))
     return (
         _is_str(content.get("tensor"))
         and _is_str(content.get("role"))

@@ -20,7 +20,7 @@ from tensorboard.backend import http_util
 from tensorboard.plugins import base_plugin
 from tensorboard.plugins.histogram import metadata as histogram_metadata
 
-from tb_gradviz import metadata, records, responses, store
+from tb_gradviz import health, metadata, records, responses, store
 
 _JSON = "application/json"
 _ALLOWED_METHODS = ("GET", "HEAD")
@@ -126,6 +126,21 @@ def _parse_step(text):
     return min(max(int(text), _INT64_MIN), _INT64_MAX)
 
 
+def _parse_ratio(text):
+    """Parses the flags' ratio: a finite number above 1.
+
+    Raises:
+      InvalidArgumentError: anything else.
+    """
+    try:
+        ratio = float(text[:40])
+    except ValueError:
+        ratio = float("nan")
+    if not 1 < ratio < float("inf"):
+        raise errors.InvalidArgumentError(f"ratio must be a finite number above 1; received {text[:40]!r}")
+    return ratio
+
+
 class GradVizPlugin(base_plugin.TBPlugin):
     """Serves the GradViz tab: per-layer activations and gradients over steps."""
 
@@ -227,14 +242,15 @@ class GradVizPlugin(base_plugin.TBPlugin):
         tag = records.routing_tag(layer)
         return responses.routing_body(run, content, run_store.read({tag: time_series}, records.ROUTING)[tag])
 
-    def step_impl(self, ctx, experiment, run, step=None):
-        """Returns the `/step` body: every layer of a run at its latest step `<= step`.
+    def step_impl(self, ctx, experiment, run, step=None, ratio=health.DEFAULT_RATIO):
+        """Returns the `/step` body: every layer of a run at its latest step `<= step`, with its flags.
 
         Args:
           ctx: the request's `tensorboard.context.RequestContext`.
           experiment: the experiment id.
           run: a run name.
           step: an int, or None for each layer's last step.
+          ratio: the vanishing / exploding ratio of the flags (`health`).
 
         Returns:
           A dict as described in docs/API.md. Layers without a step `<= step`
@@ -247,13 +263,20 @@ class GradVizPlugin(base_plugin.TBPlugin):
         layers = run_store.layers()
         limit = _INT64_MAX if step is None else step
         stats_series = {tag: ts for layer in layers.values() for tag, _, ts in layer["tensors"].values()}
-        routing_series = {layer["routing"][0]: layer["routing"][2] for layer in layers.values() if layer["routing"]}
+
+        def series_of(kind):
+            return {layer[kind][0]: layer[kind][2] for layer in layers.values() if layer[kind]}
+
         body = responses.step_body(
             run,
             layers,
-            run_store.read_at(stats_series, records.STATS, limit),
-            run_store.read_at(routing_series, records.ROUTING, limit),
+            {
+                "stats": run_store.read_at(stats_series, records.STATS, limit),
+                "routing": run_store.read_at(series_of("routing"), records.ROUTING, limit),
+                "units": run_store.read_at(series_of("units"), records.UNITS, limit),
+            },
             limit,
+            ratio,
         )
         if body is None:
             raise errors.NotFoundError(f"run {run!r} has no step <= {limit}")
@@ -293,9 +316,11 @@ class GradVizPlugin(base_plugin.TBPlugin):
         run = _single_arg(request, "run")
         step = _single_arg(request, "step", required=False)
         step = None if step is None else _parse_step(step)
+        ratio = _single_arg(request, "ratio", required=False)
+        ratio = health.DEFAULT_RATIO if ratio is None else _parse_ratio(ratio)
         ctx = plugin_util.context(request.environ)
         experiment = plugin_util.experiment_id(request.environ)
-        return http_util.Respond(request, self.step_impl(ctx, experiment, run, step), _JSON)
+        return http_util.Respond(request, self.step_impl(ctx, experiment, run, step, ratio), _JSON)
 
     @wrappers.Request.application
     def _serve_static(self, request):

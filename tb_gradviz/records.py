@@ -90,6 +90,13 @@ POSITIVE_BINS = slice(len(STATS_FIELDS) + MAGNITUDE_BINS, STATS_LENGTH)
 ROUTING_COUNT_FIELDS = ROUTING_FIELDS[: ROUTING_TIED_WINDOWS + 1]
 ROUTING_SUMS = slice(ROUTING_INPUT_GRADIENT_SUM, None)
 
+# Per layer, `gradviz/<layer>/units`: its (first) activation's channels, how
+# many are dead (exactly zero for every probe example and position), then
+# the first `UNITS_LISTED` dead channel indices, NaN-padded.
+UNITS_FIELDS = ("channels", "dead_channels")
+UNITS_LISTED = 32
+UNITS_LENGTH = len(UNITS_FIELDS) + UNITS_LISTED
+
 ACTIVATION = "activation"
 INPUT_GRADIENT = "input_gradient"
 OUTPUT_GRADIENT = "output_gradient"
@@ -111,6 +118,15 @@ def stats_tag(layer, tensor):
 
 def routing_tag(layer):
     return f"{TAG_PREFIX}/{layer}/routing"
+
+
+def units_tag(layer):
+    return f"{TAG_PREFIX}/{layer}/units"
+
+
+def stats_has_nonfinite(tag, values):
+    """Whether `(tag, values)` is a stats record that counts a NaN or an Inf."""
+    return tag.endswith("/stats") and bool(np.any(np.asarray(values)[STAT_NAN : STAT_NEG_INF + 1] > 0))
 
 
 def linear_histogram(values, buckets=HISTOGRAM_BUCKETS):
@@ -255,6 +271,30 @@ STATS = Layout(
 ROUTING = Layout(
     "routing", (len(ROUTING_FIELDS),), lambda values: values[:, : ROUTING_WINDOWS + 1], earlier_lengths=(6,)
 )
+
+
+UNITS = Layout("units", (UNITS_LENGTH,), lambda values: values[:, : len(UNITS_FIELDS)])
+
+
+def units_vector(dead):
+    """Returns the units record of a boolean vector, one entry per channel: is it dead?"""
+    dead = np.asarray(dead, dtype=bool).ravel()
+    listed = np.flatnonzero(dead)[:UNITS_LISTED]
+    vector = np.full(UNITS_LENGTH, np.nan)
+    vector[: len(UNITS_FIELDS)] = [dead.size, np.count_nonzero(dead)]
+    vector[len(UNITS_FIELDS) : len(UNITS_FIELDS) + listed.size] = listed
+    return vector
+
+
+def decode_units(vector):
+    """Returns a units record as `{"channels", "dead_channels", "listed"}` (ints)."""
+    vector = _upgraded(UNITS, vector)
+    listed = vector[len(UNITS_FIELDS) :]
+    return {
+        "channels": int(vector[0]),
+        "dead_channels": int(vector[1]),
+        "listed": listed[np.isfinite(listed)].astype(np.int64).tolist(),
+    }
 
 
 def _upgraded(layout, vector):

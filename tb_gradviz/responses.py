@@ -8,7 +8,7 @@ TensorFlow nor Keras.
 
 import numpy as np
 
-from tb_gradviz import records
+from tb_gradviz import health, records
 
 LOG_EDGES = records.LOG_EDGES.tolist()
 
@@ -132,11 +132,11 @@ def routing_body(run, content, routing):
     return body
 
 
-def _layer_at(name, layer, stats, routing, limit):
+def _layer_at(name, layer, series_by_kind, limit):
     """One layer of `/step`: its latest step `<= limit` and each record's value there, or None."""
     found = []
     for _, (tag, content, _) in layer["tensors"].items():
-        series = stats[tag]
+        series = series_by_kind["stats"][tag]
         row = series.index_at_or_before(limit)
         if row is not None:
             found.append((content, series, row))
@@ -147,13 +147,18 @@ def _layer_at(name, layer, stats, routing, limit):
     for content, series, row in sorted(found, key=lambda item: _tensor_order(item[0])):
         values, log = _stats_row(series.values[row])
         tensors[content["tensor"]] = {"step": int(series.steps[row]), "role": content["role"], "stats": values, "log": log}
-    routing_at = None
+    routing_at = units_at = None
     if layer["routing"] is not None:
         tag, content, _ = layer["routing"]
-        series = routing[tag]
+        series = series_by_kind["routing"][tag]
         row = series.index_at_or_before(step)
         if row is not None:
             routing_at = dict(_routing_row(series.values[row], content.get("layer_dtype")), step=int(series.steps[row]))
+    if layer["units"] is not None:
+        series = series_by_kind["units"][layer["units"][0]]
+        row = series.index_at_or_before(step)
+        if row is not None:
+            units_at = dict(records.decode_units(series.values[row]), step=int(series.steps[row]))
     return {
         "layer": name,
         "layer_index": layer["info"]["layer_index"],
@@ -161,27 +166,38 @@ def _layer_at(name, layer, stats, routing, limit):
         "step": step,
         "tensors": tensors,
         "routing": routing_at,
+        "units": units_at,
+        "flow": health.layer_flow(tensors),
     }
 
 
-def step_body(run, layers, stats, routing, limit):
+def step_body(run, layers, series_by_kind, limit, ratio=health.DEFAULT_RATIO):
     """The `/step` body: every layer of a run at its latest step `<= limit`, or None if none has one.
 
     Args:
       layers: the run's layer index (`store.RunStore.layers()`).
-      stats, routing: `{tag: store.Series}` of its stats and routing series.
+      series_by_kind: `{"stats" | "routing" | "units": {tag: store.Series}}`.
+      ratio: the vanishing / exploding ratio of the flags (`health`).
     """
     snapshots = []
     for name, layer in layers.items():
-        snapshot = _layer_at(name, layer, stats, routing, limit)
+        snapshot = _layer_at(name, layer, series_by_kind, limit)
         if snapshot is not None:
             snapshots.append(snapshot)
     if not snapshots:
         return None
     snapshots.sort(key=lambda snapshot: (snapshot["layer_index"], snapshot["layer"]))
+    reference = health.reference_layer(snapshots)
+    for snapshot in snapshots:
+        snapshot["flags"] = health.layer_flags(snapshot, reference, ratio)
     return {
         "run": run,
         "step": max(snapshot["step"] for snapshot in snapshots),
         "layers": snapshots,
         "log_edges": LOG_EDGES,
+        "health": {
+            "ratio": ratio,
+            "reference_layer": None if reference is None else reference["layer"],
+            "rules": health.rules(ratio),
+        },
     }

@@ -145,8 +145,8 @@ def _layer_index(run, time_series_by_tag, skip_warning):
 
     Returns:
       `{layer: {"info": content, "tensors": {tensor: (tag, content, series)},
-      "routing": (tag, content, series) or None}}`, without layers that
-      have no tensor.
+      "routing": (tag, content, series) or None, "units": likewise}}`,
+      without layers that have no tensor.
     """
     layers = {}
     # Sorted tags: loaders list them in different orders, and the first
@@ -156,9 +156,11 @@ def _layer_index(run, time_series_by_tag, skip_warning):
         content = parse_content(time_series, run, tag, skip_warning)
         if content is None:
             continue
-        layer = layers.setdefault(content["layer"], {"info": content, "tensors": {}, "routing": None})
+        layer = layers.setdefault(content["layer"], {"info": content, "tensors": {}, "routing": None, "units": None})
         if content["kind"] == metadata.KIND_ROUTING:
             layer["routing"] = (tag, content, time_series)
+        elif content["kind"] == metadata.KIND_UNITS:
+            layer["units"] = (tag, content, time_series)
         else:
             layer["tensors"][content["tensor"]] = (tag, content, time_series)
     return {name: layer for name, layer in layers.items() if layer["tensors"]}
@@ -224,7 +226,7 @@ class RunStore:
         """Returns the run's layer index: `{layer: {"info", "tensors", "routing"}}`.
 
         `tensors` maps a tensor name to `(tag, content, time_series)`,
-        `routing` is that triple or None.
+        `routing` and `units` are such triples or None.
 
         Raises:
           NotFoundError: the run holds no tb_gradviz data.

@@ -535,3 +535,28 @@ def test_a_nan_in_a_max_pool_window_is_what_the_backend_computes(tmp_path):
     pooled = numpy(layers.MaxPooling2D(2)(x))[0, :, :, 0]
     expected_first = 5.0 if BACKEND == "tensorflow" else np.nan
     np.testing.assert_array_equal(pooled, [[expected_first, 7.0], [13.0, 15.0]])
+
+
+def test_dead_channels_are_recorded_alike_on_every_backend(tmp_path):
+    # Issue 13: the units record, computed in keras.ops inside each backend's pass.
+    keras.utils.set_random_seed(0)
+    inputs = keras.Input((6, 6, 1))
+    conv = layers.Conv2D(5, 3, padding="same", activation="relu", name="conv",
+                         bias_initializer=keras.initializers.Constant([0.0, -40.0, 0.2, 0.0, -40.0]))
+    model = keras.Model(inputs, layers.Dense(2, name="head")(layers.Flatten()(layers.MaxPooling2D(name="pool")(conv(inputs)))))
+    model.compile("sgd", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    x = np.random.default_rng(5).normal(size=(4, 6, 6, 1)).astype("float32")
+    callback = GradVizCallback(tmp_path, (x, np.arange(4) % 2), layers=["conv", "pool", "head"])
+    callback.set_model(model)
+    callback.log_now(step=3)
+    callback.on_train_end()
+    log = eventdata.load(tmp_path)
+    activation = numpy(conv(x))
+    reference = np.flatnonzero(np.all(activation == 0, axis=(0, 1, 2))).tolist()
+    assert reference == [1, 4]
+    for layer, channels in (("conv", 5), ("pool", 5)):
+        units = records.decode_units(eventdata.last(log, records.units_tag(layer)))
+        assert units == {"channels": channels, "dead_channels": 2, "listed": reference}
+    assert records.decode_units(eventdata.last(log, records.units_tag("head"))) == {
+        "channels": 2, "dead_channels": 0, "listed": []
+    }

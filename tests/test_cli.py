@@ -205,7 +205,7 @@ def test_keras_tensorboard_logs_nothing_for_maxpool_and_gradviz_logs_its_tensors
     assert "write_grads" in write_grads_error
     keras_tags, gradviz_tags = table["maxpool"]
     assert keras_tags == []
-    assert gradviz_tags == [f"gradviz/maxpool/{t}" for t in ("activation", "input_gradient", "output_gradient", "routing")]
+    assert gradviz_tags == [f"gradviz/maxpool/{t}" for t in ("activation", "input_gradient", "output_gradient", "routing", "units")]
     assert table["conv"][0]  # Keras does log the conv's weights
 
 

@@ -66,15 +66,15 @@ class LayerCapture(capture.ProbePass):
             state, x, y, sample_weight, scale = jax.device_put((state, x, y, sample_weight, scale), device)
         if self._pass is None:
             self._plan(state, x, y, sample_weight, scale)
-        activations, gradients, routing_counts = self._pass(self._zeros, state, x, y, sample_weight, scale)
+        activations, gradients, routing_counts, units = self._pass(self._zeros, state, x, y, sample_weight, scale)
         self.devices = sorted(str(d) for d in jax.tree_util.tree_leaves(activations)[0].devices())
         tensors = []
         for layer_activations, (input_grads, output_grads) in zip(activations, gradients):
             tensors += [*layer_activations, *input_grads, *output_grads]
         counts = [tuple(np.nan if c is None else int(c) for c in layer) for layer in routing_counts]
         if self.statistics == "host":
-            return capture.host_records(self.plans, [_host(t) for t in tensors], divisor, counts, self._skipped)
-        return capture.device_records(self.plans, self._device_rows(tensors, divisor), counts, self._skipped)
+            return capture.host_records(self.plans, [_host(t) for t in tensors], divisor, counts, self._skipped, units)
+        return capture.device_records(self.plans, self._device_rows(tensors, divisor), counts, self._skipped, units)
 
     def _device_rows(self, tensors, divisor):
         """`(n, sums, linear, magnitude)` of each tensor, computed on its device in float64."""
@@ -173,7 +173,8 @@ class LayerCapture(capture.ProbePass):
         for c, plan, pool_input in zip(self._called, self.plans, pool_inputs):
             if plan.has_routing:
                 routing_counts.append(_routing_counts(c.layer.call, pool_input, plan.pooling))
-        return activations, gradients, routing_counts
+        units = [capture.dead_channels(p, a) for p, a in zip(self.plans, activations) if p.units_axis is not None]
+        return activations, gradients, routing_counts, units
 
 
 def _chunk_sums(chunks, scaled, tensors, divisor):

@@ -70,7 +70,8 @@ class LayerCapture(capture.ProbePass):
         with self.model.distribute_strategy.scope():
             outputs = self._probe(x, y, sample_weight)
         outputs = [np.asarray(t) for t in outputs]  # on a CPU, no copy
-        routings = outputs[self._routing_start :]
+        routings = outputs[self._routing_start : self._units_start]
+        units = outputs[self._units_start :]
         if self.statistics == "host":
             scale = float(outputs[self._routing_start - 1]) if any(self._divided_items) else None
             summaries = capture.host_summaries(
@@ -78,7 +79,9 @@ class LayerCapture(capture.ProbePass):
             )
         else:
             summaries = [(outputs[position][row], outputs[position + 1][row]) for position, row in self._group_rows]
-        return capture.step_records(self.plans, [summaries[item] for item in self._items], routings, self._skipped)
+        return capture.step_records(
+            self.plans, [summaries[item] for item in self._items], routings, self._skipped, units
+        )
 
     def collective_ops(self, x, y, sample_weight=None):
         """Returns the sorted op types of the pass that communicate across workers.
@@ -173,7 +176,7 @@ class LayerCapture(capture.ProbePass):
         accelerators = [d for d in tf.config.list_logical_devices() if d.device_type != "CPU"]
         device = accelerators[0].device_type.lower() if accelerators else "cpu"
 
-        routings, summarised, self.plans = [], [], []
+        routings, units, summarised, self.plans = [], [], [], []
         # Which summarised item each plan tensor reads: its own, or, for the
         # input gradient that is the same values as another layer's output
         # gradient, that one's (resolved once every item is known).
@@ -209,6 +212,8 @@ class LayerCapture(capture.ProbePass):
                         c.layer.call, rec.inputs[0], input_grads[0], output_grads[0], plan.pooling, divisor=scale
                     )
                 )
+            if plan.units_axis is not None:
+                units.append(capture.dead_channels(plan, rec.outputs))
             self.plans.append(plan)
 
         for position, producer in same_as_output.items():
@@ -234,6 +239,8 @@ class LayerCapture(capture.ProbePass):
                 outputs += [histograms, stats]
         self._routing_start = len(outputs)
         outputs += routings
+        self._units_start = len(outputs)
+        outputs += units
 
         # Written after every read above: automatic control dependencies keep
         # program order for ops on the same variable.

@@ -68,7 +68,7 @@ class LayerCapture(capture.ProbePass):
                 sources = [z for c in called for z in zeros[c.path]]
                 gradients = torch.autograd.grad(loss, sources, allow_unused=True)
                 gradients = iter(torch.zeros_like(z) if g is None else g for z, g in zip(sources, gradients))
-                tensors, routing_counts, self.plans = [], [], []
+                tensors, routing_counts, units, self.plans = [], [], [], []
                 device = str(loss.device)
                 for c in called:
                     rec = recordings[c.path]
@@ -80,14 +80,16 @@ class LayerCapture(capture.ProbePass):
                     tensors += [t.detach() for t in (*rec.outputs, *input_grads, *output_grads)]
                     if plan.has_routing:
                         routing_counts.append(_routing_counts(c.layer.call, rec.inputs[0], plan.pooling))
+                    if plan.units_axis is not None:
+                        units.append(capture.dead_channels(plan, [t.detach() for t in rec.outputs]))
                     self.plans.append(plan)
         finally:
             for v, value in zip(state, saved):
                 v.assign(value)
         skipped = [c.path for c in self.chosen if not recordings[c.path].outputs]
         if self.statistics == "host":
-            return capture.host_records(self.plans, [_host(t) for t in tensors], scale, routing_counts, skipped)
-        return capture.device_records(self.plans, self._device_rows(tensors, scale), routing_counts, skipped)
+            return capture.host_records(self.plans, [_host(t) for t in tensors], scale, routing_counts, skipped, units)
+        return capture.device_records(self.plans, self._device_rows(tensors, scale), routing_counts, skipped, units)
 
     def _device_rows(self, tensors, divisor):
         """`(n, sums, linear, magnitude)` of each tensor, computed on its device in float64."""

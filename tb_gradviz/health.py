@@ -1,0 +1,124 @@
+"""Training-health flags, decided from the recorded statistics of one step.
+
+Numpy only. The plugin serves the flags in `/step` and `tb-gradviz check` and
+`summary` print them, so the tab, the CLI and a CI job judge alike. Nothing
+here costs the callback anything: the flags read the stats records every log
+event already writes, and the units record for dead channels.
+
+The rules (README, "Training-health flags"):
+
+* `nonfinite`: a recorded tensor of the layer holds a NaN or an Inf;
+* `vanishing` / `exploding`: the RMS of the gradient at the layer's output
+  is below / above that of the reference layer by more than `ratio` (default
+  1000, three orders of magnitude). The reference is the chosen layer
+  nearest the output whose output gradient has a finite, non-zero RMS:
+  gradients that fall or grow by orders of magnitude on their way from the
+  loss toward the input;
+* `dead`: channels of the layer's activation that are exactly zero for every
+  probe example and position.
+
+Saturation (a sigmoid or tanh output at its bounds) is not flagged: the
+records do not say which activation function a layer applies, and a value
+at 0 is a saturated sigmoid but a healthy ReLU.
+"""
+
+import math
+
+from tb_gradviz import records
+
+FLAGS = ("nonfinite", "vanishing", "exploding", "dead")
+DEFAULT_RATIO = 1000.0
+
+
+def rules(ratio=DEFAULT_RATIO):
+    """The rule of each flag, as the tab shows it on hover."""
+    return {
+        "nonfinite": "a recorded activation or gradient holds a NaN or an Inf",
+        "vanishing": f"the output gradient's RMS is over {ratio:g}x smaller than at the reference layer (nearest the output)",
+        "exploding": f"the output gradient's RMS is over {ratio:g}x larger than at the reference layer (nearest the output)",
+        "dead": "channels of the activation are exactly zero for every probe example and position",
+    }
+
+
+def parse_flags(text):
+    """Parses a comma-separated list of flags.
+
+    Raises:
+      ValueError: an unknown flag, naming the ones allowed.
+    """
+    chosen = [name.strip() for name in text.split(",") if name.strip()]
+    unknown = [name for name in chosen if name not in FLAGS]
+    if unknown or not chosen:
+        raise ValueError(f"flags must be a comma-separated list of {', '.join(FLAGS)}; received {text!r}")
+    return chosen
+
+
+def _finite_count(stats):
+    return stats["count"] - stats["nan"] - stats["pos_inf"] - stats["neg_inf"]
+
+
+def role_flow(stats_list):
+    """The RMS, max |value| and exact-zero fraction over several tensors' stats (one role of a layer).
+
+    RMS and max are over the finite values (NaN when there is none); the
+    RMS of several tensors is that of all their values together.
+    """
+    finite = sum(_finite_count(s) for s in stats_list)
+    count = sum(s["count"] for s in stats_list)
+    if finite:
+        squares = sum(_finite_count(s) * (s["mean"] ** 2 + s["std"] ** 2) for s in stats_list if _finite_count(s))
+        rms = math.sqrt(squares / finite)
+        max_abs = max(max(abs(s["min"]), abs(s["max"])) for s in stats_list if _finite_count(s))
+    else:
+        rms = max_abs = math.nan
+    return {"rms": rms, "max_abs": max_abs, "zero_fraction": sum(s["zeros"] for s in stats_list) / count if count else math.nan}
+
+
+def layer_flow(tensors):
+    """`{role: role_flow}` of one layer of `/step` (`tensors`: name -> {"role", "stats"})."""
+    by_role = {}
+    for tensor in tensors.values():
+        by_role.setdefault(tensor["role"], []).append(tensor["stats"])
+    return {role: role_flow(stats) for role, stats in by_role.items() if role in records.ROLES}
+
+
+def _gradient_rms(layer):
+    flow = layer["flow"].get(records.OUTPUT_GRADIENT)
+    return None if flow is None else flow["rms"]
+
+
+def reference_layer(layers):
+    """The layer nearest the output (last in model order) whose output gradient has a finite, non-zero RMS."""
+    for layer in reversed(layers):
+        rms = _gradient_rms(layer)
+        if rms is not None and math.isfinite(rms) and rms > 0:
+            return layer
+    return None
+
+
+def layer_flags(layer, reference, ratio=DEFAULT_RATIO):
+    """The flags of one layer of `/step` (with its `flow` and `units`): `[{"flag", "detail"}]` in `FLAGS` order."""
+    flags = []
+    nonfinite = [
+        f"{name}: {int(t['stats']['nan'])} NaN, {int(t['stats']['pos_inf'] + t['stats']['neg_inf'])} Inf"
+        for name, t in layer["tensors"].items()
+        if t["stats"]["nan"] or t["stats"]["pos_inf"] or t["stats"]["neg_inf"]
+    ]
+    if nonfinite:
+        flags.append({"flag": "nonfinite", "detail": "; ".join(nonfinite)})
+    rms = _gradient_rms(layer)
+    if reference is not None and rms is not None and math.isfinite(rms):
+        reference_rms = _gradient_rms(reference)
+        where = f"output-gradient RMS {rms:.3g} vs {reference_rms:.3g} at {reference['layer']}"
+        if rms * ratio < reference_rms:
+            flags.append({"flag": "vanishing", "detail": where})
+        elif rms > reference_rms * ratio:
+            flags.append({"flag": "exploding", "detail": where})
+    units = layer.get("units")
+    if units and units["dead_channels"]:
+        listed = ", ".join(map(str, units["listed"]))
+        more = "" if len(units["listed"]) == units["dead_channels"] else ", ..."
+        flags.append(
+            {"flag": "dead", "detail": f"{units['dead_channels']} of {units['channels']} channels never non-zero: {listed}{more}"}
+        )
+    return flags
