@@ -185,3 +185,31 @@ export function routingCell(routing, pooling) {
   const predicted = model.predictedRoutedFraction(routing, pooling);
   return Number.isNaN(predicted) ? routed : `${routed} (≤ ${model.formatPercent(predicted)})`;
 }
+
+// ------------------------------------------------------------ health flags
+
+export const FLAG_TITLES = {
+  nonfinite: 'NaN / Inf',
+  vanishing: 'vanishing',
+  exploding: 'exploding',
+  dead: 'dead units',
+};
+
+/** The hover text of a flag's badge: its rule as /step serves it (`health.rules`), then its detail. */
+export function flagTitle(flag, rules) {
+  const rule = rules?.[flag.flag];
+  return `${FLAG_TITLES[flag.flag] ?? flag.flag}: ${rule ?? 'no rule served'}\n${flag.detail}`;
+}
+
+/** One line on the flags of a /step answer: how many layers raise each. */
+export function flagSummary(snapshot) {
+  const counts = new Map();
+  for (const {flags} of snapshot.layers) for (const {flag} of flags ?? []) counts.set(flag, (counts.get(flag) ?? 0) + 1);
+  const flagged = snapshot.layers.filter(({flags}) => flags?.length).length;
+  if (flagged === 0) return `${snapshot.run} at step ${snapshot.step}: no flag raised.`;
+  const order = [...Object.keys(FLAG_TITLES), ...counts.keys()];
+  const parts = [...new Set(order)].filter((flag) => counts.has(flag))
+    .map((flag) => `${counts.get(flag)} ${FLAG_TITLES[flag] ?? flag}`);
+  const layers = flagged === 1 ? '1 layer' : `${flagged} layers`;
+  return `${snapshot.run} at step ${snapshot.step}: ${layers} of ${snapshot.layers.length} flagged (${parts.join(', ')}).`;
+}

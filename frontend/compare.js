@@ -1,5 +1,5 @@
 // DOM of the two comparisons: every layer of a run at one step (the /step
-// grid), and one tensor of a layer in two runs.
+// grid, with its training-health flags), and one tensor of a layer in two runs.
 
 import * as captions from './captions.js';
 import * as charts from './charts.js';
@@ -35,6 +35,7 @@ export function renderLayerGrid(container, title, snapshot, {currentLayer, layer
     html('th', {text: 'Layer', attrs: {scope: 'col'}}),
     html('th', {text: 'Class', attrs: {scope: 'col'}}),
     html('th', {text: 'Step', attrs: {scope: 'col'}}),
+    html('th', {text: 'Flags', attrs: {scope: 'col'}}),
     ...model.ROLES.map((role) => html('th', {text: captions.ROLE_TITLES[role], attrs: {scope: 'col'}})),
     html('th', {text: 'Routed (predicted)', attrs: {scope: 'col'}}),
   ])]);
@@ -45,6 +46,7 @@ export function renderLayerGrid(container, title, snapshot, {currentLayer, layer
       html('th', {attrs: {scope: 'row'}}, [button]),
       html('td', {text: layer.layer_class ?? ''}),
       html('td', {className: 'number', text: String(layer.step)}),
+      html('td', {className: 'flags'}, flagBadges(layer.flags ?? [], snapshot.health?.rules)),
       ...model.ROLES.map((role) => html('td', {className: 'tensor-cell'}, groups[role].map((tensor) =>
         gridTensor(tensor, groups[role].length > 1, layer.tensors[tensor.tensor], snapshot.log_edges, ranges[role])))),
       html('td', {className: 'number', text: captions.routingCell(layer.routing, info?.pooling ?? null)}),
@@ -53,6 +55,14 @@ export function renderLayerGrid(container, title, snapshot, {currentLayer, layer
     return row;
   }));
   container.replaceChildren(html('table', {className: 'layer-grid'}, [head, body]));
+}
+
+/** A badge per raised flag; its hover text is the flag's rule as /step serves it, and its detail. */
+export function flagBadges(flags, rules) {
+  return flags.map((flag) => html('span', {
+    className: `flag-badge flag-${flag.flag}`, text: captions.FLAG_TITLES[flag.flag] ?? flag.flag,
+    attrs: {title: captions.flagTitle(flag, rules), 'data-flag': flag.flag},
+  }));
 }
 
 /** One tensor in the grid; the index of /runs tells apart several of one role. */

@@ -16,7 +16,7 @@ const NON_FINITE = new Map([['NaN', NaN], ['Infinity', Infinity], ['-Infinity', 
 // non-finite float.
 const NAME_KEYS = new Set([
   'run', 'layer', 'tensor', 'role', 'layer_class', 'layer_dtype', 'dtype', 'type', 'padding',
-  'data_format',
+  'data_format', 'reference_layer', 'flag', 'detail',
 ]);
 
 /** A `JSON.parse` reviver that turns "NaN" / "Infinity" / "-Infinity" back into numbers. */

@@ -4,7 +4,8 @@ The JS tests read no hand-written JSON (issue 11, defect 1: they once used
 'avg', a pooling type the server never sends). This test trains a tiny model
 with the real callback, serves its logs with the real plugin over TensorBoard's
 own data provider, writes the bodies of /runs, /series, /routing and /step
-into a folder, and hands that folder to node in GRADVIZ_FIXTURES.
+into a folder, and hands that folder to node in GRADVIZ_FIXTURES. A third
+model has the problems the training-health flags of /step catch.
 """
 
 import json
@@ -62,6 +63,35 @@ def _train(log_dir, seed, probe_nan):
     model.fit(x, y, batch_size=BATCH, epochs=EPOCHS, callbacks=[callback], verbose=0)
 
 
+def _train_vanishing(log_dir, seed):
+    """A model with problems the training-health flags catch, every layer logged.
+
+    Ten sigmoid Dense layers in a nested model ("body/sigmoid_<i>"): the
+    gradient falls by orders of magnitude on its way to the input, and the
+    first of them are flagged vanishing. Half the channels of "body/relu"
+    have a bias of -10 after inputs in (0, 1): exactly zero for every
+    example, flagged dead.
+    """
+    import keras
+
+    import tb_gradviz
+
+    keras.utils.set_random_seed(seed)
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((BATCH * STEPS_PER_EPOCH, 16)).astype("float32")
+    y = rng.integers(0, 3, size=len(x))
+    inner = keras.Input((16,))
+    hidden = inner
+    for i in range(10):
+        hidden = keras.layers.Dense(16, activation="sigmoid", name=f"sigmoid_{i}")(hidden)
+    body = keras.Model(inner, keras.layers.Dense(8, activation="relu", name="relu")(hidden), name="body")
+    model = keras.Sequential([keras.Input((16,)), body, keras.layers.Dense(3, name="head")])
+    body.get_layer("relu").bias.assign(np.where(np.arange(8) % 2 == 1, -10.0, 0.0).astype("float32"))
+    model.compile(optimizer="sgd", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    callback = tb_gradviz.GradVizCallback(log_dir, probe_data=(x[:BATCH], y[:BATCH]), layers=lambda layer: True)
+    model.fit(x, y, batch_size=BATCH, epochs=EPOCHS, callbacks=[callback], verbose=0)
+
+
 def _client(logdir):
     """The plugin over TensorBoard's Python data provider, every step kept."""
     multiplexer = plugin_event_multiplexer.EventMultiplexer(tensor_size_guidance={"gradviz": 0, "histograms": 0})
@@ -109,6 +139,7 @@ def api_answers(tmp_path_factory):
     root = tmp_path_factory.mktemp("frontend_fixtures")
     _train(root / "logs" / "clean", seed=0, probe_nan=False)
     _train(root / "logs" / "nan", seed=1, probe_nan=True)
+    _train_vanishing(root / "logs" / "vanishing", seed=2)
     folder = root / "answers"
     folder.mkdir()
     _dump_answers(_client(root / "logs"), folder)

@@ -1,5 +1,8 @@
 // captions.js over real API answers (see api_answers.mjs): every caption is
-// decided from what /runs and /routing serve.
+// decided from what /runs, /routing and /step serve. Run "vanishing" has
+// problems the training-health flags catch: ten sigmoid Dense layers nested in
+// "body" (the first ones flagged vanishing), and "body/relu" with half its
+// biases at -10 (flagged dead).
 
 import assert from 'node:assert/strict';
 import {test} from 'node:test';
@@ -85,4 +88,38 @@ test('routing summary of an average pool: every position gets a share, no bound'
   assert.equal(values.Predicted, 'every input position inside a window gets a share');
   assert.equal(values['Tied windows'], undefined);
   assert.equal(captions.routingCell(routing, avg.pooling), '100.0 %');
+});
+
+test('the run with problems is served with its flags, rules and reference layer', () => {
+  const snapshot = answer('step', {run: 'vanishing'});
+  assert.deepEqual(Object.keys(snapshot.health.rules), Object.keys(captions.FLAG_TITLES));
+  assert.equal(snapshot.health.reference_layer, 'head');
+  const flagged = (flag) => snapshot.layers.filter(({flags}) => flags.some((f) => f.flag === flag)).map(({layer}) => layer);
+  // Vanishing: the layers nearest the input, and no layer after the first unflagged one.
+  const vanishing = flagged('vanishing');
+  assert.ok(vanishing.includes('body/sigmoid_0'), vanishing);
+  const order = snapshot.layers.map(({layer}) => layer);
+  assert.deepEqual(vanishing, order.filter((name) => name.startsWith('body/sigmoid_')).slice(0, vanishing.length));
+  assert.ok(flagged('dead').includes('body/relu'));
+  assert.deepEqual(flagged('nonfinite'), []);
+  const conv = answer('step', {run: 'nan'}).layers.find(({layer}) => layer === 'conv');
+  assert.deepEqual(conv.flags.map(({flag}) => flag), ['nonfinite']);
+  assert.deepEqual(answer('step', {run: 'clean'}).layers.flatMap(({flags}) => flags), []);
+});
+
+test('a flag\'s hover text is its served rule and detail; the summary counts flagged layers', () => {
+  const snapshot = answer('step', {run: 'vanishing'});
+  const relu = snapshot.layers.find(({layer}) => layer === 'body/relu');
+  const dead = relu.flags.find(({flag}) => flag === 'dead');
+  assert.equal(captions.flagTitle(dead, snapshot.health.rules),
+    `dead units: ${snapshot.health.rules.dead}\n${dead.detail}`);
+  assert.match(dead.detail, /^\d+ of 8 channels never non-zero: /);
+  assert.equal(captions.flagTitle({flag: 'new_flag', detail: 'd'}, {}), 'new_flag: no rule served\nd');
+  const count = (flag) => snapshot.layers.filter(({flags}) => flags.some((f) => f.flag === flag)).length;
+  const flagged = snapshot.layers.filter(({flags}) => flags.length).length;
+  assert.equal(captions.flagSummary(snapshot), `vanishing at step 4: ${flagged} layers of ${snapshot.layers.length} `
+    + `flagged (${count('vanishing')} vanishing, ${count('dead')} dead units).`);
+  assert.equal(captions.flagSummary(answer('step', {run: 'clean'})), 'clean at step 4: no flag raised.');
+  assert.equal(captions.flagSummary(answer('step', {run: 'nan'})),
+    'nan at step 4: 1 layer of 4 flagged (1 NaN / Inf).');
 });

@@ -1,6 +1,7 @@
 // model.js over real API answers (api_answers.mjs): a small CNN trained with
 // GradVizCallback, runs "clean" and "nan" (a NaN in the probe batch), layers
-// conv, pool (2x2/2 max), avg (2x2/2 average) and add (two inputs), steps 2 and 4.
+// conv, pool (2x2/2 max), avg (2x2/2 average) and add (two inputs), steps 2 and 4;
+// and run "vanishing", whose layers the training-health flags catch.
 
 import assert from 'node:assert/strict';
 import {test} from 'node:test';
@@ -22,6 +23,14 @@ test('the served "NaN" strings become numbers, names stay strings', () => {
   assert.ok(Number.isNaN(model.reviveNonFinite('min', 'NaN')));
   assert.equal(model.reviveNonFinite('max', 'Infinity'), Infinity);
   assert.equal(model.reviveNonFinite('sum', '-Infinity'), -Infinity);
+});
+
+test('names of layers stay strings, a reference layer called "NaN" too', () => {
+  const text = body('step', {run: 'vanishing'}).replace('"reference_layer": "head"', '"reference_layer": "NaN"');
+  assert.notEqual(text, body('step', {run: 'vanishing'}));
+  assert.equal(model.parseApiJson(text).health.reference_layer, 'NaN');
+  assert.equal(model.reviveNonFinite('detail', 'NaN'), 'NaN');
+  assert.equal(model.reviveNonFinite('flag', 'Infinity'), 'Infinity');
 });
 
 test('routeUrl is relative and escapes names', () => {
@@ -50,7 +59,7 @@ test('the fetch functions ask for the routes the server answers, and report its 
 });
 
 test('visibleRuns follows the host run list, or keeps all without a host', () => {
-  assert.deepEqual(runs.map(({run}) => run), ['clean', 'nan']);
+  assert.deepEqual(runs.map(({run}) => run), ['clean', 'nan', 'vanishing']);
   assert.deepEqual(model.visibleRuns(runs, null), runs);
   assert.deepEqual(model.visibleRuns(runs, ['nan', 'elsewhere']).map(({run}) => run), ['nan']);
 });
