@@ -1,13 +1,16 @@
 // Entry of the GradViz tab. TensorBoard loads data/plugin_entry.html in an
 // iframe, imports this module and calls render().
 
+import * as captions from './captions.js';
 import * as compare from './compare.js';
+import * as flow from './flow.js';
+import * as flowmodel from './flowmodel.js';
 import {connectToHost, followHost} from './host.js';
 import * as model from './model.js';
 import * as views from './views.js';
 
 // Dragging the slider fires many input events; /step is fetched once it rests.
-const GRID_DELAY_MS = 150;
+const STEP_VIEWS_DELAY_MS = 150;
 
 export async function render() {
   addStylesheets();
@@ -17,7 +20,7 @@ export async function render() {
 }
 
 // One stylesheet per part of the page, in cascade order.
-const STYLESHEETS = ['style.css', 'charts.css', 'compare.css'];
+const STYLESHEETS = ['style.css', 'charts.css', 'compare.css', 'flow.css'];
 
 function addStylesheets() {
   // Resolved against this module, not the document, whose base is plugin/gradviz/.
@@ -72,7 +75,10 @@ class App {
     this.cache = new Map();
     // Answers that arrive after the selection moved on are dropped.
     this.generation = 0;
-    this.gridTimer = null;
+    this.stepTimer = null;
+    this.flowRun = null; // the run overlaid on the gradient flow; null: none
+    this.keptSteps = []; // steps the gradient flow keeps as extra lines
+    this.flowView = null; // what the gradient flow last drew, redrawn when its width changes
   }
 
   async start() {
@@ -90,6 +96,14 @@ class App {
       this.compareRun = ui.compareRunSelect.value || null;
       this.loadComparison();
     });
+    ui.flowRunSelect.addEventListener('change', () => {
+      this.flowRun = ui.flowRunSelect.value || null;
+      this.loadFlow();
+    });
+    ui.keepStepButton.addEventListener('click', () => {
+      if (this.step !== null) this.setKeptSteps(flowmodel.keepStep(this.keptSteps, this.step));
+    });
+    new ResizeObserver(() => this.renderFlow()).observe(ui.flow);
     if (this.host) {
       this.hostRuns = await followHost(this.host, {
         onRuns: (runs) => {
@@ -152,8 +166,10 @@ class App {
   }
 
   async selectRun(run) {
+    if (run !== this.run) this.setKeptSteps([], false);
     this.run = run;
     this.ui.runSelect.value = run;
+    this.setFlowOptions();
     const layers = this.runs.find((entry) => entry.run === run)?.layers ?? [];
     views.setOptions(this.ui.layerSelect,
       layers.map((layer) => ({value: layer.layer, label: `${layer.layer} (${layer.layer_class ?? '?'})`})),
@@ -205,10 +221,15 @@ class App {
     this.ui.stepSlider.value = String(index);
     this.ui.stepSlider.setAttribute('aria-valuetext', `step ${step}`);
     this.ui.stepOutput.textContent = `${step} (${index + 1} of ${this.steps.length})`;
+    this.ui.keepStepButton.textContent = `Keep step ${step}`;
     this.renderLayer();
     this.renderComparison();
-    clearTimeout(this.gridTimer);
-    this.gridTimer = setTimeout(() => this.loadGrid(), GRID_DELAY_MS);
+    clearTimeout(this.stepTimer);
+    // The flow first: both wait for the same /step answer, and the grid takes longer to draw.
+    this.stepTimer = setTimeout(() => {
+      this.loadFlow();
+      this.loadGrid();
+    }, STEP_VIEWS_DELAY_MS);
   }
 
   renderLayer() {
@@ -221,12 +242,17 @@ class App {
     views.renderHeatmaps(ui.heatmaps, this.layer, this.tensors, step);
   }
 
+  /** A run at the latest step `<= step` (/step), shared by the grid and the gradient flow. */
+  snapshot(run, step) {
+    return this.cached(['step', run, step], () => model.fetchStep(run, step));
+  }
+
   async loadGrid() {
     const {run, step} = this;
     if (run === null || step === null) return;
     let snapshot;
     try {
-      snapshot = await this.cached(['step', run, step], () => model.fetchStep(run, step));
+      snapshot = await this.snapshot(run, step);
     } catch (error) {
       this.fail(error);
       return;
@@ -239,6 +265,67 @@ class App {
       layerOf: (name) => layers.find((layer) => layer.layer === name),
       onSelect: (name) => this.selectLayer(name).then(() => this.ui.layerSelect.focus()),
     });
+  }
+
+  // ---------------------------------------------------------- gradient flow
+
+  setFlowOptions() {
+    const others = this.runs.filter(({run}) => run !== this.run).map(({run}) => ({value: run}));
+    if (!others.some(({value}) => value === this.flowRun)) this.flowRun = null;
+    views.setOptions(this.ui.flowRunSelect, [{value: '', label: '(none)'}, ...others], this.flowRun ?? '');
+  }
+
+  setKeptSteps(steps, load = true) {
+    this.keptSteps = steps;
+    flow.renderKeptSteps(this.ui.keptSteps, steps, (step) => this.setKeptSteps(steps.filter((s) => s !== step)));
+    if (load) this.loadFlow();
+  }
+
+  /** Fetches /step for every line of the gradient flow: each run at the slider's step and the kept ones. */
+  async loadFlow() {
+    const {run, step, flowRun, keptSteps} = this;
+    if (run === null || step === null) return;
+    const steps = [step, ...keptSteps.filter((s) => s !== step)];
+    const wanted = (flowRun ? [run, flowRun] : [run]).flatMap((name, series) =>
+      steps.map((s, pin) => ({run: name, series, pin, side: series === 0 ? 'primary' : 'other', requested: s})));
+    let snapshots;
+    try {
+      // A run with no step at or before the one asked for (404) has no line there.
+      snapshots = await Promise.all(wanted.map(({run: name, requested}) =>
+        this.snapshot(name, requested).catch((error) => (error.status === 404 ? null : Promise.reject(error)))));
+    } catch (error) {
+      this.fail(error);
+      return;
+    }
+    if (run !== this.run || step !== this.step || flowRun !== this.flowRun || keptSteps !== this.keptSteps) return;
+    // Two steps asked for can be served by one logged step: one line for it.
+    const seen = new Set();
+    const lines = wanted.map((line, i) => ({...line, snapshot: snapshots[i]})).filter(({series, snapshot}) => {
+      const key = snapshot && `${series} ${snapshot.step}`;
+      const fresh = snapshot !== null && !seen.has(key);
+      seen.add(key);
+      return fresh;
+    });
+    const names = (name) => this.runs.find((entry) => entry.run === name)?.layers.map(({layer}) => layer) ?? [];
+    this.flowView = {
+      slots: flowmodel.alignLayers(names(run), flowRun ? names(flowRun) : null),
+      lines,
+      onSelect: (name) => this.selectLayer(name).then(() => {
+        this.ui.layerSection.scrollIntoView({block: 'start'});
+        this.ui.layerSelect.focus({preventScroll: true});
+      }),
+    };
+    this.ui.flowSummary.textContent = lines.filter(({pin}) => pin === 0)
+      .map(({snapshot}) => captions.flagSummary(snapshot)).join(' ');
+    this.renderFlow(true);
+  }
+
+  /** Draws the gradient flow at the width of its box; without `force`, only when that width changed. */
+  renderFlow(force = false) {
+    const width = this.ui.flow.clientWidth;
+    if (!this.flowView || (!force && Math.abs(width - this.flowView.width) < 1)) return;
+    this.flowView.width = width;
+    flow.renderFlow(this.ui.flow, {...this.flowView, width: width || 1200, currentLayer: this.layer?.layer});
   }
 
   setCompareOptions() {

@@ -31,6 +31,8 @@ export function createLayout(root) {
   const reloadButton = html('button', {text: 'Reload', attrs: {type: 'button'}});
   const compareTensorSelect = html('select', {attrs: {name: 'compare-tensor'}});
   const compareRunSelect = html('select', {attrs: {name: 'compare-run'}});
+  const flowRunSelect = html('select', {attrs: {name: 'flow-run'}});
+  const keepStepButton = html('button', {text: 'Keep this step', attrs: {type: 'button'}});
 
   const controls = html('header', {className: 'toolbar'}, [
     labelled('Run', runSelect),
@@ -41,6 +43,9 @@ export function createLayout(root) {
   ]);
 
   const status = html('p', {className: 'status', attrs: {role: 'status'}});
+  const keptSteps = html('ul', {className: 'kept-steps'});
+  const flowSummary = html('p', {className: 'flow-summary'});
+  const flow = html('div', {className: 'flow-container'});
   const layerTitle = html('h2', {className: 'layer-title'});
   const panels = html('div', {className: 'panels'});
   const aside = html('aside', {className: 'explanation'});
@@ -49,23 +54,40 @@ export function createLayout(root) {
   const grid = html('div', {className: 'grid-container'});
   const compareCharts = html('div', {className: 'compare-charts'});
 
+  const layerSection = html('section', {className: 'layer-section'}, [
+    layerTitle,
+    html('div', {className: 'layer-view'}, [
+      html('div', {className: 'layer-main'}, [
+        panels,
+        html('h2', {text: 'Distribution over steps'}),
+        html('p', {className: 'hint', text:
+          'Each column is one logged step; rows are magnitude bins, positive values above the '
+          + 'middle row of exact zeros, negative below. Darker means a larger share of the elements.'}),
+        heatmaps,
+      ]),
+      aside,
+    ]),
+  ]);
+
   const page = html('main', {className: 'gradviz'}, [
     controls,
     status,
-    html('section', {className: 'layer-section'}, [
-      layerTitle,
-      html('div', {className: 'layer-view'}, [
-        html('div', {className: 'layer-main'}, [
-          panels,
-          html('h2', {text: 'Distribution over steps'}),
-          html('p', {className: 'hint', text:
-            'Each column is one logged step; rows are magnitude bins, positive values above the '
-            + 'middle row of exact zeros, negative below. Darker means a larger share of the elements.'}),
-          heatmaps,
-        ]),
-        aside,
+    html('section', {className: 'flow-section'}, [
+      html('h2', {text: 'Gradient flow across layers'}),
+      html('p', {className: 'hint', text:
+        'Every logged layer in model order, input on the left. Per tensor, on a log axis: the RMS (solid) and '
+        + 'the largest magnitude (dashed) of its values; below, the share of exact zeros. One line per step: '
+        + 'the slider\'s, and the ones kept. Badges mark the training-health flags (hover for the rule). '
+        + 'Click a layer to open it below.'}),
+      html('div', {className: 'toolbar'}, [
+        labelled('Overlay run', flowRunSelect),
+        keepStepButton,
+        keptSteps,
       ]),
+      flowSummary,
+      flow,
     ]),
+    layerSection,
     html('section', {}, [gridTitle, grid]),
     html('section', {}, [
       html('h2', {text: 'Compare runs'}),
@@ -79,8 +101,9 @@ export function createLayout(root) {
   root.replaceChildren(page);
   return {
     runSelect, layerSelect, stepSlider, stepOutput, logToggle, reloadButton,
-    compareTensorSelect, compareRunSelect,
-    status, layerTitle, panels, aside, heatmaps, gridTitle, grid, compareCharts,
+    compareTensorSelect, compareRunSelect, flowRunSelect, keepStepButton,
+    status, keptSteps, flowSummary, flow, layerSection, layerTitle, panels, aside, heatmaps, gridTitle, grid,
+    compareCharts,
   };
 }
 

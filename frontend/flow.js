@@ -1,0 +1,275 @@
+// DOM of the gradient-flow view: every layer of a run in model order along x,
+// and per role a log panel of the RMS and largest |value| with a strip of the
+// exact-zero share below it; one line per chosen step and run; the training-
+// health flags of /step as badges above. The numbers come from flowmodel.js.
+
+import * as captions from './captions.js';
+import * as charts from './charts.js';
+import * as flowmodel from './flowmodel.js';
+import * as model from './model.js';
+import {html, round, svg, tooltip} from './dom.js';
+
+const LEFT = 74;
+const RIGHT = 14;
+const FLAG_ROW = 11;
+const TITLE_HEIGHT = 18;
+const LOG_HEIGHT = 112;
+// Exact zeros have no place on a log axis: they sit on a row of their own below it.
+const ZERO_ROW = 14;
+const ZEROS_GAP = 8;
+const ZEROS_HEIGHT = 28;
+const PANEL_GAP = 14;
+const LABEL_GAP = 6;
+const LABEL_CHAR_WIDTH = 7.4; // of an 11 px label, at most about (bold for the current layer)
+const MAX_LABEL_HEIGHT = 180;
+// Narrower than this, the chart grows wider than its box and scrolls.
+const MIN_SLOT_WIDTH = 4;
+// Layer names closer than this are thinned out (full names are on hover).
+const LABEL_SPACING = 12;
+const POINT_RADIUS = 1.8;
+
+const STAT_TITLES = {rms: 'RMS', max_abs: 'max |value|', zero_fraction: 'exact zeros'};
+
+/**
+ * Draws the view into `container`.
+ *
+ * @param {object} view
+ * @param {{primary: ?string, other: ?string}[]} view.slots the x axis (`flowmodel.alignLayers`).
+ * @param {object[]} view.lines `{run, step, series, pin, side, snapshot}`: `series` 0 for the
+ *   view's run and 1 for the overlaid one, `pin` 0 for the slider's step and 1.. for kept steps.
+ * @param {?string} view.currentLayer the layer of the layer view, highlighted.
+ * @param {number} view.width the width to fill, in pixels.
+ * @param {function(string)} view.onSelect called with a layer of the view's run when it is clicked.
+ */
+export function renderFlow(container, {slots, lines, currentLayer, width, onSelect}) {
+  if (slots.length === 0 || lines.length === 0) {
+    container.replaceChildren(html('p', {className: 'empty', text: 'No layer logged at or before this step.'}));
+    return;
+  }
+  const drawn = lines.map((line) => ({...line, names: slots.map((slot) => slot[line.side]),
+    layers: new Map(line.snapshot.layers.map((layer) => [layer.layer, layer])),
+    values: flowmodel.flowLine(line.snapshot, slots, line.side), flags: flowmodel.slotFlags(line.snapshot, slots, line.side)}));
+  const labels = flowmodel.shortLayerNames(slots.map(flowmodel.slotName));
+  const current = drawn.filter(({pin}) => pin === 0);
+  const geometry = layout(slots.length, width, current.length, labels);
+  const {xOf} = geometry;
+  const chart = charts.chartFrame({width: geometry.width, height: geometry.height},
+    {className: 'flow-chart', label: `gradient flow over ${slots.length} layers`});
+  // One SVG unit per pixel, so that text keeps its size however many layers there are.
+  chart.style.width = `${geometry.width}px`;
+  chart.style.height = `${geometry.height}px`;
+
+  const currentSlot = slots.findIndex((slot) => slot.primary !== null && slot.primary === currentLayer);
+  chart.append(...slots.map((slot, k) => {
+    const classes = `flow-hit${k === currentSlot ? ' current' : ''}${slot.primary === null ? ' other-only' : ''}`;
+    const hit = svg('rect', {className: classes,
+      attrs: {x: round(xOf(k) - geometry.slotWidth / 2), y: 0, width: round(geometry.slotWidth),
+        height: geometry.height, 'data-layer': flowmodel.slotName(slot)}},
+    [tooltip(slotTitle(slot, labels[k], k, current))]);
+    if (slot.primary !== null) hit.addEventListener('click', () => onSelect(slot.primary));
+    return hit;
+  }));
+
+  current.forEach((line, block) => flagBadges(chart, geometry, line, block, current.length > 1));
+  flowmodel.FLOW_ROLES.forEach((role, r) => panel(chart, geometry, geometry.panels[r], role, drawn));
+  layerLabels(chart, geometry, labels, slots, currentSlot);
+
+  container.replaceChildren(legend(drawn), html('div', {className: 'flow-scroll'}, [chart]));
+}
+
+/** Where everything goes, top to bottom. */
+function layout(count, width, runs, labels) {
+  const plotWidth = Math.max(width - LEFT - RIGHT, count * MIN_SLOT_WIDTH);
+  const slotWidth = plotWidth / count;
+  const flagsHeight = runs * flowmodel.FLAGS.length * FLAG_ROW;
+  let y = flagsHeight + 6;
+  const panels = flowmodel.FLOW_ROLES.map(() => {
+    const top = y + TITLE_HEIGHT;
+    const bottom = top + LOG_HEIGHT;
+    const zerosTop = bottom + ZERO_ROW + ZEROS_GAP;
+    y = zerosTop + ZEROS_HEIGHT + PANEL_GAP;
+    return {titleY: top - 6, top, bottom, zeroY: bottom + ZERO_ROW, zerosTop, zerosBottom: zerosTop + ZEROS_HEIGHT};
+  });
+  const longest = Math.max(...labels.map((label) => label.length));
+  const labelTop = y - PANEL_GAP + LABEL_GAP;
+  const height = labelTop + Math.min(MAX_LABEL_HEIGHT, longest * LABEL_CHAR_WIDTH) + 6;
+  return {
+    width: LEFT + plotWidth + RIGHT, height, plotRight: LEFT + plotWidth, slotWidth, panels, labelTop,
+    xOf: (k) => LEFT + (k + 0.5) * slotWidth,
+  };
+}
+
+// ------------------------------------------------------------ flags
+
+/** One row per flag, a badge in the column of each layer that raises it; a block per run. */
+function flagBadges(chart, geometry, line, block, withRun) {
+  const rules = line.snapshot.health?.rules;
+  const width = Math.max(2, Math.min(geometry.slotWidth - 1, 12));
+  flowmodel.FLAGS.forEach((flag, row) => {
+    const y = (block * flowmodel.FLAGS.length + row) * FLAG_ROW;
+    chart.append(svg('text', {className: 'flag-row-label', text: captions.FLAG_TITLES[flag],
+      attrs: {x: LEFT - 6, y: y + FLAG_ROW - 1.5, 'text-anchor': 'end'}}));
+    line.flags.forEach((flags, k) => {
+      const raised = flags.find((entry) => entry.flag === flag);
+      if (!raised) return;
+      chart.append(svg('rect', {className: `flag-badge flag-${flag}`, attrs: {
+        x: round(geometry.xOf(k) - width / 2), y: y + 1, width: round(width), height: FLAG_ROW - 2, rx: 1.5,
+        'data-layer': line.names[k], 'data-flag': flag, 'data-run': line.run,
+      }}, [tooltip(`${line.run}, step ${line.snapshot.step}\n${captions.flagTitle(raised, rules)}`)]));
+    });
+  });
+  if (withRun) {
+    const top = block * flowmodel.FLAGS.length * FLAG_ROW;
+    chart.append(svg('rect', {className: `flag-block series-${line.series}`,
+      attrs: {x: 2, y: top + 1, width: 3, height: flowmodel.FLAGS.length * FLAG_ROW - 2}}, [tooltip(line.run)]));
+  }
+}
+
+// ------------------------------------------------------------ panels
+
+/** One role: its log panel (RMS solid, max |value| dashed), the zero row, and the strip of exact zeros. */
+function panel(chart, geometry, place, role, lines) {
+  const lists = lines.flatMap(({values}) => flowmodel.LOG_STATS.map((stat) => values[role][stat]));
+  const range = flowmodel.logRange(lists);
+  const zeros = flowmodel.hasZero(lists);
+  const group = svg('g', {className: 'flow-panel', attrs: {
+    'data-role': role, 'data-top': place.top, 'data-bottom': place.bottom, 'data-zero-y': place.zeroY,
+    'data-zeros-top': place.zerosTop, 'data-zeros-bottom': place.zerosBottom,
+    ...(range && {'data-log-low': range.low, 'data-log-high': range.high}),
+  }});
+  chart.append(group);
+  const box = {left: LEFT, plotRight: geometry.plotRight};
+  const logY = (value) => (value === 0 ? place.zeroY : place.bottom - flowmodel.logPosition(value, range) * LOG_HEIGHT);
+  const zerosY = (fraction) => place.zerosBottom - fraction * ZEROS_HEIGHT;
+  group.append(svg('text', {className: 'panel-title', text: `${captions.ROLE_TITLES[role]}: RMS and max |value|`,
+    attrs: {x: LEFT, y: place.titleY}}));
+  if (range) {
+    charts.valueAxis(group, box, {ticks: flowmodel.decadeTicks(range).map((e) => 10 ** e), max: 10 ** range.high,
+      yOf: logY, label: model.edgeLabel});
+  } else {
+    group.append(svg('text', {className: 'empty-text', text: 'no non-zero finite value',
+      attrs: {x: (LEFT + geometry.plotRight) / 2, y: (place.top + place.bottom) / 2, 'text-anchor': 'middle'}}));
+  }
+  if (zeros) {
+    group.append(
+      svg('line', {className: 'zero-line', attrs: {x1: LEFT, x2: geometry.plotRight, y1: place.zeroY, y2: place.zeroY}}),
+      svg('text', {className: 'tick', text: '0', attrs: {x: LEFT - 4, y: place.zeroY + 3, 'text-anchor': 'end'}}),
+    );
+  }
+  charts.valueAxis(group, box, {ticks: [0, 1], max: 1, yOf: zerosY, label: (tick) => `${tick * 100} %`});
+  group.append(svg('text', {className: 'strip-title', text: 'exact zeros',
+    attrs: {x: geometry.plotRight, y: place.zerosTop - 2, 'text-anchor': 'end'}}));
+
+  // Kept steps first, the slider's step on top of them.
+  for (const line of [...lines].sort((a, b) => b.pin - a.pin || b.series - a.series)) {
+    const onPanel = range ? flowmodel.drawableOnLogPanel : (value) => value === 0;
+    for (const stat of flowmodel.LOG_STATS) draw(group, geometry, line, role, stat, onPanel, logY);
+    draw(group, geometry, line, role, 'zero_fraction', Number.isFinite, zerosY);
+  }
+  // Over the lines, its label on a halo of the background.
+  if (role === 'output_gradient') thresholds(group, geometry, lines, range, logY);
+}
+
+/** One statistic of one line as a polyline broken at gaps, with a point per layer on the slider's step. */
+function draw(group, geometry, line, role, stat, drawable, yOf) {
+  const values = line.values[role][stat];
+  const classes = `series-${line.series} pin-${line.pin} stat-${stat}`;
+  const name = `${line.run}, step ${line.snapshot.step}: ${captions.ROLE_TITLES[role]}, ${STAT_TITLES[stat]}`;
+  for (const run of flowmodel.drawableRuns(values, drawable)) {
+    if (run.length > 1) {
+      const d = run.map((k, n) => `${n ? 'L' : 'M'}${round(geometry.xOf(k))},${round(yOf(values[k]))}`).join('');
+      group.append(svg('path', {className: `flow-line ${classes}`, attrs: {d}}, [tooltip(name)]));
+    }
+    if (line.pin !== 0 && run.length > 1) continue;
+    for (const k of run) {
+      group.append(svg('circle', {className: `flow-point ${classes}`, attrs: {
+        cx: round(geometry.xOf(k)), cy: round(yOf(values[k])), r: POINT_RADIUS,
+        'data-layer': line.names[k], 'data-run': line.run, 'data-step': line.snapshot.step,
+        'data-role': role, 'data-stat': stat, 'data-value': String(values[k]),
+      }}));
+    }
+  }
+}
+
+/** The vanishing and exploding thresholds of the view's run at the slider's step, where the axis reaches them. */
+function thresholds(group, geometry, lines, range, logY) {
+  const line = lines.find(({series, pin}) => series === 0 && pin === 0);
+  const health = line?.snapshot.health;
+  const reference = health?.reference_layer === null ? undefined : line?.layers.get(health?.reference_layer);
+  const rms = reference?.flow?.output_gradient?.rms;
+  if (!range || !flowmodel.onLogAxis(rms)) return;
+  for (const [flag, value] of [['vanishing', rms / health.ratio], ['exploding', rms * health.ratio]]) {
+    const position = flowmodel.logPosition(value, range);
+    if (!(position >= 0 && position <= 1)) continue;
+    const y = round(logY(value));
+    const text = `RMS ${flag} ${flag === 'vanishing' ? 'below' : 'above'} ${model.formatNumber(value)}`;
+    group.append(
+      svg('line', {className: `flow-threshold flag-${flag}`, attrs: {x1: LEFT, x2: geometry.plotRight, y1: y, y2: y}},
+        [tooltip(`${text}: ${health.ratio}× the output gradient's RMS at ${health.reference_layer}`
+          + ` (${model.formatNumber(rms)}), the reference layer`)]),
+      svg('text', {className: `threshold-label flag-${flag}`, text,
+        attrs: {x: geometry.plotRight - 2, y: y - 3, 'text-anchor': 'end'}}),
+    );
+  }
+}
+
+// ------------------------------------------------------------ x axis, hover, legend
+
+/** The layer names under the panels, read bottom to top, thinned where they would overlap. */
+function layerLabels(chart, geometry, labels, slots, currentSlot) {
+  const candidates = labels.map((text, k) => ({position: geometry.xOf(k), pinned: k === currentSlot, k, text}));
+  for (const {position, k, text} of model.spacedLabels(candidates, LABEL_SPACING)) {
+    const x = round(position + 3.5);
+    const y = geometry.labelTop;
+    const classes = `layer-label${k === currentSlot ? ' current' : ''}${slots[k].primary === null ? ' other-only' : ''}`;
+    chart.append(svg('text', {className: classes, text,
+      attrs: {x, y, 'text-anchor': 'end', transform: `rotate(-90 ${x} ${y})`, 'data-layer': flowmodel.slotName(slots[k])}}));
+  }
+}
+
+/** The hover text of a layer's column: its full path and, per run, the values at the slider's step. */
+function slotTitle(slot, label, k, lines) {
+  const name = flowmodel.slotName(slot);
+  const rows = [label === name ? name : `${label} (${name})`];
+  for (const line of lines) {
+    const layer = line.layers.get(line.names[k]);
+    if (!layer) {
+      rows.push(line.names[k] === null ? `${line.run}: no such layer`
+        : `${line.run}: not logged at or before step ${line.snapshot.step}`);
+      continue;
+    }
+    rows.push(`${line.run}, step ${layer.step}${layer.layer_class ? ` (${layer.layer_class})` : ''}:`);
+    for (const role of flowmodel.FLOW_ROLES) {
+      const flow = layer.flow?.[role];
+      if (!flow) continue;
+      rows.push(`  ${captions.ROLE_TITLES[role]}: RMS ${model.formatNumber(flow.rms)}, `
+        + `max |value| ${model.formatNumber(flow.max_abs)}, ${model.formatPercent(flow.zero_fraction)} zeros`);
+    }
+    for (const flag of layer.flags ?? []) rows.push(`  ⚑ ${captions.FLAG_TITLES[flag.flag] ?? flag.flag}: ${flag.detail}`);
+  }
+  if (slot.primary !== null) rows.push('Click to open this layer.');
+  return rows.join('\n');
+}
+
+function legend(lines) {
+  const sample = (stat) => svg('svg', {className: 'legend-sample', attrs: {viewBox: '0 0 24 8', 'aria-hidden': 'true'}},
+    [svg('line', {className: `flow-line series-0 pin-0 stat-${stat}`, attrs: {x1: 1, x2: 23, y1: 4, y2: 4}})]);
+  return html('ul', {className: 'flow-legend'}, [
+    ...lines.map(({run, snapshot, series, pin}) => html('li', {className: `series-${series} pin-${pin}`}, [
+      html('span', {className: 'swatch'}),
+      html('span', {text: `${run}, step ${snapshot.step}${pin === 0 ? '' : ' (kept)'}`}),
+    ])),
+    html('li', {className: 'stat-key'}, [sample('rms'), html('span', {text: 'RMS'})]),
+    html('li', {className: 'stat-key'}, [sample('max_abs'), html('span', {text: 'max |value|'})]),
+  ]);
+}
+
+/** The steps kept as extra lines, each with a button that drops it. */
+export function renderKeptSteps(list, steps, onRemove) {
+  list.replaceChildren(...steps.map((step) => {
+    const remove = html('button', {className: 'remove', text: '×',
+      attrs: {type: 'button', 'aria-label': `Stop showing step ${step}`, title: `Stop showing step ${step}`}});
+    remove.addEventListener('click', () => onRemove(step));
+    return html('li', {attrs: {'data-step': step}}, [html('span', {text: `step ${step}`}), remove]);
+  }));
+}
