@@ -9,6 +9,7 @@ import numpy as np
 from tb_gradviz import capture
 from tb_gradviz import events
 from tb_gradviz import records
+from tb_gradviz import routing_map as routing_map_module
 from tb_gradviz import selection
 
 
@@ -57,6 +58,15 @@ class GradVizCallback(keras.callbacks.Callback):
       stop_on_nonfinite: stop training (`model.stop_training`, as Keras'
         `TerminateOnNaN` does for the loss) after a log event that recorded
         a NaN or an Inf in any activation or gradient; a message names them.
+      routing_map: also record, for each 1D or 2D pooling layer, the routing
+        map of one probe example (docs/FORMAT.md): its input, each window's
+        winner, tied windows, and the gradients, for a few channels, within
+        64 KiB per layer and event.
+      routing_map_example: which probe example the maps show (default 0).
+      routing_map_channels: None for the 4 channels that receive the most
+        gradient, a count 1..8 of those, or a list of channel indices.
+      routing_map_origin: None to centre a map too large for the budget, or
+        the `(row, col)` input position its crop starts at.
 
     Raises:
       ValueError, TypeError: an argument is invalid; the message says what
@@ -74,6 +84,10 @@ class GradVizCallback(keras.callbacks.Callback):
         loss=None,
         training=True,
         stop_on_nonfinite=False,
+        routing_map=True,
+        routing_map_example=0,
+        routing_map_channels=None,
+        routing_map_origin=None,
     ):
         super().__init__()
         if not isinstance(log_dir, (str, os.PathLike)):
@@ -109,6 +123,9 @@ class GradVizCallback(keras.callbacks.Callback):
             raise TypeError(f"training must be True or False; received {training!r}")
         if not isinstance(stop_on_nonfinite, bool):
             raise TypeError(f"stop_on_nonfinite must be True or False; received {stop_on_nonfinite!r}")
+        if not isinstance(routing_map, bool):
+            raise TypeError(f"routing_map must be True or False; received {routing_map!r}")
+        map_settings = routing_map_module.Settings(routing_map_example, routing_map_channels, routing_map_origin)
         self.log_dir = log_dir
         self.layers = selection.check_layer_spec(layers)
         self.every_n_epochs = every_n_epochs
@@ -116,6 +133,7 @@ class GradVizCallback(keras.callbacks.Callback):
         self.loss = None if loss is None else selection.as_loss(loss)
         self.training = training
         self.stop_on_nonfinite = stop_on_nonfinite
+        self.routing_map = map_settings if routing_map else None
         self._probe = probe_batch(probe_data)
         self._log = events.EventLog(log_dir)
         self._capture = None
@@ -134,7 +152,16 @@ class GradVizCallback(keras.callbacks.Callback):
                     "(a Keras loss name, function or Loss instance)"
                 )
             check_probe_inputs(self.model, self._probe[0])
-            self._capture = capture.new_capture(self.model, chosen, loss=self.loss, training=self.training)
+            if self.routing_map is not None:
+                examples = len(keras.tree.flatten(self._probe[0])[0])
+                if self.routing_map.example >= examples:
+                    raise ValueError(
+                        f"routing_map_example must be below the probe batch's size, {examples}; "
+                        f"received {self.routing_map.example}"
+                    )
+            self._capture = capture.new_capture(
+                self.model, chosen, loss=self.loss, training=self.training, routing_map=self.routing_map
+            )
 
     def on_epoch_end(self, epoch, logs=None):
         if self.every_n_epochs is not None and (epoch + 1) % self.every_n_epochs == 0:

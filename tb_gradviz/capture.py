@@ -35,12 +35,13 @@ import numpy as np
 
 from tb_gradviz import events
 from tb_gradviz import records
+from tb_gradviz import routing_map
 from tb_gradviz.selection import pooling_description
 
 BACKENDS = ("tensorflow", "jax", "torch")
 
 
-def new_capture(model, chosen, loss=None, training=True, statistics=None):
+def new_capture(model, chosen, loss=None, training=True, statistics=None, routing_map=None):
     """Returns the probe pass of `model` for the Keras backend in use.
 
     Args:
@@ -51,6 +52,8 @@ def new_capture(model, chosen, loss=None, training=True, statistics=None):
         Dropout on), as a train step does; the state this changes is undone.
       statistics: `"host"`, `"device"` or None (the backend's default: on a
         CPU, `kernels` on the host).
+      routing_map: None, or the `routing_map.Settings` of the pooling
+        layers' routing maps.
 
     Raises:
       ValueError: Keras runs on a backend tb_gradviz does not support.
@@ -62,7 +65,9 @@ def new_capture(model, chosen, loss=None, training=True, statistics=None):
             f"Keras runs on {name!r} (set KERAS_BACKEND to one of those)"
         )
     module = importlib.import_module(f"tb_gradviz.backends.{name}")
-    return module.LayerCapture(model, chosen, loss=loss, training=training, statistics=statistics)
+    probe = module.LayerCapture(model, chosen, loss=loss, training=training, statistics=statistics)
+    probe.map_settings = routing_map
+    return probe
 
 
 STATISTICS = ("host", "device")
@@ -105,6 +110,7 @@ class ProbePass:
         self.training = bool(training)
         self._loss = loss
         self.plans = None  # the LayerPlans, known once the pass has run
+        self.map_settings = None  # routing_map.Settings, or None for no routing maps
 
 
 @dataclass
@@ -194,6 +200,7 @@ class LayerPlan:
     has_routing: bool = False
     device: str = None  # where the pass ran, e.g. "cpu" or "cuda:0"
     units_axis: int = None  # the channel axis of the first activation, when a units record is written
+    map_cut: dict = None  # where the routing map is cut (`routing_map.layout`), when one is written
 
     @property
     def content(self):
@@ -211,7 +218,7 @@ class LayerPlan:
         return content
 
 
-def layer_plan(chosen, recording, shapes_and_dtypes, loss_scaled, device=None):
+def layer_plan(chosen, recording, shapes_and_dtypes, loss_scaled, device=None, map_settings=None):
     """Returns the `LayerPlan` of a layer whose call was recorded.
 
     Args:
@@ -220,6 +227,7 @@ def layer_plan(chosen, recording, shapes_and_dtypes, loss_scaled, device=None):
       shapes_and_dtypes: `tensor -> (shape list, dtype name)`.
       loss_scaled: whether the gradients are taken on a scaled loss.
       device: where the pass ran, for the metadata.
+      map_settings: `routing_map.Settings`, or None for no routing map.
 
     The tensors are, in order: the activations (outputs), the input gradients,
     the output gradients.
@@ -237,11 +245,30 @@ def layer_plan(chosen, recording, shapes_and_dtypes, loss_scaled, device=None):
             scaled = loss_scaled and role != records.ACTIVATION
             plan.tensors.append(TensorPlan(name, role, i, list(shape), dtype, loss_scaled=scaled))
     plan.has_routing = plan.pooling is not None and len(recording.inputs) == 1 and len(recording.outputs) == 1
+    if plan.has_routing and map_settings is not None:
+        input_shape = shapes_and_dtypes(recording.inputs[0])[0]
+        if routing_map.maps_layer(plan.pooling, input_shape):
+            plan.map_cut = routing_map.layout(plan.pooling, input_shape, map_settings)
     if recording.outputs:
         rank = len(shapes_and_dtypes(recording.outputs[0])[0])
         if rank >= 2:
             plan.units_axis = 1 if getattr(chosen.layer, "data_format", None) == "channels_first" else rank - 1
     return plan
+
+
+def map_slices(plan, inputs, input_gradients, output_gradients, example):
+    """The probe example's slices a routing map is made of (backend tensors), or None without a map."""
+    if plan.map_cut is None:
+        return None
+    return inputs[0][example], input_gradients[0][example], output_gradients[0][example]
+
+
+def host_map(slices, divisor=None):
+    """A routing map's slices as numpy (float16/bfloat16 widened), the gradients divided by the loss scale."""
+    x, input_gradient, output_gradient = (np.asarray(keras.ops.convert_to_numpy(t), dtype=np.float64) for t in slices)
+    if divisor is not None:
+        input_gradient, output_gradient = input_gradient / divisor, output_gradient / divisor
+    return x, input_gradient, output_gradient
 
 
 def dead_channels(plan, activations):
@@ -256,7 +283,7 @@ def dead_channels(plan, activations):
     return keras.ops.all(keras.ops.equal(x, 0), axis=axes)
 
 
-def step_records(plans, summaries, routings, skipped, units):
+def step_records(plans, summaries, routings, skipped, units, maps=(), map_settings=None):
     """Returns `run`'s result: `(step_records, skipped_paths)`.
 
     Args:
@@ -265,9 +292,13 @@ def step_records(plans, summaries, routings, skipped, units):
       routings: the routing vector of each plan with routing, in order.
       skipped: paths of chosen layers that the pass never called.
       units: `dead_channels` of each plan with a `units_axis`, in order.
+      maps: per plan with a `map_cut`, in order, the probe example's
+        `(input, input_gradient, output_gradient)` as numpy, the gradients
+        unscaled.
+      map_settings: the `routing_map.Settings` they were taken with.
     """
     result = []
-    summaries, routings, units = iter(summaries), iter(routings), iter(units)
+    summaries, routings, units, maps = iter(summaries), iter(routings), iter(units), iter(maps)
     for plan in plans:
         layer_content = plan.content
         for t in plan.tensors:
@@ -282,6 +313,10 @@ def step_records(plans, summaries, routings, skipped, units):
             units_content = dict(layer_content, tensor=plan.tensors[0].name, channel_axis=plan.units_axis)
             vector = records.units_vector(keras.ops.convert_to_numpy(next(units)))
             result += events.units_records(plan.chosen.path, vector, units_content)
+        if plan.map_cut is not None:
+            array = routing_map.record(plan.pooling, *next(maps), plan.map_cut, map_settings)
+            map_content = dict(layer_content, example=map_settings.example, **plan.map_cut)
+            result += events.routing_map_records(plan.chosen.path, array, map_content)
     return result, list(skipped)
 
 
@@ -292,7 +327,7 @@ def step_records(plans, summaries, routings, skipped, units):
 DEVICE_SUMS = ("zeros", "nans", "pos_inf", "neg_inf", "low", "high", "total", "squares", "raw_sum", "raw_abs_sum")
 
 
-def device_records(plans, rows, routing_counts, skipped, units):
+def device_records(plans, rows, routing_counts, skipped, units, maps=(), map_settings=None):
     """Returns `run`'s result from statistics computed on a device.
 
     Args:
@@ -300,7 +335,7 @@ def device_records(plans, rows, routing_counts, skipped, units):
       rows: per plan tensor, in plan order, `(n, sums, linear, magnitude)`:
         its number of elements, its `DEVICE_SUMS`, its linear bucket counts
         and its magnitude bin counts (zeros in negative bin 0), as numpy.
-      routing_counts, skipped, units: as for `host_records`.
+      routing_counts, skipped, units, maps, map_settings: as for `host_records`.
     """
     summaries, routings = [], []
     rows, counts = iter(rows), iter(routing_counts)
@@ -314,7 +349,7 @@ def device_records(plans, rows, routing_counts, skipped, units):
         if plan.has_routing:
             input_sums, output_sums = by_name[records.INPUT_GRADIENT][1], by_name[records.OUTPUT_GRADIENT][1]
             routings.append(np.array([*map(float, next(counts)), input_sums[8], output_sums[8], output_sums[9]]))
-    return step_records(plans, summaries, routings, skipped, units)
+    return step_records(plans, summaries, routings, skipped, units, maps, map_settings)
 
 
 def host_routing(counts, input_gradient, output_gradient, divisor=None):
@@ -461,7 +496,7 @@ def warn_skipped(paths):
         )
 
 
-def host_records(plans, arrays, divisor, routing_counts, skipped, units):
+def host_records(plans, arrays, divisor, routing_counts, skipped, units, maps=(), map_settings=None):
     """Returns `run`'s result from the captured tensors, summarised on the host.
 
     Args:
@@ -474,6 +509,7 @@ def host_records(plans, arrays, divisor, routing_counts, skipped, units):
       skipped: paths of chosen layers that the pass never called.
       units: `dead_channels` of each plan with a `units_axis`, in order
         (numpy or the backend's tensors).
+      maps, map_settings: as for `step_records`.
     """
     tensors = [t for plan in plans for t in plan.tensors]
     summaries = host_summaries([(a, divisor if t.loss_scaled else None) for a, t in zip(arrays, tensors)])
@@ -486,4 +522,4 @@ def host_records(plans, arrays, divisor, routing_counts, skipped, units):
             routings.append(
                 host_routing(next(counts), values[records.INPUT_GRADIENT], values[records.OUTPUT_GRADIENT], divisor)
             )
-    return step_records(plans, summaries, routings, skipped, units)
+    return step_records(plans, summaries, routings, skipped, units, maps, map_settings)

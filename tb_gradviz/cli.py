@@ -312,7 +312,8 @@ def _export(args):
     out = sys.stdout if args.output == "-" else open(args.output, "w", newline="")
     try:
         if args.format == "json":
-            json.dump({"format_version": 1, "series": series}, out, allow_nan=True)
+            maps = list(export_routing_maps(gradviz, ctx, experiment, runs))
+            json.dump({"format_version": 1, "series": series, "routing_maps": maps}, out, allow_nan=True)
             out.write("\n")
         else:
             write_csv(series, out)
@@ -337,6 +338,20 @@ def export_series(gradviz, ctx, experiment, runs):
                 data["layer_class"] = layer["layer_class"]
                 data["routing"] = routing
                 yield data
+
+
+def export_routing_maps(gradviz, ctx, experiment, runs):
+    """Yields the routing maps of each pooling layer that has them: every step, as `/routing_map` serves it."""
+    from tensorboard import errors
+
+    for run in runs:
+        for layer in run["layers"]:
+            try:
+                last = gradviz.routing_map_impl(ctx, experiment, run["run"], layer["layer"])
+            except errors.NotFoundError:
+                continue
+            maps = [gradviz.routing_map_impl(ctx, experiment, run["run"], layer["layer"], step) for step in last["steps"]]
+            yield {"run": run["run"], "layer": layer["layer"], "steps": last["steps"], "maps": maps}
 
 
 def csv_header():

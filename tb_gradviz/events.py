@@ -17,13 +17,16 @@ import numpy as np
 from tensorboard.compat.proto import event_pb2, summary_pb2, tensor_pb2, tensor_shape_pb2, types_pb2
 
 from tb_gradviz import metadata
-from tb_gradviz.records import histogram_tag, log_edges_description, routing_tag, stats_tag, units_tag
+from tb_gradviz.records import histogram_tag, log_edges_description, routing_map_tag, routing_tag, stats_tag, units_tag
 
 
 def _tensor_proto(array):
-    array = np.ascontiguousarray(array, dtype=np.float64)
+    # float32 stays float32 (routing maps, to fit twice the values in their
+    # byte budget); everything else is float64.
+    float32 = getattr(array, "dtype", None) == np.float32
+    array = np.ascontiguousarray(array, dtype=np.float32 if float32 else np.float64)
     return tensor_pb2.TensorProto(
-        dtype=types_pb2.DT_DOUBLE,
+        dtype=types_pb2.DT_FLOAT if float32 else types_pb2.DT_DOUBLE,
         tensor_shape=tensor_shape_pb2.TensorShapeProto(
             dim=[tensor_shape_pb2.TensorShapeProto.Dim(size=n) for n in array.shape]
         ),
@@ -174,3 +177,9 @@ def units_records(layer, units, content):
     """Returns the `(tag, array, metadata)` record of a layer's dead units (`records.units_vector`)."""
     units_content = dict(content, kind=metadata.KIND_UNITS, layer=layer)
     return [(units_tag(layer), units, metadata.create_summary_metadata(units_content))]
+
+
+def routing_map_records(layer, routing_map, content):
+    """Returns the `(tag, array, metadata)` record of a pooling layer's routing map (float32)."""
+    map_content = dict(content, kind=metadata.KIND_ROUTING_MAP, layer=layer)
+    return [(routing_map_tag(layer), routing_map, metadata.create_summary_metadata(map_content))]

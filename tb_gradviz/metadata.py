@@ -22,7 +22,8 @@ PROTO_VERSION = 1
 KIND_TENSOR = "tensor"
 KIND_ROUTING = "routing"
 KIND_UNITS = "units"
-KINDS = (KIND_TENSOR, KIND_ROUTING, KIND_UNITS)
+KIND_ROUTING_MAP = "routing_map"
+KINDS = (KIND_TENSOR, KIND_ROUTING, KIND_UNITS, KIND_ROUTING_MAP)
 
 
 class NewerVersionError(ValueError):
@@ -116,6 +117,13 @@ def _valid_content(content):
         return common
     if content["kind"] == KIND_UNITS:
         return _is_str(content.get("tensor")) and _is_int(content.get("channel_axis"))
+    if content["kind"] == KIND_ROUTING_MAP:
+        boxes = {"map": ("height", "width"), "crop": ("row", "col", "height", "width"),
+                 "windows": ("row", "col", "rows", "cols")}
+        return _is_int(content.get("example")) and all(
+            isinstance(content.get(box), dict) and all(_is_int(content[box].get(k)) for k in keys)
+            for box, keys in boxes.items()
+        )
     return (
         _is_str(content.get("tensor"))
         and _is_str(content.get("role"))

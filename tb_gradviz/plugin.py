@@ -164,6 +164,7 @@ class GradVizPlugin(base_plugin.TBPlugin):
             "/series": self._serve_series,
             "/routing": self._serve_routing,
             "/step": self._serve_step,
+            "/routing_map": self._serve_routing_map,
             _STATIC_ROUTE + "/*": self._serve_static,
         }
 
@@ -282,6 +283,30 @@ class GradVizPlugin(base_plugin.TBPlugin):
             raise errors.NotFoundError(f"run {run!r} has no step <= {limit}")
         return body
 
+    def routing_map_impl(self, ctx, experiment, run, layer, step=None):
+        """Returns the `/routing_map` body: a pooling layer's routing map at its latest step `<= step`.
+
+        Args:
+          ctx: the request's `tensorboard.context.RequestContext`.
+          experiment: the experiment id.
+          run, layer: names as `/runs` gives them.
+          step: an int, or None for the last step.
+
+        Returns:
+          A dict as described in docs/API.md.
+
+        Raises:
+          NotFoundError: no such run or layer, no routing map, or no step `<= step`.
+        """
+        run_store = self._store(ctx, experiment, run)
+        content, time_series = run_store.routing_map(layer)
+        tag = records.routing_map_tag(layer)
+        limit = _INT64_MAX if step is None else step
+        body = responses.routing_map_body(run, content, run_store.read({tag: time_series}, records.ROUTING_MAP)[tag], limit)
+        if body is None:
+            raise errors.NotFoundError(f"layer {layer!r} of run {run!r} has no routing map at a step <= {limit}")
+        return body
+
     # Routes: read the request, call an *_impl, respond.
 
     @wrappers.Request.application
@@ -321,6 +346,17 @@ class GradVizPlugin(base_plugin.TBPlugin):
         ctx = plugin_util.context(request.environ)
         experiment = plugin_util.experiment_id(request.environ)
         return http_util.Respond(request, self.step_impl(ctx, experiment, run, step, ratio), _JSON)
+
+    @wrappers.Request.application
+    def _serve_routing_map(self, request):
+        _check_method(request)
+        run = _single_arg(request, "run")
+        layer = _single_arg(request, "layer")
+        step = _single_arg(request, "step", required=False)
+        step = None if step is None else _parse_step(step)
+        ctx = plugin_util.context(request.environ)
+        experiment = plugin_util.experiment_id(request.environ)
+        return http_util.Respond(request, self.routing_map_impl(ctx, experiment, run, layer, step), _JSON)
 
     @wrappers.Request.application
     def _serve_static(self, request):

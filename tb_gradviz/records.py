@@ -124,6 +124,10 @@ def units_tag(layer):
     return f"{TAG_PREFIX}/{layer}/units"
 
 
+def routing_map_tag(layer):
+    return f"{TAG_PREFIX}/{layer}/routing_map"
+
+
 def stats_has_nonfinite(tag, values):
     """Whether `(tag, values)` is a stats record that counts a NaN or an Inf."""
     return tag.endswith("/stats") and bool(np.any(np.asarray(values)[STAT_NAN : STAT_NEG_INF + 1] > 0))
@@ -295,6 +299,25 @@ def decode_units(vector):
         "dead_channels": int(vector[1]),
         "listed": listed[np.isfinite(listed)].astype(np.int64).tolist(),
     }
+
+
+class _RoutingMapLayout:
+    """Routing maps: `[channels, values]` float32, `values` fixed per series by its metadata."""
+
+    name = "routing map"
+    shape = (None, None)
+
+    @staticmethod
+    def upgrade(array):
+        array = np.asarray(array, dtype=np.float32)
+        return array if array.ndim == 2 else None
+
+    @staticmethod
+    def valid_rows(values):
+        return np.ones(len(values), bool)
+
+
+ROUTING_MAP = _RoutingMapLayout()
 
 
 def _upgraded(layout, vector):

@@ -8,7 +8,7 @@ TensorFlow nor Keras.
 
 import numpy as np
 
-from tb_gradviz import health, records
+from tb_gradviz import health, records, routing_map
 
 LOG_EDGES = records.LOG_EDGES.tolist()
 
@@ -200,4 +200,33 @@ def step_body(run, layers, series_by_kind, limit, ratio=health.DEFAULT_RATIO):
             "reference_layer": None if reference is None else reference["layer"],
             "rules": health.rules(ratio),
         },
+    }
+
+
+def routing_map_body(run, content, series, limit):
+    """The `/routing_map` body: a pooling layer's routing map at its latest step `<= limit`, or None if none.
+
+    Rows whose size is not the one the metadata gives (a later fit with other
+    settings) are left out.
+    """
+    values = content.get("values")
+    rows = [(int(step), array) for step, array in zip(series.steps.tolist(), series.values) if array.shape[1] == values]
+    steps = [step for step, _ in rows]
+    at = [entry for entry in rows if entry[0] <= limit]
+    if not at:
+        return None
+    step, array = at[-1]
+    return {
+        "run": run,
+        "layer": content["layer"],
+        "pooling": content.get("pooling"),
+        "backend": content.get("backend", "tensorflow"),
+        "device": content.get("device"),
+        "example": content["example"],
+        "map": content["map"],
+        "crop": content["crop"],
+        "windows": content["windows"],
+        "steps": steps,
+        "step": step,
+        "channels": [routing_map.decode(row, content) for row in array],
     }

@@ -42,6 +42,8 @@ class Series:
 
     Rows are sorted by step (stable, so the provider's order breaks ties);
     rows whose record has no known layout or malformed counts are left out.
+    `values` is an array of the rows, or a list for records whose size the
+    metadata fixes (routing maps).
     """
 
     __slots__ = ("steps", "wall_times", "values")
@@ -69,8 +71,14 @@ def decode_series(data, layout):
         array = layout.upgrade(datum.numpy)
         if array is not None:
             kept.append((datum.step, datum.wall_time, array))
+    if None in layout.shape:
+        # A record whose size its metadata fixes (routing maps): rows stay a
+        # list, for the reader to match against that metadata.
+        kept.sort(key=lambda entry: entry[0])
+        steps = np.array([step for step, _, _ in kept], dtype=np.int64)
+        return Series(steps, np.array([w for _, w, _ in kept], dtype=np.float64), [a for _, _, a in kept])
     if not kept:
-        return Series(np.zeros(0, np.int64), np.zeros(0), np.zeros((0,) + layout.shape))
+        return Series(np.zeros(0, np.int64), np.zeros(0), np.zeros((0,) + tuple(n or 0 for n in layout.shape)))
     steps = np.array([step for step, _, _ in kept], dtype=np.int64)
     wall_times = np.array([wall_time for _, wall_time, _ in kept], dtype=np.float64)
     values = np.stack([array for _, _, array in kept])
@@ -145,7 +153,8 @@ def _layer_index(run, time_series_by_tag, skip_warning):
 
     Returns:
       `{layer: {"info": content, "tensors": {tensor: (tag, content, series)},
-      "routing": (tag, content, series) or None, "units": likewise}}`,
+      "routing": (tag, content, series) or None, "units", "routing_map":
+      likewise}}`,
       without layers that have no tensor.
     """
     layers = {}
@@ -156,11 +165,15 @@ def _layer_index(run, time_series_by_tag, skip_warning):
         content = parse_content(time_series, run, tag, skip_warning)
         if content is None:
             continue
-        layer = layers.setdefault(content["layer"], {"info": content, "tensors": {}, "routing": None, "units": None})
+        layer = layers.setdefault(
+            content["layer"], {"info": content, "tensors": {}, "routing": None, "units": None, "routing_map": None}
+        )
         if content["kind"] == metadata.KIND_ROUTING:
             layer["routing"] = (tag, content, time_series)
         elif content["kind"] == metadata.KIND_UNITS:
             layer["units"] = (tag, content, time_series)
+        elif content["kind"] == metadata.KIND_ROUTING_MAP:
+            layer["routing_map"] = (tag, content, time_series)
         else:
             layer["tensors"][content["tensor"]] = (tag, content, time_series)
     return {name: layer for name, layer in layers.items() if layer["tensors"]}
@@ -226,7 +239,7 @@ class RunStore:
         """Returns the run's layer index: `{layer: {"info", "tensors", "routing"}}`.
 
         `tensors` maps a tensor name to `(tag, content, time_series)`,
-        `routing` and `units` are such triples or None.
+        `routing`, `units` and `routing_map` are such triples or None.
 
         Raises:
           NotFoundError: the run holds no tb_gradviz data.
@@ -305,6 +318,21 @@ class RunStore:
                 f"no routing record of layer {layer!r} in run {self.run!r} (not a pooling layer?)"
             )
         return content, time_series
+
+    def routing_map(self, layer):
+        """Returns `(content, time series)` of a pooling layer's routing map.
+
+        Raises:
+          NotFoundError: no such layer, or it has no routing map.
+        """
+        layers = self.layers()
+        found = layers.get(layer, {}).get("routing_map")
+        if found is None:
+            raise errors.NotFoundError(
+                f"no routing map of layer {layer!r} in run {self.run!r} (not a 1D or 2D pooling layer, "
+                "or logged with routing_map=False)"
+            )
+        return found[1], found[2]
 
     # Reading.
 

@@ -17,7 +17,7 @@ keras = pytest.importorskip("keras")
 import eventdata  # noqa: E402
 from values import awkward_rows  # noqa: E402
 from tb_gradviz import GradVizCallback  # noqa: E402
-from tb_gradviz import records  # noqa: E402
+from tb_gradviz import records, routing_map  # noqa: E402
 
 layers = keras.layers
 BACKEND = keras.backend.backend()
@@ -560,3 +560,33 @@ def test_dead_channels_are_recorded_alike_on_every_backend(tmp_path):
     assert records.decode_units(eventdata.last(log, records.units_tag("head"))) == {
         "channels": 2, "dead_channels": 0, "listed": []
     }
+
+
+def test_routing_map_is_the_backends_own_gradient_and_the_first_maximum(tmp_path):
+    # Issue 12 on every backend: the input gradient is the backend's, the winner the first maximum.
+    pool = layers.MaxPooling2D(3, strides=2, name="pool")
+    model, conv, head = conv_pool_model(pool, seed=4)
+    rng = np.random.default_rng(4)
+    x = rng.normal(size=(3, 12, 12, 2)).astype("float32")
+    y = rng.normal(size=(3, 3)).astype("float32")
+    callback = GradVizCallback(tmp_path, (x, y), layers=["pool"], routing_map_example=1, routing_map_channels=[0, 5])
+    callback.set_model(model)
+    callback.log_now(step=1)
+    callback.on_train_end()
+    log = eventdata.load(tmp_path)
+    content = eventdata.content(log, records.routing_map_tag("pool"))
+    rows = [routing_map.decode(row, content) for row in eventdata.last(log, records.routing_map_tag("pool"))]
+    mse = keras.losses.MeanSquaredError()
+    _, input_gradient = gradients(lambda p: mse(y, head(layers.Flatten()(pool(p)))), numpy(conv(x)))
+    assert [row["channel"] for row in rows] == [0, 5]
+    for row in rows:
+        c = row["channel"]
+        np.testing.assert_allclose(row["input_gradient"], input_gradient[1, :, :, c].ravel(), rtol=1e-6, atol=1e-9)
+        plane = numpy(conv(x))[1, :, :, c]
+        expected = []
+        for i in range(4):  # 10x10 map, 3x3 windows, stride 2
+            for j in range(4):
+                window = plane[2 * i : 2 * i + 3, 2 * j : 2 * j + 3]
+                flat = int(np.argmax(window))
+                expected.append((2 * i + flat // 3) * 10 + 2 * j + flat % 3)
+        assert row["winner"] == expected

@@ -87,3 +87,10 @@ def test_backends_bench_measures_each_backend_in_its_own_process(tmp_path):
     ]
     for row in rows:
         assert row["log_event_s"] > 0 and row["train_step_s"] > 0 and row["tensors"] == 3 * row["n_layers"]
+
+
+def test_routing_map_bench_measures_bytes_and_time(tmp_path):
+    pytest.importorskip("tensorflow")
+    (row,) = run_smoke(tmp_path, "bench_routing_map.py")
+    assert row["log_event_s"] > 0 and row["log_event_with_map_s"] > 0
+    assert 0 < row["largest_map_bytes"] <= 64 * 1024 + 512 < row["event_bytes"] + 64 * 1024

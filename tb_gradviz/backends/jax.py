@@ -66,15 +66,20 @@ class LayerCapture(capture.ProbePass):
             state, x, y, sample_weight, scale = jax.device_put((state, x, y, sample_weight, scale), device)
         if self._pass is None:
             self._plan(state, x, y, sample_weight, scale)
-        activations, gradients, routing_counts, units = self._pass(self._zeros, state, x, y, sample_weight, scale)
+        activations, gradients, routing_counts, units, maps = self._pass(self._zeros, state, x, y, sample_weight, scale)
+        maps = [capture.host_map(slices, divisor) for slices in maps]
         self.devices = sorted(str(d) for d in jax.tree_util.tree_leaves(activations)[0].devices())
         tensors = []
         for layer_activations, (input_grads, output_grads) in zip(activations, gradients):
             tensors += [*layer_activations, *input_grads, *output_grads]
         counts = [tuple(np.nan if c is None else int(c) for c in layer) for layer in routing_counts]
         if self.statistics == "host":
-            return capture.host_records(self.plans, [_host(t) for t in tensors], divisor, counts, self._skipped, units)
-        return capture.device_records(self.plans, self._device_rows(tensors, divisor), counts, self._skipped, units)
+            return capture.host_records(
+                self.plans, [_host(t) for t in tensors], divisor, counts, self._skipped, units, maps, self.map_settings
+            )
+        return capture.device_records(
+            self.plans, self._device_rows(tensors, divisor), counts, self._skipped, units, maps, self.map_settings
+        )
 
     def _device_rows(self, tensors, divisor):
         """`(n, sums, linear, magnitude)` of each tensor, computed on its device in float64."""
@@ -120,7 +125,8 @@ class LayerCapture(capture.ProbePass):
         for c, ins, outs in called:
             recording = capture.Recording(inputs=list(ins), outputs=list(outs))
             plan = capture.layer_plan(
-                c, recording, lambda spec: (list(spec[0]), jnp.dtype(spec[1]).name), scale is not None, device=device
+                c, recording, lambda spec: (list(spec[0]), jnp.dtype(spec[1]).name), scale is not None, device=device,
+                map_settings=self.map_settings,
             )
             self.plans.append(plan)
         self._pass = jax.jit(self._pass_fn)
@@ -174,7 +180,13 @@ class LayerCapture(capture.ProbePass):
             if plan.has_routing:
                 routing_counts.append(_routing_counts(c.layer.call, pool_input, plan.pooling))
         units = [capture.dead_channels(p, a) for p, a in zip(self.plans, activations) if p.units_axis is not None]
-        return activations, gradients, routing_counts, units
+        example = self.map_settings.example if self.map_settings is not None else 0
+        maps = [
+            capture.map_slices(p, [x], g[0], g[1], example)
+            for p, x, g in zip(self.plans, pool_inputs, gradients)
+            if p.map_cut is not None
+        ]
+        return activations, gradients, routing_counts, units, maps
 
 
 def _chunk_sums(chunks, scaled, tensors, divisor):

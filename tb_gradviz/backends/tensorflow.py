@@ -71,7 +71,9 @@ class LayerCapture(capture.ProbePass):
             outputs = self._probe(x, y, sample_weight)
         outputs = [np.asarray(t) for t in outputs]  # on a CPU, no copy
         routings = outputs[self._routing_start : self._units_start]
-        units = outputs[self._units_start :]
+        units = outputs[self._units_start : self._maps_start]
+        slices = outputs[self._maps_start :]
+        maps = [capture.host_map(slices[i : i + 3]) for i in range(0, len(slices), 3)]
         if self.statistics == "host":
             scale = float(outputs[self._routing_start - 1]) if any(self._divided_items) else None
             summaries = capture.host_summaries(
@@ -80,7 +82,8 @@ class LayerCapture(capture.ProbePass):
         else:
             summaries = [(outputs[position][row], outputs[position + 1][row]) for position, row in self._group_rows]
         return capture.step_records(
-            self.plans, [summaries[item] for item in self._items], routings, self._skipped, units
+            self.plans, [summaries[item] for item in self._items], routings, self._skipped, units, maps,
+            self.map_settings,
         )
 
     def collective_ops(self, x, y, sample_weight=None):
@@ -176,7 +179,7 @@ class LayerCapture(capture.ProbePass):
         accelerators = [d for d in tf.config.list_logical_devices() if d.device_type != "CPU"]
         device = accelerators[0].device_type.lower() if accelerators else "cpu"
 
-        routings, units, summarised, self.plans = [], [], [], []
+        routings, units, maps, summarised, self.plans = [], [], [], [], []
         # Which summarised item each plan tensor reads: its own, or, for the
         # input gradient that is the same values as another layer's output
         # gradient, that one's (resolved once every item is known).
@@ -187,7 +190,8 @@ class LayerCapture(capture.ProbePass):
             input_grads = [next(g) for _ in rec.inputs]
             output_grads = [next(g) for _ in rec.outputs]
             plan = capture.layer_plan(
-                c, rec, lambda t: (t.shape.as_list(), t.dtype.name), scale is not None, device=device
+                c, rec, lambda t: (t.shape.as_list(), t.dtype.name), scale is not None, device=device,
+                map_settings=self.map_settings,
             )
             tensors = rec.outputs + input_grads + output_grads
             forward = rec.outputs + rec.inputs + rec.outputs
@@ -214,6 +218,11 @@ class LayerCapture(capture.ProbePass):
                 )
             if plan.units_axis is not None:
                 units.append(capture.dead_channels(plan, rec.outputs))
+            if plan.map_cut is not None:
+                x, gi, go = capture.map_slices(plan, rec.inputs, input_grads, output_grads, self.map_settings.example)
+                if scale is not None:  # unscaled here: the host sees only these slices
+                    gi, go = (tf.cast(g, tf.float32) / tf.cast(scale, tf.float32) for g in (gi, go))
+                maps += [x, gi, go]
             self.plans.append(plan)
 
         for position, producer in same_as_output.items():
@@ -241,6 +250,8 @@ class LayerCapture(capture.ProbePass):
         outputs += routings
         self._units_start = len(outputs)
         outputs += units
+        self._maps_start = len(outputs)
+        outputs += maps
 
         # Written after every read above: automatic control dependencies keep
         # program order for ops on the same variable.

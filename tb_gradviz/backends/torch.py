@@ -68,12 +68,13 @@ class LayerCapture(capture.ProbePass):
                 sources = [z for c in called for z in zeros[c.path]]
                 gradients = torch.autograd.grad(loss, sources, allow_unused=True)
                 gradients = iter(torch.zeros_like(z) if g is None else g for z, g in zip(sources, gradients))
-                tensors, routing_counts, units, self.plans = [], [], [], []
+                tensors, routing_counts, units, maps, self.plans = [], [], [], [], []
                 device = str(loss.device)
                 for c in called:
                     rec = recordings[c.path]
                     plan = capture.layer_plan(
-                        c, rec, lambda t: (list(t.shape), str(t.dtype).removeprefix("torch.")), scale is not None, device
+                        c, rec, lambda t: (list(t.shape), str(t.dtype).removeprefix("torch.")), scale is not None, device,
+                        map_settings=self.map_settings,
                     )
                     input_grads = [next(gradients) for _ in rec.inputs]
                     output_grads = [next(gradients) for _ in rec.outputs]
@@ -82,14 +83,23 @@ class LayerCapture(capture.ProbePass):
                         routing_counts.append(_routing_counts(c.layer.call, rec.inputs[0], plan.pooling))
                     if plan.units_axis is not None:
                         units.append(capture.dead_channels(plan, [t.detach() for t in rec.outputs]))
+                    if plan.map_cut is not None:
+                        slices = capture.map_slices(
+                            plan, [rec.inputs[0].detach()], input_grads, output_grads, self.map_settings.example
+                        )
+                        maps.append(capture.host_map(slices, scale))
                     self.plans.append(plan)
         finally:
             for v, value in zip(state, saved):
                 v.assign(value)
         skipped = [c.path for c in self.chosen if not recordings[c.path].outputs]
         if self.statistics == "host":
-            return capture.host_records(self.plans, [_host(t) for t in tensors], scale, routing_counts, skipped, units)
-        return capture.device_records(self.plans, self._device_rows(tensors, scale), routing_counts, skipped, units)
+            return capture.host_records(
+                self.plans, [_host(t) for t in tensors], scale, routing_counts, skipped, units, maps, self.map_settings
+            )
+        return capture.device_records(
+            self.plans, self._device_rows(tensors, scale), routing_counts, skipped, units, maps, self.map_settings
+        )
 
     def _device_rows(self, tensors, divisor):
         """`(n, sums, linear, magnitude)` of each tensor, computed on its device in float64."""

@@ -1,0 +1,266 @@
+"""The routing map of a pooling layer: for one probe example and a few channels, where each
+window's maximum was and where its gradient went (docs/FORMAT.md, `routing_map`).
+
+Numpy only: each backend's pass hands over the example's slice of the pool's
+input, input gradient and output gradient, and this module picks the
+channels, crops the map to the byte budget and finds each window's winner
+with the documented rule (the first maximum in raster order, as TensorFlow's
+CPU kernel and XLA on CPU route a tie). The input gradient in the record is
+the backend's own, so a backend whose rule differs shows it there.
+"""
+
+import numpy as np
+
+# At most this many float32 values per layer and event (64 KiB).
+MAX_VALUES = 16384
+MAX_CHANNELS = 8
+DEFAULT_CHANNELS = 4
+
+
+class Settings:
+    """What the callback was asked to map.
+
+    Args:
+      example: the probe example (an index into the batch).
+      channels: None for the `DEFAULT_CHANNELS` channels that receive the
+        most gradient mass, an int k (1..8) for the k that receive the most,
+        or a list of at most 8 channel indices.
+      origin: None to centre the crop on the map, or `(row, col)` of the
+        input position the crop starts at (clipped to the map).
+
+    Raises:
+      ValueError, TypeError: an argument is invalid (the message says what
+        was received and what is allowed).
+    """
+
+    def __init__(self, example=0, channels=None, origin=None):
+        if not isinstance(example, int) or isinstance(example, bool) or example < 0:
+            raise TypeError(f"routing_map_example must be an int >= 0; received {example!r}")
+        if channels is not None:
+            if isinstance(channels, int) and not isinstance(channels, bool):
+                if not 1 <= channels <= MAX_CHANNELS:
+                    raise ValueError(f"routing_map_channels must be 1..{MAX_CHANNELS} channels; received {channels!r}")
+            elif isinstance(channels, (list, tuple)) and channels and all(
+                isinstance(c, int) and not isinstance(c, bool) and c >= 0 for c in channels
+            ):
+                if len(channels) > MAX_CHANNELS or len(set(channels)) != len(channels):
+                    raise ValueError(
+                        f"routing_map_channels lists at most {MAX_CHANNELS} distinct channels; received {channels!r}"
+                    )
+                channels = list(channels)
+            else:
+                raise TypeError(
+                    "routing_map_channels must be None, a count 1..8 or a list of channel indices; "
+                    f"received {channels!r}"
+                )
+        if origin is not None and not (
+            isinstance(origin, (list, tuple))
+            and len(origin) == 2
+            and all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in origin)
+        ):
+            raise TypeError(f"routing_map_origin must be None or (row, col) ints >= 0; received {origin!r}")
+        self.example = example
+        self.channels = channels
+        self.origin = None if origin is None else tuple(origin)
+
+    @property
+    def channel_count(self):
+        if self.channels is None:
+            return DEFAULT_CHANNELS
+        return self.channels if isinstance(self.channels, int) else len(self.channels)
+
+
+def maps_layer(pooling, input_shape):
+    """Whether a pooling layer gets a routing map: 1D and 2D pools (3D are not mapped)."""
+    return pooling is not None and len(input_shape) in (3, 4)
+
+
+def _as_planes(array, pooling):
+    """An example's `[..., C]` or `[C, ...]` slice as `[C, H, W]` (1D pools: H = 1)."""
+    array = np.asarray(array)
+    if pooling["data_format"] == "channels_first":
+        array = np.moveaxis(array, 0, -1)
+    if array.ndim == 2:  # 1D: [W, C]
+        array = array[None]
+    return np.moveaxis(array, -1, 0)
+
+
+def _geometry(pooling, height, width):
+    """Per axis `(first input position of each window, its size)`: rows then columns."""
+    if pooling["global"]:
+        return (np.zeros(1, np.int64), height), (np.zeros(1, np.int64), width)
+    sizes, strides = list(pooling["pool_size"]), list(pooling["strides"])
+    if len(sizes) == 1:
+        sizes, strides = [1] + sizes, [1] + strides
+    axes = []
+    for n, k, s in zip((height, width), sizes, strides):
+        if pooling["padding"] == "same":
+            count = -(-n // s)
+            before = max((count - 1) * s + k - n, 0) // 2
+        else:
+            count, before = (n - k) // s + 1, 0
+        axes.append((np.arange(count) * s - before, k))
+    return axes
+
+
+def _crop(starts, size, n, budget_windows, origin):
+    """The range of windows `[first, last)` along one axis that fit, and the input span they cover."""
+    count = len(starts)
+    keep = max(1, min(count, budget_windows))
+    if origin is None:
+        first = (count - keep) // 2
+    else:
+        first = int(np.clip(np.searchsorted(starts, origin, side="left"), 0, count - keep))
+    if keep == count:  # every window: the whole map, with positions no window covers
+        return 0, count, 0, n
+    low = max(int(starts[first]), 0)
+    high = min(int(starts[first + keep - 1]) + size, n)
+    return first, first + keep, low, high
+
+
+def _clip_start(origin, n, side):
+    start = (n - side) // 2 if origin is None else origin
+    return int(np.clip(start, 0, max(n - side, 0)))
+
+
+def layout(pooling, input_shape, settings):
+    """Where the map is cut: the same for every event of a run (it depends on shapes only).
+
+    Args:
+      pooling: the layer's pooling description.
+      input_shape: the pool input's shape, batch first.
+      settings: the callback's `Settings`.
+
+    Returns:
+      A dict for the metadata: `map` (the input's height and width),
+      `crop` (`row`, `col`, `height`, `width` of the recorded input region),
+      `windows` (`row`, `col`, `rows`, `cols`: the window index range)
+      and `values` per channel row.
+    """
+    if pooling["data_format"] == "channels_first":
+        spatial = list(input_shape[2:])
+    else:
+        spatial = list(input_shape[1:-1])
+    height, width = ([1] + spatial)[-2:]
+    (row_starts, kh), (col_starts, kw) = _geometry(pooling, height, width)
+    channels = settings.channel_count
+    budget = MAX_VALUES // channels - 1
+    rows, cols = len(row_starts), len(col_starts)
+    origin = settings.origin or (None, None)
+    # Shrink the window ranges, the longer side first, until the channel row fits.
+    while True:
+        r0, r1, top, bottom = _crop(row_starts, kh, height, rows, origin[0])
+        c0, c1, left, right = _crop(col_starts, kw, width, cols, origin[1])
+        values = 2 * (bottom - top) * (right - left) + 3 * (r1 - r0) * (c1 - c0)
+        if values <= budget or (rows == 1 and cols == 1):
+            break
+        if rows >= cols and rows > 1:
+            rows -= 1
+        else:
+            cols -= 1
+    if values > budget:
+        # One window larger than the budget (a global pool of a large map):
+        # a square of it, centred or at the origin; its winner may lie outside.
+        side = int(np.sqrt((budget - 3) / 2))
+        top = _clip_start(origin[0], height, side)
+        left = _clip_start(origin[1], width, side)
+        bottom, right = min(top + side, height), min(left + side, width)
+        values = 2 * (bottom - top) * (right - left) + 3
+    return {
+        "map": {"height": height, "width": width},
+        "crop": {"row": top, "col": left, "height": bottom - top, "width": right - left},
+        "windows": {"row": r0, "col": c0, "rows": r1 - r0, "cols": c1 - c0},
+        "values": 1 + values,
+    }
+
+
+def chosen_channels(input_gradient_planes, settings):
+    """The channels mapped: those given (beyond the layer's channels left out), or those whose input
+    gradient has the largest sum of |g|."""
+    if isinstance(settings.channels, list):
+        count = input_gradient_planes.shape[0]
+        return [c for c in settings.channels if c < count]
+    magnitudes = np.abs(np.nan_to_num(input_gradient_planes.astype(np.float64), nan=0.0))
+    mass = magnitudes.reshape(len(magnitudes), -1).sum(axis=1)
+    # Largest mass first; the lower index on equal mass.
+    order = np.lexsort((np.arange(len(mass)), -mass))
+    return sorted(order[: settings.channel_count].tolist())
+
+
+def record(pooling, inputs, input_gradient, output_gradient, cut, settings):
+    """Returns the `[channels, values]` float32 routing map of one example.
+
+    Args:
+      pooling: the layer's pooling description.
+      inputs, input_gradient, output_gradient: the example's slices (no
+        batch axis), in the layer's data format.
+      cut: `layout(...)`.
+      settings: the callback's `Settings`.
+
+    Each row: the channel index; the cropped input map and input gradient
+    (row-major); per window of the crop (row-major): the flat index of its
+    winner in the crop (-1 for an average pool, or a winner outside the
+    crop), 1 if its maximum is tied, else 0 (NaN for average pools), and the
+    upstream gradient it received.
+    """
+    x = _as_planes(inputs, pooling).astype(np.float32)
+    gi = _as_planes(input_gradient, pooling).astype(np.float32)
+    go = _as_planes(output_gradient, pooling).astype(np.float32)
+    go = go.reshape(go.shape[0], -1)  # one value per window, row-major (global pools: one)
+    height, width = x.shape[1:]
+    (row_starts, kh), (col_starts, kw) = _geometry(pooling, height, width)
+    crop, windows = cut["crop"], cut["windows"]
+    top, left, h, w = crop["row"], crop["col"], crop["height"], crop["width"]
+    columns = len(col_starts)
+    window_rows = range(windows["row"], windows["row"] + windows["rows"])
+    window_cols = range(windows["col"], windows["col"] + windows["cols"])
+    channels = chosen_channels(gi, settings)
+    count = len(window_rows) * len(window_cols)
+    if not channels:
+        return np.zeros((0, 1 + 2 * h * w + 3 * count), np.float32)
+    # Every window of the crop at once: its values [channels, rows, cols, kh * kw],
+    # positions outside the map at -inf (they never hold a maximum).
+    r = np.asarray([[int(row_starts[i]) + d for d in range(kh)] for i in window_rows])
+    q = np.asarray([[int(col_starts[j]) + d for d in range(kw)] for j in window_cols])
+    inside = ((r >= 0) & (r < height))[:, None, :, None] & ((q >= 0) & (q < width))[None, :, None, :]
+    values = x[channels][:, np.clip(r, 0, height - 1)[:, None, :, None], np.clip(q, 0, width - 1)[None, :, None, :]]
+    values = np.where(inside, values, -np.inf).reshape(len(channels), count, kh * kw)
+    upstream = go[channels][:, [i * columns + j for i in window_rows for j in window_cols]]
+    if pooling["type"] == "max":
+        flat = np.argmax(values, axis=-1)  # the first maximum in raster order (a NaN wins, as argmax)
+        peak = np.take_along_axis(values, flat[..., None], axis=-1)
+        tied = ((values == peak).sum(axis=-1) > 1).astype(np.float32)
+        rows_at = np.repeat(r, len(window_cols), axis=0)[np.arange(count), flat // kw]
+        cols_at = np.tile(q, (len(window_rows), 1))[np.arange(count), flat % kw]
+        in_crop = (rows_at >= top) & (rows_at < top + h) & (cols_at >= left) & (cols_at < left + w)
+        winners = np.where(in_crop, (rows_at - top) * w + (cols_at - left), -1)
+    else:
+        winners = np.full((len(channels), count), -1)
+        tied = np.full((len(channels), count), np.nan)
+    return np.concatenate(
+        [
+            np.asarray(channels, np.float32)[:, None],
+            x[channels, top : top + h, left : left + w].reshape(len(channels), -1),
+            gi[channels, top : top + h, left : left + w].reshape(len(channels), -1),
+            winners,
+            tied,
+            upstream,
+        ],
+        axis=1,
+    ).astype(np.float32)
+
+
+def decode(row, cut):
+    """One channel row of a routing map as a dict of lists (for the API and `export`)."""
+    crop, windows = cut["crop"], cut["windows"]
+    cells, count = crop["height"] * crop["width"], windows["rows"] * windows["cols"]
+    row = np.asarray(row, dtype=np.float64)
+    parts = np.split(row[1:], np.cumsum([cells, cells, count, count]))
+    return {
+        "channel": int(row[0]),
+        "input": parts[0].tolist(),
+        "input_gradient": parts[1].tolist(),
+        "winner": parts[2].astype(np.int64).tolist(),
+        "tied": [None if np.isnan(v) else bool(v) for v in parts[3]],
+        "output_gradient": parts[4].tolist(),
+    }

@@ -1,0 +1,218 @@
+"""The routing map (issue 12): each window's winner against a hand-written reference, the gradient
+maps against GradientTape's, the byte bound, and the `/routing_map` route."""
+
+import json
+import os
+
+os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+import eventdata  # noqa: E402
+from tb_gradviz import GradVizCallback, cli, records, routing_map  # noqa: E402
+
+layers = keras.layers
+
+
+def reference_windows(x, pool_size, strides, padding):
+    """Per window of a [H, W] map, row-major: its input positions in raster order (padding excluded)."""
+    height, width = x.shape
+    windows = []
+    if padding == "global":
+        return [[(r, c) for r in range(height) for c in range(width)]]
+    (kh, kw), (sh, sw) = pool_size, strides
+    if padding == "same":
+        rows, cols = -(-height // sh), -(-width // sw)
+        top = max((rows - 1) * sh + kh - height, 0) // 2
+        left = max((cols - 1) * sw + kw - width, 0) // 2
+    else:
+        rows, cols, top, left = (height - kh) // sh + 1, (width - kw) // sw + 1, 0, 0
+    for i in range(rows):
+        for j in range(cols):
+            windows.append([
+                (r, c)
+                for r in range(i * sh - top, i * sh - top + kh)
+                for c in range(j * sw - left, j * sw - left + kw)
+                if 0 <= r < height and 0 <= c < width
+            ])
+    return windows
+
+
+def reference_winners(x, windows):
+    """The first maximum of each window, in raster order, and whether the maximum is tied."""
+    winners, tied = [], []
+    for positions in windows:
+        values = [x[p] for p in positions]
+        best = max(values)
+        winners.append(positions[values.index(best)])
+        tied.append(values.count(best) > 1)
+    return winners, tied
+
+
+def logged_map(model, pool_name, x, y, tmp_path, **map_args):
+    callback = GradVizCallback(tmp_path, (x, y), layers=[pool_name], **map_args)
+    callback.set_model(model)
+    callback.log_now(step=1)
+    callback.on_train_end()
+    log = eventdata.load(tmp_path)
+    content = eventdata.content(log, records.routing_map_tag(pool_name))
+    array = eventdata.last(log, records.routing_map_tag(pool_name))
+    return content, [routing_map.decode(row, content) for row in array], array
+
+
+def tape_gradients(model, pool_name, x, y):
+    """d loss / d (pool input) through the pool only, and d loss / d (pool output), by GradientTape."""
+    pool = model.get_layer(pool_name)
+    upstream = keras.Model(model.inputs, pool.input)
+    x = [x]  # the structure of model.inputs
+    downstream_layers = model.layers[model.layers.index(pool) + 1 :]
+    with tf.GradientTape(persistent=True) as tape:
+        pool_input = upstream(x, training=True)
+        tape.watch(pool_input)
+        pooled = pool(pool_input)
+        out = pooled
+        for layer in downstream_layers:
+            out = layer(out, training=True)
+        loss = model.compute_loss(x[0], y, out)
+    return pool_input.numpy(), tape.gradient(loss, pool_input).numpy(), tape.gradient(loss, pooled).numpy()
+
+
+CASES = {
+    "2x2/2": (lambda: layers.MaxPooling2D(2, name="pool"), None, ((2, 2), (2, 2), "valid")),
+    "3x3/2 after zero padding (ResNet50's pool1)": (
+        lambda: layers.MaxPooling2D(3, strides=2, name="pool"), layers.ZeroPadding2D(1, name="pad"), ((3, 3), (2, 2), "valid")
+    ),
+    "3x3/2 same padding": (lambda: layers.MaxPooling2D(3, strides=2, padding="same", name="pool"), None,
+                           ((3, 3), (2, 2), "same")),
+    "global max": (lambda: layers.GlobalMaxPooling2D(name="pool"), None, (None, None, "global")),
+}
+
+
+@pytest.mark.parametrize("case", CASES, ids=list(CASES))
+def test_winners_and_gradients_match_a_hand_written_reference_and_gradient_tape(case, tmp_path):
+    make_pool, padding_layer, (pool_size, strides, padding) = CASES[case]
+    keras.utils.set_random_seed(0)
+    stack = [keras.Input((9, 9, 3)), layers.Conv2D(6, 3, padding="same", activation="relu", name="conv")]
+    stack += [padding_layer] if padding_layer else []
+    stack += [make_pool(), layers.Flatten(), layers.Dense(2, name="head")]
+    model = keras.Sequential(stack)
+    model.compile("sgd", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    x = np.random.default_rng(3).normal(size=(4, 9, 9, 3)).astype("float32")
+    y = np.arange(4) % 2
+    content, rows, array = logged_map(model, "pool", x, y, tmp_path, routing_map_example=2, routing_map_channels=3)
+    pool_input, input_gradient, output_gradient = tape_gradients(model, "pool", x, y)
+    height, width = pool_input.shape[1:3]
+    assert content["map"] == {"height": height, "width": width} and content["example"] == 2
+    assert content["crop"] == {"row": 0, "col": 0, "height": height, "width": width}  # fits whole
+    # The channels that receive the most gradient mass, ascending.
+    mass = np.abs(input_gradient[2]).sum(axis=(0, 1))
+    assert [row["channel"] for row in rows] == sorted(np.argsort(-mass, kind="stable")[:3].tolist())
+    for row in rows:
+        c = row["channel"]
+        plane = pool_input[2, :, :, c]
+        windows = reference_windows(plane, pool_size, strides, padding)
+        winners, tied = reference_winners(plane, windows)
+        assert row["winner"] == [r * width + q for r, q in winners]
+        assert row["tied"] == tied
+        np.testing.assert_array_equal(row["input"], plane.ravel())
+        np.testing.assert_array_equal(row["input_gradient"], input_gradient[2, :, :, c].ravel())
+        np.testing.assert_array_equal(row["output_gradient"], output_gradient[2].reshape(-1, output_gradient.shape[-1])[:, c])
+    assert case == "global max" or any(any(row["tied"]) for row in rows)  # ReLU zeros tie whole windows
+    assert array.nbytes <= routing_map.MAX_VALUES * 4
+
+
+def test_a_large_map_is_cropped_within_64_kib_around_the_origin_asked(tmp_path):
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((112, 112, 8)), layers.MaxPooling2D(3, strides=2, name="pool"),
+                              layers.GlobalAveragePooling2D(), layers.Dense(2)])
+    model.compile("sgd", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    x = np.random.default_rng(0).normal(size=(2, 112, 112, 8)).astype("float32")
+    content, rows, array = logged_map(model, "pool", x, np.arange(2) % 2, tmp_path / "a", routing_map_channels=8)
+    assert array.nbytes <= 64 * 1024 and len(rows) == 8
+    crop, windows = content["crop"], content["windows"]
+    assert crop["height"] < 112 and crop["row"] == 2 * windows["row"]
+    content, rows, _ = logged_map(model, "pool", x, np.arange(2) % 2, tmp_path / "b", routing_map_origin=(0, 40))
+    assert (content["crop"]["row"], content["crop"]["col"]) == (0, 40)
+    plane = x[0, :, :, rows[0]["channel"]]
+    windows = reference_windows(plane, (3, 3), (2, 2), "valid")
+    per_row = (112 - 3) // 2 + 1
+    first = content["windows"]["row"] * per_row + content["windows"]["col"]
+    winner, _ = reference_winners(plane, [windows[first]])
+    r, q = winner[0]
+    assert rows[0]["winner"][0] == (r - content["crop"]["row"]) * content["crop"]["width"] + (q - content["crop"]["col"])
+
+
+def test_average_pools_map_gradients_without_winners(tmp_path):
+    model = keras.Sequential([keras.Input((4, 4, 2)), layers.AveragePooling2D(2, name="pool"), layers.Flatten(),
+                              layers.Dense(2)])
+    model.compile("sgd", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    x = np.random.default_rng(0).normal(size=(2, 4, 4, 2)).astype("float32")
+    _, rows, _ = logged_map(model, "pool", x, np.arange(2) % 2, tmp_path)
+    assert rows[0]["winner"] == [-1] * 4 and rows[0]["tied"] == [None] * 4
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, message",
+    [
+        (dict(routing_map_channels=9), ValueError, "routing_map_channels must be 1..8 channels; received 9"),
+        (dict(routing_map_channels=[1, 1]), ValueError, "at most 8 distinct channels; received [1, 1]"),
+        (dict(routing_map_channels="all"), TypeError, "received 'all'"),
+        (dict(routing_map_example=-1), TypeError, "routing_map_example must be an int >= 0; received -1"),
+        (dict(routing_map_origin=(1,)), TypeError, "routing_map_origin must be None or (row, col) ints >= 0"),
+        (dict(routing_map="yes"), TypeError, "routing_map must be True or False; received 'yes'"),
+    ],
+)
+def test_bad_routing_map_arguments_say_what_was_received(tmp_path, kwargs, error, message):
+    with pytest.raises(error, match=__import__("re").escape(message)):
+        GradVizCallback(tmp_path, (np.zeros((1, 4, 4, 1)), np.zeros(1)), **kwargs)
+
+
+def test_an_example_beyond_the_probe_batch_is_refused_when_training_begins(tmp_path):
+    model = keras.Sequential([keras.Input((4, 4, 1)), layers.MaxPooling2D(), layers.Flatten(), layers.Dense(2)])
+    model.compile("sgd", "mse")
+    callback = GradVizCallback(tmp_path, (np.zeros((2, 4, 4, 1)), np.zeros((2, 2))), routing_map_example=2)
+    callback.set_model(model)
+    with pytest.raises(ValueError, match="routing_map_example must be below the probe batch's size, 2; received 2"):
+        callback.on_train_begin()
+
+
+def test_routing_map_route_and_export(tmp_path, capsys):
+    model = keras.Sequential([keras.Input((4, 4, 2)), layers.MaxPooling2D(name="pool"), layers.Flatten(),
+                              layers.Dense(2, name="head")])
+    model.compile("sgd", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    x = np.random.default_rng(0).normal(size=(2, 4, 4, 2)).astype("float32")
+    callback = GradVizCallback(tmp_path / "run", (x, np.arange(2) % 2), layers=["pool", "head"])
+    callback.set_model(model)
+    for step in (3, 7):
+        callback.log_now(step=step)
+    callback.on_train_end()
+    gradviz, ctx, experiment = cli._open_logdir(str(tmp_path))
+    body = gradviz.routing_map_impl(ctx, experiment, "run", "pool", 5)
+    assert body["steps"] == [3, 7] and body["step"] == 3 and len(body["channels"]) == 2
+    assert body["pooling"]["type"] == "max" and body["backend"] == "tensorflow"
+    from tensorboard import errors
+
+    for args in (("run", "head", None), ("run", "pool", 2), ("nope", "pool", None)):
+        with pytest.raises(errors.NotFoundError):
+            gradviz.routing_map_impl(ctx, experiment, *args)
+    assert cli.main(["export", str(tmp_path), "--format", "json"]) == 0
+    exported = json.loads(capsys.readouterr().out)
+    (mapped,) = exported["routing_maps"]
+    assert (mapped["run"], mapped["layer"], mapped["steps"]) == ("run", "pool", [3, 7])
+    assert mapped["maps"][-1]["channels"] == gradviz.routing_map_impl(ctx, experiment, "run", "pool")["channels"]
+
+
+def test_a_global_pool_larger_than_the_budget_is_cropped_around_its_centre(tmp_path):
+    model = keras.Sequential([keras.Input((112, 112, 4)), layers.GlobalMaxPooling2D(name="pool"), layers.Dense(2)])
+    model.compile("sgd", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    x = np.random.default_rng(0).normal(size=(2, 112, 112, 4)).astype("float32")
+    x[0, 56, 57, :] = 10.0  # every channel's maximum, inside the centred crop
+    content, rows, array = logged_map(model, "pool", x, np.arange(2) % 2, tmp_path)
+    assert array.nbytes <= 64 * 1024
+    crop = content["crop"]
+    assert crop["height"] == crop["width"] < 112 and crop["row"] == (112 - crop["height"]) // 2
+    for row in rows:
+        assert row["winner"] == [(56 - crop["row"]) * crop["width"] + 57 - crop["col"]]
