@@ -16,7 +16,7 @@ const TITLE_HEIGHT = 18;
 const LOG_HEIGHT = 112;
 // Exact zeros have no place on a log axis: they sit on a row of their own below it.
 const ZERO_ROW = 14;
-const ZEROS_GAP = 8;
+const ZEROS_GAP = 12;
 const ZEROS_HEIGHT = 28;
 const PANEL_GAP = 14;
 const LABEL_GAP = 6;
