@@ -11,6 +11,7 @@ from tb_gradviz import events
 from tb_gradviz import records
 from tb_gradviz import routing_map as routing_map_module
 from tb_gradviz import selection
+from tb_gradviz import storage
 
 
 class GradVizCallback(keras.callbacks.Callback):
@@ -38,7 +39,10 @@ class GradVizCallback(keras.callbacks.Callback):
 
     Args:
       log_dir: the run directory to write event files into (created when
-        the first event is written). Must not be an existing file.
+        the first event is written): a local path, a `file://` URL, or a
+        remote URL (`gs://bucket/run`, `s3://bucket/run`, any fsspec
+        protocol), written through the file layer TensorBoard reads it with
+        (README, "Logging to object storage"). Must not be an existing file.
       probe_data: the batch to measure: `(x, y)` or `(x, y, sample_weight)`
         (numpy arrays, tensors of any backend, or dicts/lists of them for
         multi-input models), or a source whose first batch is used: a
@@ -90,22 +94,12 @@ class GradVizCallback(keras.callbacks.Callback):
         routing_map_origin=None,
     ):
         super().__init__()
-        if not isinstance(log_dir, (str, os.PathLike)):
-            raise TypeError(f"log_dir must be a path (str or os.PathLike); received {log_dir!r}")
-        log_dir = os.fspath(log_dir)
-        if not log_dir:
-            raise ValueError("log_dir must be a non-empty path; received ''")
-        if os.path.exists(log_dir) and not os.path.isdir(log_dir):
-            raise ValueError(f"log_dir must be a directory; received {log_dir!r}, which is a file")
-        # Fail now rather than at the first log event, after training has run.
-        ancestor = os.path.dirname(os.path.abspath(log_dir))
-        while not os.path.exists(ancestor):
-            ancestor = os.path.dirname(ancestor)
-        if not os.path.isdir(ancestor):
-            raise ValueError(
-                f"log_dir must be a directory; received {log_dir!r}, which cannot be created "
-                f"inside {ancestor!r}, a file"
-            )
+        # A URL is only parsed here, without touching the network: a store's
+        # errors come at the first upload, and training goes on (storage.Uploader).
+        location = storage.location(log_dir, "log_dir")
+        log_dir = location.url
+        if location.local_path is not None:
+            _check_local_dir(location.local_path, log_dir)
         if every_n_batches is not None:
             _check_frequency("every_n_batches", every_n_batches)
             if every_n_epochs not in (1, None):
@@ -135,7 +129,7 @@ class GradVizCallback(keras.callbacks.Callback):
         self.stop_on_nonfinite = stop_on_nonfinite
         self.routing_map = map_settings if routing_map else None
         self._probe = probe_batch(probe_data)
-        self._log = events.EventLog(log_dir)
+        self._log = events.EventLog(location)
         self._capture = None
 
     @property
@@ -228,6 +222,20 @@ class GradVizCallback(keras.callbacks.Callback):
                 "pass log_now(step=...)"
             )
         return int(keras.ops.convert_to_numpy(optimizer.iterations))
+
+
+def _check_local_dir(path, log_dir):
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise ValueError(f"log_dir must be a directory; received {log_dir!r}, which is a file")
+    # Fail now rather than at the first log event, after training has run.
+    ancestor = os.path.dirname(os.path.abspath(path))
+    while not os.path.exists(ancestor):
+        ancestor = os.path.dirname(ancestor)
+    if not os.path.isdir(ancestor):
+        raise ValueError(
+            f"log_dir must be a directory; received {log_dir!r}, which cannot be created "
+            f"inside {ancestor!r}, a file"
+        )
 
 
 def _check_step(step):

@@ -18,7 +18,7 @@ import os
 import sys
 import time
 
-from tb_gradviz import health, records
+from tb_gradviz import health, records, storage
 
 EXIT_USAGE = 2
 EXIT_NO_DATA = 1
@@ -134,15 +134,33 @@ def main(argv=None):
 def _open_logdir(logdir):
     """Returns `(plugin, ctx, experiment)` over the logdir, read as TensorBoard does.
 
+    A `file://` URL is read as its local path; a remote URL (`gs://`,
+    `s3://`, any fsspec protocol) through TensorBoard's own file layer, as
+    `tensorboard --logdir URL` reads it.
+
     Raises:
-      CommandError: the logdir is missing, not a directory, or holds no
-        tb_gradviz data.
+      CommandError: the logdir is missing, not a directory, cannot be read,
+        or holds no tb_gradviz data.
     """
-    if not os.path.exists(logdir):
-        raise CommandError(f"logdir {logdir!r} does not exist")
-    if not os.path.isdir(logdir):
-        raise CommandError(f"logdir must be a directory; received {logdir!r}, which is a file")
     _use_tensorboard_without_tensorflow()
+    try:
+        where = storage.location(logdir, "logdir")
+    except (TypeError, ValueError) as e:
+        raise CommandError(str(e)) from None
+    if where.is_remote:
+        try:
+            found = where.layer.isdir(where.url)
+        except Exception as e:  # the store's own error: no bucket, no permission, no network
+            raise CommandError(f"cannot read logdir {logdir!r}: {type(e).__name__}: {e}", EXIT_NO_DATA) from None
+        if not found:
+            raise CommandError(f"logdir {logdir!r} does not exist (nothing is stored under it)")
+        logdir = where.url
+    else:
+        if not os.path.exists(where.local_path):
+            raise CommandError(f"logdir {logdir!r} does not exist")
+        if not os.path.isdir(where.local_path):
+            raise CommandError(f"logdir must be a directory; received {logdir!r}, which is a file")
+        logdir = where.local_path
     from tensorboard import context
     from tensorboard.backend.event_processing import data_provider, event_accumulator, plugin_event_multiplexer
     from tensorboard.plugins import base_plugin

@@ -17,6 +17,7 @@ import numpy as np
 from tensorboard.compat.proto import event_pb2, summary_pb2, tensor_pb2, tensor_shape_pb2, types_pb2
 
 from tb_gradviz import metadata
+from tb_gradviz import storage
 from tb_gradviz.records import histogram_tag, log_edges_description, routing_map_tag, routing_tag, stats_tag, units_tag
 
 
@@ -65,6 +66,14 @@ def tfrecord(data):
 
 _file_numbers = itertools.count()
 
+# An event file bound for an object store is re-uploaded whole after each log
+# event, so it is closed, and the next one begun, after this many events or
+# bytes: each upload then puts at most ~ROTATE_BYTES plus one event, and a
+# run uploads about ROTATE_EVENTS / 2 times its size in all.
+ROTATE_EVENTS = 10
+ROTATE_BYTES = 4 << 20
+
+
 
 class EventFile:
     """An event file that TensorBoard reads: `events.out.tfevents.<time>.<host>.<pid>.<n><suffix>`.
@@ -83,13 +92,17 @@ class EventFile:
         # process's tenth file in a second sorts after its ninth.
         number = next(_file_numbers)
         name = f"events.out.tfevents.{int(wall_time):010d}.{socket.gethostname()}.{os.getpid()}.{number:06d}{suffix}"
+        self.name = name
         self.path = os.path.join(os.fspath(logdir), name)
+        self.size = 0  # bytes written
         self._stream = open(self.path, "wb")
         self.write(event_pb2.Event(wall_time=wall_time, file_version="brain.Event:2").SerializeToString())
 
     def write(self, *events):
         """Writes serialized events; `flush` makes them visible to readers."""
-        self._stream.write(b"".join(tfrecord(event) for event in events))
+        data = b"".join(tfrecord(event) for event in events)
+        self._stream.write(data)
+        self.size += len(data)
 
     def flush(self):
         self._stream.flush()
@@ -105,12 +118,21 @@ class EventLog:
     fires. Each summary's metadata goes out with the first value of its tag in
     this file only (TensorBoard keeps the first), and every `write` is flushed,
     so an interrupted process leaves whole, readable records.
+
+    The run directory may be a local path, a `file://` URL or a remote URL
+    (`storage.location`). A remote run's file is written to a local spool
+    file, uploaded whole after each write by a `storage.Uploader` thread
+    (a failing store never stops the writer), and replaced by a new file
+    after `ROTATE_EVENTS` events or `ROTATE_BYTES` bytes.
     """
 
     def __init__(self, logdir):
-        self.logdir = os.fspath(logdir)
+        self.location = logdir if isinstance(logdir, storage.Location) else storage.location(logdir)
+        self.logdir = self.location.url
         self._file = None
+        self._steps = []  # steps of the events in the current file
         self._tags_with_metadata = set()
+        self._uploader = storage.Uploader(self.location) if self.location.is_remote else None
 
     def write(self, step, records, wall_time=None):
         """Writes one event holding `records` at `step`, and flushes it.
@@ -128,17 +150,42 @@ class EventLog:
             return
         wall_time = time.time() if wall_time is None else wall_time
         if self._file is None:
-            self._file = EventFile(self.logdir, wall_time=wall_time)
+            folder = self.location.local_path if self._uploader is None else self._uploader.spool()
+            self._file = EventFile(folder, wall_time=wall_time)
         event = event_pb2.Event(step=int(step), summary=summary, wall_time=wall_time)
         self._file.write(event.SerializeToString())
         self._file.flush()
+        if self._uploader is not None:
+            self._steps.append(int(step))
+            full = len(self._steps) >= ROTATE_EVENTS or self._file.size >= ROTATE_BYTES
+            self._publish(final=full)
+
+    def _publish(self, final):
+        if final:
+            self._file.close()
+        self._uploader.publish(self._file.name, self._file.size, self._steps, final)
+        if final:
+            self._file = None
+            self._steps = []
+            self._tags_with_metadata.clear()
 
     def close(self):
-        """Closes the file; a later `write` opens a new one."""
+        """Closes the file; a later `write` opens a new one.
+
+        For a remote run, waits (at most `storage.CLOSE_TIMEOUT_S`) until the
+        file is uploaded, and warns with what is kept locally if it is not.
+
+        Returns:
+          The steps of log events not in the store (always empty for a local run).
+        """
         if self._file is not None:
-            self._file.close()
-            self._file = None
-            self._tags_with_metadata.clear()
+            if self._uploader is not None:
+                self._publish(final=True)
+            else:
+                self._file.close()
+                self._file = None
+        self._tags_with_metadata.clear()
+        return [] if self._uploader is None else self._uploader.close()
 
 
 def tensor_records(layer, tensor, histogram, stats, content):
