@@ -74,7 +74,6 @@ ROTATE_EVENTS = 10
 ROTATE_BYTES = 4 << 20
 
 
-
 class EventFile:
     """An event file that TensorBoard reads: `events.out.tfevents.<time>.<host>.<pid>.<n><suffix>`.
 
