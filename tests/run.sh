@@ -16,7 +16,7 @@ fi
 
 # torch==2.13.0: the CPU build that lies on these machines' disk (PyPI's
 # Linux torch is the CUDA build, several GB with its NVIDIA libraries).
-python3 -m pip install -q --disable-pip-version-check -e ".[cpu,jax,test]" "torch==2.13.0"
+python3 -m pip install -q --disable-pip-version-check -e ".[cpu,jax,remote,test]" "torch==2.13.0"
 
 export TF_CPP_MIN_LOG_LEVEL=3
 if [ "$#" -gt 0 ]; then
