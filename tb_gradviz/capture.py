@@ -11,7 +11,8 @@ Each has `run(x, y, sample_weight) -> (records, skipped_paths)`, `plans` and
 `chosen`, and gives the same records (tests/test_backends.py checks each
 against its framework's own autodiff). What they share lives here: how a
 chosen layer's tensors are caught (`recording_calls`), the plan of what is
-recorded, the count of tied windows, and the records themselves.
+recorded, and what every pass computes in `keras.ops` (tied windows, dead
+channels, the routing map's slices); `assemble` turns it all into records.
 
 How the tensors are caught: while the pass runs, each chosen layer's `call` is
 swapped for a wrapper that hands its floating inputs through `wrap_input`
@@ -33,7 +34,6 @@ from dataclasses import dataclass, field
 import keras
 import numpy as np
 
-from tb_gradviz import events
 from tb_gradviz import records
 from tb_gradviz import routing_map
 from tb_gradviz.selection import pooling_description
@@ -263,14 +263,6 @@ def map_slices(plan, inputs, input_gradients, output_gradients, example):
     return inputs[0][example], input_gradients[0][example], output_gradients[0][example]
 
 
-def host_map(slices, divisor=None):
-    """A routing map's slices as numpy (float16/bfloat16 widened), the gradients divided by the loss scale."""
-    x, input_gradient, output_gradient = (np.asarray(keras.ops.convert_to_numpy(t), dtype=np.float64) for t in slices)
-    if divisor is not None:
-        input_gradient, output_gradient = input_gradient / divisor, output_gradient / divisor
-    return x, input_gradient, output_gradient
-
-
 def dead_channels(plan, activations):
     """Which channels of a layer's first activation are exactly zero everywhere (a boolean vector).
 
@@ -281,163 +273,6 @@ def dead_channels(plan, activations):
     x = activations[0]
     axes = [a for a in range(len(x.shape)) if a != plan.units_axis]
     return keras.ops.all(keras.ops.equal(x, 0), axis=axes)
-
-
-def step_records(plans, summaries, routings, skipped, units, maps=(), map_settings=None):
-    """Returns `run`'s result: `(step_records, skipped_paths)`.
-
-    Args:
-      plans: the `LayerPlan`s, in model order.
-      summaries: `(histogram, stats)` of each plan tensor, in plan order.
-      routings: the routing vector of each plan with routing, in order.
-      skipped: paths of chosen layers that the pass never called.
-      units: `dead_channels` of each plan with a `units_axis`, in order.
-      maps: per plan with a `map_cut`, in order, the probe example's
-        `(input, input_gradient, output_gradient)` as numpy, the gradients
-        unscaled.
-      map_settings: the `routing_map.Settings` they were taken with.
-    """
-    result = []
-    summaries, routings, units, maps = iter(summaries), iter(routings), iter(units), iter(maps)
-    for plan in plans:
-        layer_content = plan.content
-        for t in plan.tensors:
-            histogram, stats = next(summaries)
-            content = dict(layer_content, role=t.role, index=t.index, shape=t.shape, dtype=t.dtype)
-            if t.role != records.ACTIVATION:
-                content["loss_scaled"] = t.loss_scaled
-            result += events.tensor_records(plan.chosen.path, t.name, histogram, stats, content)
-        if plan.has_routing:
-            result += events.routing_records(plan.chosen.path, next(routings), layer_content)
-        if plan.units_axis is not None:
-            units_content = dict(layer_content, tensor=plan.tensors[0].name, channel_axis=plan.units_axis)
-            vector = records.units_vector(keras.ops.convert_to_numpy(next(units)))
-            result += events.units_records(plan.chosen.path, vector, units_content)
-        if plan.map_cut is not None:
-            array = routing_map.record(plan.pooling, *next(maps), plan.map_cut, map_settings)
-            map_content = dict(layer_content, example=map_settings.example, **plan.map_cut)
-            result += events.routing_map_records(plan.chosen.path, array, map_content)
-    return result, list(skipped)
-
-
-# The sums each device statistics pass returns per tensor, in this order:
-# `records.summary_from_sums`' arguments from `zeros` to `squares`, then the
-# plain sum and the sum of magnitudes of all values (the routing record's,
-# NaN when a value is).
-DEVICE_SUMS = ("zeros", "nans", "pos_inf", "neg_inf", "low", "high", "total", "squares", "raw_sum", "raw_abs_sum")
-
-
-def device_records(plans, rows, routing_counts, skipped, units, maps=(), map_settings=None):
-    """Returns `run`'s result from statistics computed on a device.
-
-    Args:
-      plans: the `LayerPlan`s.
-      rows: per plan tensor, in plan order, `(n, sums, linear, magnitude)`:
-        its number of elements, its `DEVICE_SUMS`, its linear bucket counts
-        and its magnitude bin counts (zeros in negative bin 0), as numpy.
-      routing_counts, skipped, units, maps, map_settings: as for `host_records`.
-    """
-    summaries, routings = [], []
-    rows, counts = iter(rows), iter(routing_counts)
-    for plan in plans:
-        by_name = {}
-        for t in plan.tensors:
-            n, sums, linear, magnitude = by_name[t.name] = next(rows)
-            summaries.append(
-                records.summary_from_sums(n, *sums[:8], linear, magnitude.astype(np.float64), len(linear))
-            )
-        if plan.has_routing:
-            input_sums, output_sums = by_name[records.INPUT_GRADIENT][1], by_name[records.OUTPUT_GRADIENT][1]
-            routings.append(np.array([*map(float, next(counts)), input_sums[8], output_sums[8], output_sums[9]]))
-    return step_records(plans, summaries, routings, skipped, units, maps, map_settings)
-
-
-def host_routing(counts, input_gradient, output_gradient, divisor=None):
-    """Returns the routing record (`records.ROUTING_FIELDS`) from counts and host gradients.
-
-    Args:
-      counts: `(input_positions, routed_positions, windows, tied_windows)`.
-      input_gradient, output_gradient: numpy arrays; their sums are taken in
-        float64, divided by `divisor` (the loss scale) when it is given.
-    """
-
-    def unscaled(g):
-        g = np.asarray(g, dtype=np.float64)
-        return g if divisor is None else g / divisor
-
-    input_gradient, output_gradient = unscaled(input_gradient), unscaled(output_gradient)
-    with np.errstate(invalid="ignore"):  # inf - inf in a sum is NaN, as on the device
-        return np.array(
-            [*map(float, counts), input_gradient.sum(), output_gradient.sum(), np.abs(output_gradient).sum()],
-            dtype=np.float64,
-        )
-
-
-# Device statistics summarise many tensors at once: tensors of one number of
-# elements, dtype and divisor are stacked into a `[rows, n]` matrix summarised
-# with row-wise ops. ResNet50's 544 tensors have ~20 distinct sizes, so a few
-# hundred ops run instead of ~40k, and small tensors pay no per-op overhead
-# each. A group is cut into chunks of at most this many values (one row at
-# least), so that stacking copies little and the float64 temporaries stay small.
-CHUNK_VALUES = 1 << 21
-
-
-def summary_chunks(keys):
-    """Returns how device statistics group tensors: lists of indices into `keys`.
-
-    Args:
-      keys: per tensor, `(number of elements, anything else that must match)`;
-        a number of elements of None (unknown) makes a chunk of its own.
-    """
-    groups = {}
-    for i, key in enumerate(keys):
-        groups.setdefault(key if key[0] is not None else ("unknown", i), []).append(i)
-    chunks = []
-    for key, indices in groups.items():
-        rows = max(1, CHUNK_VALUES // max(key[0], 1)) if key[0] != "unknown" else 1
-        chunks += [indices[begin : begin + rows] for begin in range(0, len(indices), rows)]
-    return chunks
-
-
-def host_summaries(items):
-    """Returns `(histogram, stats)` of each `(values, divisor)`, computed on the host.
-
-    With numba (every extra installs it), `kernels` summarises in two fused
-    passes per tensor; without it, the numpy definition in `records` does, in
-    ~20 passes (a warning says once which extra to install).
-    """
-    if numba_available():
-        from tb_gradviz import kernels
-
-        return kernels.summaries(items)
-    result = []
-    for values, divisor in items:
-        values = np.asarray(values, dtype=np.float64)
-        if divisor is not None:
-            values = values / divisor
-        result.append((records.linear_histogram(values), records.stats_vector(values)))
-    return result
-
-
-_warned_no_numba = []
-
-
-def numba_available():
-    """Whether numba imports; warns once, naming the extra to install, when it does not."""
-    try:
-        import numba  # noqa: F401
-    except ImportError:
-        if not _warned_no_numba:
-            _warned_no_numba.append(True)
-            backend = keras.backend.backend()
-            extra = {"tensorflow": "cpu"}.get(backend, backend)
-            warnings.warn(
-                "tb_gradviz: numba is not installed, so statistics are computed without the fused "
-                f'host kernel (slower); pip install "tb_gradviz[{extra}]" installs it',
-                stacklevel=3,
-            )
-        return False
-    return True
 
 
 def tied_windows(x, pooling):
@@ -494,32 +329,3 @@ def warn_skipped(paths):
             f"model's output on the probe batch, so nothing is logged for them: {', '.join(paths)}",
             stacklevel=3,
         )
-
-
-def host_records(plans, arrays, divisor, routing_counts, skipped, units, maps=(), map_settings=None):
-    """Returns `run`'s result from the captured tensors, summarised on the host.
-
-    Args:
-      plans: the `LayerPlan`s.
-      arrays: the values of each plan tensor, in plan order (numpy arrays;
-        float16 and bfloat16 widened to float32).
-      divisor: the loss scale the gradients are to be divided by, or None.
-      routing_counts: `(input_positions, routed_positions, windows,
-        tied_windows)` of each plan with routing, in order.
-      skipped: paths of chosen layers that the pass never called.
-      units: `dead_channels` of each plan with a `units_axis`, in order
-        (numpy or the backend's tensors).
-      maps, map_settings: as for `step_records`.
-    """
-    tensors = [t for plan in plans for t in plan.tensors]
-    summaries = host_summaries([(a, divisor if t.loss_scaled else None) for a, t in zip(arrays, tensors)])
-    by_tensor = iter(arrays)
-    counts = iter(routing_counts)
-    routings = []
-    for plan in plans:
-        values = {t.name: next(by_tensor) for t in plan.tensors}
-        if plan.has_routing:
-            routings.append(
-                host_routing(next(counts), values[records.INPUT_GRADIENT], values[records.OUTPUT_GRADIENT], divisor)
-            )
-    return step_records(plans, summaries, routings, skipped, units, maps, map_settings)

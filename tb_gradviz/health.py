@@ -13,7 +13,10 @@ The rules (README, "Training-health flags"):
   1000, three orders of magnitude). The reference is the chosen layer
   nearest the output whose output gradient has a finite, non-zero RMS:
   gradients that fall or grow by orders of magnitude on their way from the
-  loss toward the input;
+  loss toward the input. Layers nearer the output than the reference are not
+  judged (the loss may read behind them: Keras' cross-entropy reads a
+  softmax's logits, so the softmax's own output gradient is exactly zero),
+  nor are nested models (their output is their last layer's);
 * `dead`: channels of the layer's activation that are exactly zero for every
   probe example and position.
 
@@ -34,8 +37,10 @@ def rules(ratio=DEFAULT_RATIO):
     """The rule of each flag, as the tab shows it on hover."""
     return {
         "nonfinite": "a recorded activation or gradient holds a NaN or an Inf",
-        "vanishing": f"the output gradient's RMS is over {ratio:g}x smaller than at the reference layer (nearest the output)",
-        "exploding": f"the output gradient's RMS is over {ratio:g}x larger than at the reference layer (nearest the output)",
+        "vanishing": f"the output gradient's RMS is over {ratio:g}x smaller than at the reference layer "
+        "(the layer nearest the output with a non-zero gradient; layers after it and nested models are not judged)",
+        "exploding": f"the output gradient's RMS is over {ratio:g}x larger than at the reference layer "
+        "(the layer nearest the output with a non-zero gradient; layers after it and nested models are not judged)",
         "dead": "channels of the activation are exactly zero for every probe example and position",
     }
 
@@ -87,17 +92,36 @@ def _gradient_rms(layer):
     return None if flow is None else flow["rms"]
 
 
+def _containers(layers):
+    names = [layer["layer"] for layer in layers]
+    return {name for name in names if any(other.startswith(name + "/") for other in names)}
+
+
 def reference_layer(layers):
-    """The layer nearest the output (last in model order) whose output gradient has a finite, non-zero RMS."""
+    """The layer nearest the output (last in model order, not a nested model) whose output gradient has a
+    finite, non-zero RMS, or None."""
+    containers = _containers(layers)
     for layer in reversed(layers):
         rms = _gradient_rms(layer)
-        if rms is not None and math.isfinite(rms) and rms > 0:
+        if layer["layer"] not in containers and rms is not None and math.isfinite(rms) and rms > 0:
             return layer
     return None
 
 
-def layer_flags(layer, reference, ratio=DEFAULT_RATIO):
-    """The flags of one layer of `/step` (with its `flow` and `units`): `[{"flag", "detail"}]` in `FLAGS` order."""
+def judged_layers(layers, reference):
+    """The names of the layers the gradient-RMS rules judge: up to the reference, nested models left out."""
+    if reference is None:
+        return set()
+    containers = _containers(layers)
+    names = [layer["layer"] for layer in layers]
+    return set(names[: names.index(reference["layer"]) + 1]) - containers
+
+
+def layer_flags(layer, reference, ratio=DEFAULT_RATIO, judged=True):
+    """The flags of one layer of `/step` (with its `flow` and `units`): `[{"flag", "detail"}]` in `FLAGS` order.
+
+    `judged`: whether the gradient-RMS rules apply to it (`judged_layers`).
+    """
     flags = []
     nonfinite = [
         f"{name}: {int(t['stats']['nan'])} NaN, {int(t['stats']['pos_inf'] + t['stats']['neg_inf'])} Inf"
@@ -107,7 +131,7 @@ def layer_flags(layer, reference, ratio=DEFAULT_RATIO):
     if nonfinite:
         flags.append({"flag": "nonfinite", "detail": "; ".join(nonfinite)})
     rms = _gradient_rms(layer)
-    if reference is not None and rms is not None and math.isfinite(rms):
+    if judged and reference is not None and rms is not None and math.isfinite(rms):
         reference_rms = _gradient_rms(reference)
         where = f"output-gradient RMS {rms:.3g} vs {reference_rms:.3g} at {reference['layer']}"
         if rms * ratio < reference_rms:

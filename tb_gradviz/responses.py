@@ -188,8 +188,9 @@ def step_body(run, layers, series_by_kind, limit, ratio=health.DEFAULT_RATIO):
         return None
     snapshots.sort(key=lambda snapshot: (snapshot["layer_index"], snapshot["layer"]))
     reference = health.reference_layer(snapshots)
+    judged = health.judged_layers(snapshots, reference)
     for snapshot in snapshots:
-        snapshot["flags"] = health.layer_flags(snapshot, reference, ratio)
+        snapshot["flags"] = health.layer_flags(snapshot, reference, ratio, snapshot["layer"] in judged)
     return {
         "run": run,
         "step": max(snapshot["step"] for snapshot in snapshots),

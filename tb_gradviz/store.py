@@ -9,7 +9,6 @@ neither TensorFlow nor Keras.
 
 import collections
 import concurrent.futures
-import logging
 import threading
 
 import numpy as np
@@ -18,9 +17,7 @@ from tensorboard import errors
 from tensorboard.data import provider
 from tensorboard.plugins.histogram import metadata as histogram_metadata
 
-from tb_gradviz import metadata, records
-
-logger = logging.getLogger(__name__)
+from tb_gradviz import catalog, metadata, records
 
 # Ask the provider for every point it holds: it has already downsampled to
 # `--samples_per_plugin` at load time, and a second, random downsampling here
@@ -120,21 +117,6 @@ def _version(time_series):
     return (time_series.max_step, time_series.max_wall_time)
 
 
-class _SkipWarning:
-    """Logs, once per reason, that series were skipped (as TensorBoard's `_MetadataVersionChecker`)."""
-
-    def __init__(self):
-        self._warned = set()
-        self._lock = threading.Lock()
-
-    def __call__(self, reason, run, tag, detail):
-        with self._lock:
-            if reason in self._warned:
-                return
-            self._warned.add(reason)
-        logger.warning("tb_gradviz skips series with %s (sample: run %r, tag %r): %s", reason, run, tag, detail)
-
-
 class Caches:
     """What outlives a request: decoded series, listings, reader threads, warnings given."""
 
@@ -145,53 +127,7 @@ class Caches:
         # of the Rust data server has a fixed wait however small the answer
         # (bench/RESULTS.md, section 4).
         self.readers = concurrent.futures.ThreadPoolExecutor(4, thread_name_prefix="gradviz-read")
-        self.skip_warning = _SkipWarning()
-
-
-def _layer_index(run, time_series_by_tag, skip_warning):
-    """Groups one run's tb_gradviz series by layer.
-
-    Returns:
-      `{layer: {"info": content, "tensors": {tensor: (tag, content, series)},
-      "routing": (tag, content, series) or None, "units", "routing_map":
-      likewise}}`,
-      without layers that have no tensor.
-    """
-    layers = {}
-    # Sorted tags: loaders list them in different orders, and the first
-    # metadata seen for a layer must not depend on that.
-    for tag in sorted(time_series_by_tag):
-        time_series = time_series_by_tag[tag]
-        content = parse_content(time_series, run, tag, skip_warning)
-        if content is None:
-            continue
-        layer = layers.setdefault(
-            content["layer"], {"info": content, "tensors": {}, "routing": None, "units": None, "routing_map": None}
-        )
-        if content["kind"] == metadata.KIND_ROUTING:
-            layer["routing"] = (tag, content, time_series)
-        elif content["kind"] == metadata.KIND_UNITS:
-            layer["units"] = (tag, content, time_series)
-        elif content["kind"] == metadata.KIND_ROUTING_MAP:
-            layer["routing_map"] = (tag, content, time_series)
-        else:
-            layer["tensors"][content["tensor"]] = (tag, content, time_series)
-    return {name: layer for name, layer in layers.items() if layer["tensors"]}
-
-
-def parse_content(time_series, run, tag, skip_warning):
-    """Returns a series' tb_gradviz metadata as a dict, or None (with a logged warning) if unreadable.
-
-    Newer, foreign or malformed metadata under our plugin name skips that
-    series only; the rest of the run is served.
-    """
-    try:
-        return metadata.parse_plugin_metadata(time_series.plugin_content)
-    except metadata.NewerVersionError as e:
-        skip_warning("a newer metadata version (upgrade tb_gradviz to read them)", run, tag, e)
-    except (ValueError, TypeError) as e:
-        skip_warning("metadata tb_gradviz cannot read", run, tag, e)
-    return None
+        self.skip_warning = catalog.SkipWarning()
 
 
 class RunStore:
@@ -230,7 +166,7 @@ class RunStore:
         """Returns `{run: layer index}` of every run with tb_gradviz data (see `layers`)."""
         result = {}
         for run, time_series_by_tag in self._list(metadata.PLUGIN_NAME).items():
-            layers = _layer_index(run, time_series_by_tag, self._caches.skip_warning)
+            layers = catalog.layer_index(run, time_series_by_tag, self._caches.skip_warning)
             if layers:
                 result[run] = layers
         return result
@@ -245,7 +181,7 @@ class RunStore:
           NotFoundError: the run holds no tb_gradviz data.
         """
         listing = self._list(metadata.PLUGIN_NAME, run=self.run).get(self.run) or {}
-        layers = _layer_index(self.run, listing, self._caches.skip_warning)
+        layers = catalog.layer_index(self.run, listing, self._caches.skip_warning)
         if not layers:
             raise errors.NotFoundError(f"no tb_gradviz data in run {self.run!r}")
         return layers
@@ -274,7 +210,7 @@ class RunStore:
     def _content(self, tag, time_series):
         if time_series is None:
             return None
-        return parse_content(time_series, self.run, tag, self._caches.skip_warning)
+        return catalog.parse_content(time_series, self.run, tag, self._caches.skip_warning)
 
     def tensor(self, layer, tensor):
         """Returns `(content, stats time series, histogram time series or None)` of one tensor.

@@ -467,7 +467,7 @@ def test_under_keras_distribution_the_probe_runs_on_one_device_with_the_same_rec
 def test_device_statistics_equal_the_numpy_definition(dtype, divisor):
     import importlib
 
-    from tb_gradviz import capture
+    from tb_gradviz import assemble
 
     backend = importlib.import_module(f"tb_gradviz.backends.{BACKEND}")
     rng = np.random.default_rng(5)
@@ -495,7 +495,7 @@ def test_device_statistics_equal_the_numpy_definition(dtype, divisor):
             with np.errstate(invalid="ignore"):
                 raw = [values.sum(), np.abs(values).sum()]
                 np.testing.assert_allclose(sums[r][8:], raw, rtol=1e-9, atol=1e-12 * raw[1], equal_nan=True)
-    assert capture.DEVICE_SUMS[8:] == ("raw_sum", "raw_abs_sum")
+    assert assemble.DEVICE_SUMS[8:] == ("raw_sum", "raw_abs_sum")
 
 
 def test_host_and_device_statistics_give_the_same_records():

@@ -180,3 +180,22 @@ def test_check_reads_a_logdir_written_before_the_dead_unit_record(capsys):
     assert cli.main(["check", layout]) == 0
     out = capsys.readouterr().out
     assert out.count("no flag raised") == 2 and "dead units not recorded" in out
+
+
+def test_a_softmax_whose_loss_reads_its_logits_and_a_nested_model_are_not_called_vanishing(tmp_path, batch):
+    # Keras' cross-entropy reads the logits behind a softmax: the softmax layer's (and the
+    # nested model's) output gradient is exactly zero, though the gradient flows well.
+    x, y = batch
+    keras.utils.set_random_seed(0)
+    inner = keras.Sequential(
+        [keras.Input((16,)), layers.Dense(16, activation="relu", name="hidden"),
+         layers.Dense(3, activation="softmax", name="predictions")],
+        name="net",
+    )
+    model = keras.Sequential([keras.Input((16,)), inner])
+    model.compile("sgd", keras.losses.SparseCategoricalCrossentropy())
+    flags, snapshot = logged_flags(model, tmp_path, x, y, lambda layer: True)
+    flow = {layer["layer"]: layer["flow"]["output_gradient"]["rms"] for layer in snapshot["layers"]}
+    assert flow["net/predictions"] == 0.0 and flow["net"] == 0.0 and flow["net/hidden"] > 0
+    assert snapshot["health"]["reference_layer"] == "net/hidden"
+    assert flags == {"net": [], "net/hidden": [], "net/predictions": []}

@@ -211,10 +211,10 @@ def test_runs_skips_malformed_and_foreign_metadata(client):
 def test_skipped_newer_and_unknown_metadata_is_logged_once_per_reason(logdir, caplog):
     # Issue 11: series were skipped silently; TensorBoard's own plugins log it.
     client = make_app(logdir)[0]
-    with caplog.at_level("WARNING", logger="tb_gradviz.store"):
+    with caplog.at_level("WARNING", logger="tb_gradviz.catalog"):
         get_json(client, "/runs")
         get_json(client, "/runs")
-    messages = sorted(record.getMessage() for record in caplog.records if record.name == "tb_gradviz.store")
+    messages = sorted(record.getMessage() for record in caplog.records if record.name == "tb_gradviz.catalog")
     assert len(messages) == 2, messages
     newer, unreadable = messages
     assert "a newer metadata version" in newer and "'gradviz/future/activation/stats'" in newer

@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import keras
 import numpy as np
 
-from tb_gradviz import capture
+from tb_gradviz import assemble, capture
 from tb_gradviz import records
 
 
@@ -49,7 +49,7 @@ class LayerCapture(capture.ProbePass):
         self._chunks = None
 
     def run(self, x, y, sample_weight=None):
-        """Runs the pass; returns `(step_records, skipped_paths)` (see `capture.step_records`)."""
+        """Runs the pass; returns `(step_records, skipped_paths)` (see `assemble.step_records`)."""
         model = self.model
         state = (
             [v.value for v in model.trainable_variables],
@@ -67,17 +67,17 @@ class LayerCapture(capture.ProbePass):
         if self._pass is None:
             self._plan(state, x, y, sample_weight, scale)
         activations, gradients, routing_counts, units, maps = self._pass(self._zeros, state, x, y, sample_weight, scale)
-        maps = [capture.host_map(slices, divisor) for slices in maps]
+        maps = [assemble.host_map(slices, divisor) for slices in maps]
         self.devices = sorted(str(d) for d in jax.tree_util.tree_leaves(activations)[0].devices())
         tensors = []
         for layer_activations, (input_grads, output_grads) in zip(activations, gradients):
             tensors += [*layer_activations, *input_grads, *output_grads]
         counts = [tuple(np.nan if c is None else int(c) for c in layer) for layer in routing_counts]
         if self.statistics == "host":
-            return capture.host_records(
+            return assemble.host_records(
                 self.plans, [_host(t) for t in tensors], divisor, counts, self._skipped, units, maps, self.map_settings
             )
-        return capture.device_records(
+        return assemble.device_records(
             self.plans, self._device_rows(tensors, divisor), counts, self._skipped, units, maps, self.map_settings
         )
 
@@ -86,7 +86,7 @@ class LayerCapture(capture.ProbePass):
         scaled = [t.loss_scaled for plan in self.plans for t in plan.tensors]
         if self._chunks is None:
             keys = [(t.size, t.dtype, d) for t, d in zip(tensors, scaled)]
-            self._chunks = capture.summary_chunks(keys)
+            self._chunks = assemble.summary_chunks(keys)
             with jax.enable_x64(True):
                 self._statistics = jax.jit(functools.partial(_chunk_sums, self._chunks, scaled))
         with jax.enable_x64(True):

@@ -13,7 +13,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from tb_gradviz import capture
+from tb_gradviz import assemble, capture
 from tb_gradviz import records
 from tb_gradviz.backends import tf_statistics
 
@@ -28,7 +28,7 @@ def default_statistics():
     """
     accelerators = [d for d in tf.config.list_logical_devices() if d.device_type != "CPU"]
     # Without numba there is no host kernel: TensorFlow's ops summarise on the CPU too.
-    return "device" if accelerators or not capture.numba_available() else "host"
+    return "device" if accelerators or not assemble.numba_available() else "host"
 
 
 def _is_float(t):
@@ -73,15 +73,15 @@ class LayerCapture(capture.ProbePass):
         routings = outputs[self._routing_start : self._units_start]
         units = outputs[self._units_start : self._maps_start]
         slices = outputs[self._maps_start :]
-        maps = [capture.host_map(slices[i : i + 3]) for i in range(0, len(slices), 3)]
+        maps = [assemble.host_map(slices[i : i + 3]) for i in range(0, len(slices), 3)]
         if self.statistics == "host":
             scale = float(outputs[self._routing_start - 1]) if any(self._divided_items) else None
-            summaries = capture.host_summaries(
+            summaries = assemble.host_summaries(
                 [(values, scale if divided else None) for values, divided in zip(outputs, self._divided_items)]
             )
         else:
             summaries = [(outputs[position][row], outputs[position + 1][row]) for position, row in self._group_rows]
-        return capture.step_records(
+        return assemble.step_records(
             self.plans, [summaries[item] for item in self._items], routings, self._skipped, units, maps,
             self.map_settings,
         )

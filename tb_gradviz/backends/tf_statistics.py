@@ -10,7 +10,7 @@ against the numpy definition and the host kernel).
 import numpy as np
 import tensorflow as tf
 
-from tb_gradviz import capture
+from tb_gradviz import assemble
 from tb_gradviz import records
 
 # Magnitude bins from a float64 log: bin = floor(2 log10 |x|) + 25, clipped to
@@ -30,7 +30,7 @@ _PADDED_EDGES = np.concatenate([[0.0], records.LOG_EDGES, [np.inf]])
 
 
 def summary_chunks(items):
-    """Returns the chunks in which `group_summary` summarises `items` (see `capture.summary_chunks`).
+    """Returns the chunks in which `group_summary` summarises `items` (see `assemble.summary_chunks`).
 
     Args:
       items: a list of `(tensor, divisor)`; divisor is None or a float64 scalar.
@@ -39,7 +39,7 @@ def summary_chunks(items):
       A list of `(indices into items, divisor)`.
     """
     keys = [(t.shape.num_elements(), t.dtype, id(divisor)) for t, divisor in items]
-    return [(indices, items[indices[0]][1]) for indices in capture.summary_chunks(keys)]
+    return [(indices, items[indices[0]][1]) for indices in assemble.summary_chunks(keys)]
 
 
 def group_summary(tensors, divisor=None, buckets=records.HISTOGRAM_BUCKETS):

@@ -15,7 +15,7 @@ import keras
 import numpy as np
 import torch
 
-from tb_gradviz import capture
+from tb_gradviz import assemble, capture
 from tb_gradviz import records
 
 
@@ -41,7 +41,7 @@ class LayerCapture(capture.ProbePass):
         super().__init__(model, chosen, loss, training, statistics, default_statistics)
 
     def run(self, x, y, sample_weight=None):
-        """Runs the pass; returns `(step_records, skipped_paths)` (see `capture.step_records`)."""
+        """Runs the pass; returns `(step_records, skipped_paths)` (see `assemble.step_records`)."""
         model = self.model
         scale = capture.loss_scale(model)
         state = list(model.non_trainable_variables) + list(model.metrics_variables)
@@ -87,17 +87,17 @@ class LayerCapture(capture.ProbePass):
                         slices = capture.map_slices(
                             plan, [rec.inputs[0].detach()], input_grads, output_grads, self.map_settings.example
                         )
-                        maps.append(capture.host_map(slices, scale))
+                        maps.append(assemble.host_map(slices, scale))
                     self.plans.append(plan)
         finally:
             for v, value in zip(state, saved):
                 v.assign(value)
         skipped = [c.path for c in self.chosen if not recordings[c.path].outputs]
         if self.statistics == "host":
-            return capture.host_records(
+            return assemble.host_records(
                 self.plans, [_host(t) for t in tensors], scale, routing_counts, skipped, units, maps, self.map_settings
             )
-        return capture.device_records(
+        return assemble.device_records(
             self.plans, self._device_rows(tensors, scale), routing_counts, skipped, units, maps, self.map_settings
         )
 
@@ -107,7 +107,7 @@ class LayerCapture(capture.ProbePass):
         keys = [(t.numel(), t.dtype, d) for t, d in zip(tensors, scaled)]
         rows = [None] * len(tensors)
         with torch.no_grad():
-            for indices in capture.summary_chunks(keys):
+            for indices in assemble.summary_chunks(keys):
                 stacked = torch.stack([tensors[i].reshape(-1) for i in indices])
                 sums, linear, magnitude = (
                     t.cpu().numpy() for t in _group_sums(stacked, divisor if scaled[indices[0]] else None)
