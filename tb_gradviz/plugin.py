@@ -141,6 +141,9 @@ def _parse_ratio(text):
     return ratio
 
 
+_OPTIONAL_ARGS = {"step": _parse_step, "ratio": _parse_ratio}
+
+
 class GradVizPlugin(base_plugin.TBPlugin):
     """Serves the GradViz tab: per-layer activations and gradients over steps."""
 
@@ -160,11 +163,11 @@ class GradVizPlugin(base_plugin.TBPlugin):
 
     def get_plugin_apps(self):
         return {
-            "/runs": self._serve_runs,
-            "/series": self._serve_series,
-            "/routing": self._serve_routing,
-            "/step": self._serve_step,
-            "/routing_map": self._serve_routing_map,
+            "/runs": self._json_route(self.runs_impl),
+            "/series": self._json_route(self.series_impl, ("run", "layer", "tensor")),
+            "/routing": self._json_route(self.routing_impl, ("run", "layer")),
+            "/step": self._json_route(self.step_impl, ("run",), ("step", "ratio")),
+            "/routing_map": self._json_route(self.routing_map_impl, ("run", "layer"), ("step",)),
             _STATIC_ROUTE + "/*": self._serve_static,
         }
 
@@ -309,54 +312,28 @@ class GradVizPlugin(base_plugin.TBPlugin):
 
     # Routes: read the request, call an *_impl, respond.
 
-    @wrappers.Request.application
-    def _serve_runs(self, request):
-        _check_method(request)
-        ctx = plugin_util.context(request.environ)
-        experiment = plugin_util.experiment_id(request.environ)
-        return http_util.Respond(request, self.runs_impl(ctx, experiment), _JSON)
+    def _json_route(self, impl, required=(), optional=()):
+        """A route that reads `required` and `optional` query arguments and answers `impl`'s data as JSON.
 
-    @wrappers.Request.application
-    def _serve_series(self, request):
-        _check_method(request)
-        run = _single_arg(request, "run")
-        layer = _single_arg(request, "layer")
-        tensor = _single_arg(request, "tensor")
-        ctx = plugin_util.context(request.environ)
-        experiment = plugin_util.experiment_id(request.environ)
-        return http_util.Respond(request, self.series_impl(ctx, experiment, run, layer, tensor), _JSON)
+        `impl(ctx, experiment, *required, **optional)`; optional arguments
+        are parsed by `_OPTIONAL_ARGS` and left to the impl's defaults when
+        absent.
+        """
 
-    @wrappers.Request.application
-    def _serve_routing(self, request):
-        _check_method(request)
-        run = _single_arg(request, "run")
-        layer = _single_arg(request, "layer")
-        ctx = plugin_util.context(request.environ)
-        experiment = plugin_util.experiment_id(request.environ)
-        return http_util.Respond(request, self.routing_impl(ctx, experiment, run, layer), _JSON)
+        @wrappers.Request.application
+        def serve(request):
+            _check_method(request)
+            args = [_single_arg(request, name) for name in required]
+            kwargs = {}
+            for name in optional:
+                text = _single_arg(request, name, required=False)
+                if text is not None:
+                    kwargs[name] = _OPTIONAL_ARGS[name](text)
+            ctx = plugin_util.context(request.environ)
+            experiment = plugin_util.experiment_id(request.environ)
+            return http_util.Respond(request, impl(ctx, experiment, *args, **kwargs), _JSON)
 
-    @wrappers.Request.application
-    def _serve_step(self, request):
-        _check_method(request)
-        run = _single_arg(request, "run")
-        step = _single_arg(request, "step", required=False)
-        step = None if step is None else _parse_step(step)
-        ratio = _single_arg(request, "ratio", required=False)
-        ratio = health.DEFAULT_RATIO if ratio is None else _parse_ratio(ratio)
-        ctx = plugin_util.context(request.environ)
-        experiment = plugin_util.experiment_id(request.environ)
-        return http_util.Respond(request, self.step_impl(ctx, experiment, run, step, ratio), _JSON)
-
-    @wrappers.Request.application
-    def _serve_routing_map(self, request):
-        _check_method(request)
-        run = _single_arg(request, "run")
-        layer = _single_arg(request, "layer")
-        step = _single_arg(request, "step", required=False)
-        step = None if step is None else _parse_step(step)
-        ctx = plugin_util.context(request.environ)
-        experiment = plugin_util.experiment_id(request.environ)
-        return http_util.Respond(request, self.routing_map_impl(ctx, experiment, run, layer, step), _JSON)
+        return serve
 
     @wrappers.Request.application
     def _serve_static(self, request):
