@@ -8,7 +8,10 @@ import re
 import socket
 import subprocess
 import sys
+import threading
 import time
+import urllib.error
+import urllib.parse
 import urllib.request
 from pathlib import Path
 
@@ -209,9 +212,14 @@ def test_keras_tensorboard_logs_nothing_for_maxpool_and_gradviz_logs_its_tensors
     assert table["conv"][0]  # Keras does log the conv's weights
 
 
-def test_readme_main_job_trains_writes_and_serves_within_five_minutes(tmp_path):
-    """`bash demo/run.sh` with its defaults, serving bounded to a few seconds."""
-    logs = tmp_path / "demo_logs"
+@pytest.fixture(scope="module")
+def main_job(tmp_path_factory):
+    """`bash demo/run.sh` with its defaults, serving while this module's tests read it.
+
+    Yields `(logs, url, seconds to the URL, whether 6006 was free)`; stops the server afterwards.
+    """
+    workdir = tmp_path_factory.mktemp("main_job")
+    logs = workdir / "demo_logs"
     with socket.socket() as probe:
         try:
             probe.bind(("127.0.0.1", 6006))
@@ -220,40 +228,79 @@ def test_readme_main_job_trains_writes_and_serves_within_five_minutes(tmp_path):
             default_port_free = False
     started = time.monotonic()
     process = subprocess.Popen(
-        ["bash", str(REPO / "demo" / "run.sh"), "--logdir", str(logs), "--serve-seconds", "60"],
+        ["bash", str(REPO / "demo" / "run.sh"), "--logdir", str(logs), "--serve-seconds", "600"],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
-        cwd=tmp_path,
+        cwd=workdir,
     )
-    output = []
     try:
-        url = None
+        output, url = [], None
         for line in process.stdout:
             output.append(line)
             match = re.search(r"GradViz tab: (http://\S+)#gradviz", line)
             if match:
                 url = match.group(1)
                 break
-            assert time.monotonic() - started < 300, "".join(output)
+            # A guard against a hang only: the README test judges the time.
+            assert time.monotonic() - started < 900, "".join(output)
         assert url, "".join(output)
-        if default_port_free:
-            assert url.startswith("http://127.0.0.1:6006/"), url  # TensorBoard's port by default
         elapsed = time.monotonic() - started
-        deadline = time.monotonic() + 45
-        while True:
-            listing = json.load(urllib.request.urlopen(url + "data/plugins_listing", timeout=10))
-            if listing.get("gradviz", {}).get("enabled") or time.monotonic() > deadline:
-                break
-            time.sleep(0.5)
-        assert listing["gradviz"]["enabled"], listing.get("gradviz")
-        runs = json.load(urllib.request.urlopen(url + "data/plugin/gradviz/runs", timeout=10))["runs"]
+        # Keep reading, so that a full pipe never blocks the server.
+        threading.Thread(target=output.extend, args=(process.stdout,), daemon=True).start()
+        yield logs, url, elapsed, default_port_free
     finally:
         process.kill()
         process.wait(timeout=30)
+
+
+def test_readme_main_job_trains_writes_and_serves_within_five_minutes(main_job):
+    """`bash demo/run.sh` with its defaults, serving bounded."""
+    logs, url, elapsed, default_port_free = main_job
+    if default_port_free:
+        assert url.startswith("http://127.0.0.1:6006/"), url  # TensorBoard's port by default
+    deadline = time.monotonic() + 45
+    while True:
+        listing = json.load(urllib.request.urlopen(url + "data/plugins_listing", timeout=10))
+        if listing.get("gradviz", {}).get("enabled") or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert listing["gradviz"]["enabled"], listing.get("gradviz")
+    runs = json.load(urllib.request.urlopen(url + "data/plugin/gradviz/runs", timeout=10))["runs"]
     assert elapsed < 300, f"the default demo took {elapsed:.0f} s"
     assert [r["run"] for r in runs] == ["cnn_averagepool", "cnn_maxpool", "resnet50"]
     from tb_gradviz import demos
 
     assert [layer["layer"] for layer in runs[2]["layers"]] == list(demos.RESNET50_LAYERS)
     assert os.path.isdir(logs / "resnet50")
+
+
+def served_scalars(url, run, tag, steps):
+    """`[(step, value)]` of a scalar as TensorBoard's Scalars dashboard gets it, once `steps` are loaded."""
+    query = urllib.parse.urlencode({"run": run, "tag": tag})
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            points = json.load(urllib.request.urlopen(f"{url}data/plugin/scalars/scalars?{query}", timeout=10))
+        except urllib.error.HTTPError:  # not loaded yet
+            points = []
+        if len(points) >= steps or time.monotonic() > deadline:
+            return [(step, value) for _, step, value in points]
+        time.sleep(0.5)
+
+
+@pytest.mark.parametrize("run, steps", [("resnet50", 48), ("cnn_maxpool", 40), ("cnn_averagepool", 40)])
+def test_demo_resnet50_and_cnns_learn_loss_falls_and_accuracy_beats_chance(main_job, run, steps):
+    # Issue 11, defect 8: from scratch with SGD(0.01, momentum 0.9), ResNet50's loss rose from 2.2 to
+    # 6.9 and its accuracy stayed at chance (and the CNNs, Adam(1e-3) at batch 16, stayed near it).
+    # Each step's loss and accuracy are in the run, beside its GradViz records, for the Scalars dashboard.
+    _, url, _, _ = main_job
+    loss = served_scalars(url, run, "train/loss", steps)
+    accuracy = served_scalars(url, run, "train/accuracy", steps)
+    assert [step for step, _ in loss] == [step for step, _ in accuracy] == list(range(1, steps + 1))
+    quarter = steps // 4
+    first_loss, last_loss = (np.mean([value for _, value in part]) for part in (loss[:quarter], loss[-quarter:]))
+    last_accuracy = np.mean([value for _, value in accuracy[-quarter:]])
+    # Chance is a loss of ln 4 = 1.39 and an accuracy of 0.25.
+    assert last_loss < min(0.75 * first_loss, 1.0), (run, [round(value, 2) for _, value in loss])
+    assert last_accuracy > 0.5, (run, [round(value, 2) for _, value in accuracy])
