@@ -195,14 +195,48 @@ def file_layer(url, scheme, what="log_dir"):
             hint = f"fsspec says: {e}" if scheme != "s3" else f"{REMOTE_EXTRA} (boto3)"
         raise ValueError(f"{what} {url!r}: no installed file layer writes {scheme}:// URLs; {hint}") from None
     if type(filesystem) is getattr(gfile, "S3FileSystem", None):
-        # TensorBoard's S3 layer reads S3_ENDPOINT when it is made, at import;
-        # one made now follows the environment the run starts in.
-        filesystem = gfile.S3FileSystem()
+        return _s3_layer(gfile)
     return FileLayer(
         "tensorboard gfile",
         lambda url, data: filesystem.write(url, data, binary_mode=True),
         filesystem.isdir,
     )
+
+
+def _s3_layer(gfile):
+    """TensorBoard's S3 layer, with one boto3 client for the uploads.
+
+    Its `write` is `put_object` on a client made per call, which costs ~20 ms
+    of CPU each time (bench/RESULTS.md, section 7); the uploads make the same
+    call on one client, made as TensorBoard makes its own: endpoint
+    `S3_ENDPOINT`, read now (TensorBoard reads it at import), else boto3's
+    own settings. Clients come from one session of tb_gradviz's own, made
+    and used under a lock (boto3's default session is not thread-safe).
+    """
+    filesystem = gfile.S3FileSystem()
+    endpoint = os.environ.get("S3_ENDPOINT")
+    clients = []
+
+    def write(url, data):
+        if not clients:
+            clients.append(_boto3_client(endpoint))
+        bucket, key = filesystem.bucket_and_path(url)
+        clients[0].put_object(Body=data, Bucket=bucket, Key=key)
+
+    return FileLayer("tensorboard gfile", write, filesystem.isdir)
+
+
+_boto3_sessions = []
+_boto3_lock = threading.Lock()
+
+
+def _boto3_client(endpoint):
+    with _boto3_lock:
+        if not _boto3_sessions:
+            import boto3
+
+            _boto3_sessions.append(boto3.session.Session())
+        return _boto3_sessions[0].client("s3", endpoint_url=endpoint)
 
 
 @dataclasses.dataclass
