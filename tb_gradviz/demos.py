@@ -96,7 +96,8 @@ class StepScalars(keras.callbacks.Callback):
             self._means[name] = mean
             values.append(summary_pb2.Summary.Value(tag=tag, simple_value=value))
         step = int(keras.ops.convert_to_numpy(self.model.optimizer.iterations))
-        self._writer.add_event(event_pb2.Event(wall_time=time.time(), step=step, summary=summary_pb2.Summary(value=values)))
+        event = event_pb2.Event(wall_time=time.time(), step=step, summary=summary_pb2.Summary(value=values))
+        self._writer.add_event(event)
 
     def on_train_end(self, logs=None):
         if self._writer is not None:
@@ -108,9 +109,8 @@ def _fit(model, log_dir, layers, x, y, batch_size, log_every, verbose):
     callback = GradVizCallback(
         log_dir, probe_data=(x[:batch_size], y[:batch_size]), layers=layers, every_n_batches=log_every
     )
-    model.fit(
-        x, y, batch_size=batch_size, epochs=1, shuffle=False, verbose=verbose, callbacks=[callback, StepScalars(log_dir)]
-    )
+    callbacks = [callback, StepScalars(log_dir)]
+    model.fit(x, y, batch_size=batch_size, epochs=1, shuffle=False, verbose=verbose, callbacks=callbacks)
     return callback
 
 

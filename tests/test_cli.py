@@ -208,7 +208,8 @@ def test_keras_tensorboard_logs_nothing_for_maxpool_and_gradviz_logs_its_tensors
     assert "write_grads" in write_grads_error
     keras_tags, gradviz_tags = table["maxpool"]
     assert keras_tags == []
-    assert gradviz_tags == [f"gradviz/maxpool/{t}" for t in ("activation", "input_gradient", "output_gradient", "routing", "units")]
+    roles = ("activation", "input_gradient", "output_gradient", "routing", "routing_map", "units")
+    assert gradviz_tags == [f"gradviz/maxpool/{t}" for t in roles]
     assert table["conv"][0]  # Keras does log the conv's weights
 
 
