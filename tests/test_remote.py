@@ -237,7 +237,7 @@ def test_fit_logged_to_s3_reads_back_as_the_local_run(s3, tmp_path, monkeypatch)
     hidden = tmp_path / "no_tensorflow" / "tensorflow"
     hidden.mkdir(parents=True)
     (hidden / "__init__.py").write_text("raise ImportError('hidden: TensorBoard as installed without TensorFlow')\n")
-    monkeypatch.setenv("PYTHONPATH", str(hidden.parent))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(hidden.parent), os.environ.get("PYTHONPATH")])))
     def all_steps_loaded(url):
         runs = get_json(f"{url}{PREFIX}/runs")["runs"]
         return [r["run"] for r in runs] == ["run"] and {layer["max_step"] for layer in runs[0]["layers"]} == {7}
