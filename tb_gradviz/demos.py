@@ -197,13 +197,61 @@ def train_small_cnn(log_dir, pooling="max", steps=40, batch_size=64, log_every=5
     return _fit(model, log_dir, None, x, y, batch_size, log_every, verbose).chosen_layers
 
 
+PLAIN_DEPTH = 20
+
+
+def plain_cnn(activation):
+    """A plain (no shortcut) CNN of `PLAIN_DEPTH` 3x3 convolutions for 16x16 images.
+
+    `activation` "sigmoid": each convolution applies a sigmoid, whose slope is
+    at most 1/4, so the gradient shrinks by orders of magnitude on its way
+    to the first layers. "relu_bn": each convolution is followed by
+    BatchNorm and ReLU, which keep it flowing.
+    """
+    stack = [keras.Input((16, 16, 3)), keras.layers.Rescaling(2.0, offset=-1.0, name="centre")]
+    for i in range(1, PLAIN_DEPTH + 1):
+        if activation == "sigmoid":
+            stack.append(keras.layers.Conv2D(8, 3, padding="same", activation="sigmoid", name=f"conv{i:02d}"))
+        else:
+            stack += [
+                keras.layers.Conv2D(8, 3, padding="same", name=f"conv{i:02d}"),
+                keras.layers.BatchNormalization(name=f"bn{i:02d}"),
+                keras.layers.ReLU(name=f"relu{i:02d}"),
+            ]
+    stack += [keras.layers.GlobalAveragePooling2D(name="gap"), keras.layers.Dense(len(PATTERNS), name="logits")]
+    return keras.Sequential(stack, name=f"plain_{activation}")
+
+
+def train_plain_cnn(log_dir, activation, steps=12, batch_size=16, log_every=4, verbose=1, seed=0):
+    """Trains `plain_cnn(activation)` on 16x16 patterns; logs every layer, for the gradient-flow view.
+
+    Returns:
+      The paths of the logged layers.
+    """
+    keras.utils.set_random_seed(seed)
+    x, y = pattern_images(steps * batch_size, 16, seed)
+    model = plain_cnn(activation)
+    model.compile(
+        keras.optimizers.Adam(1e-3),
+        keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        metrics=["accuracy"],
+    )
+    return _fit(model, log_dir, lambda layer: True, x, y, batch_size, log_every, verbose).chosen_layers
+
+
 def run_demo(logdir, model="all", steps=None, image_size=64, batch_size=16, verbose=1):
     """Writes the demo runs into `logdir`; returns `{run: [layer paths]}`.
 
     `model` is "resnet50", "cnn" or "all". The CNN demo writes two runs,
-    max and average pooling, so the GradViz tab can overlay them.
+    max and average pooling, so the GradViz tab can overlay them, and two
+    20-layer plain CNNs, sigmoid and ReLU with BatchNorm, whose gradient
+    flow and health flags show a vanishing gradient next to a healthy one.
     """
     runs = {}
+    if model in ("cnn", "all"):
+        for activation in ("sigmoid", "relu_bn"):
+            run = f"plain_{activation}"
+            runs[run] = train_plain_cnn(os.path.join(logdir, run), activation, verbose=verbose)
     if model in ("cnn", "all"):
         for pooling in ("max", "average"):
             run = f"cnn_{pooling}pool"

@@ -269,10 +269,10 @@ def test_readme_main_job_trains_writes_and_serves_within_five_minutes(main_job):
     assert listing["gradviz"]["enabled"], listing.get("gradviz")
     runs = json.load(urllib.request.urlopen(url + "data/plugin/gradviz/runs", timeout=10))["runs"]
     assert elapsed < 300, f"the default demo took {elapsed:.0f} s"
-    assert [r["run"] for r in runs] == ["cnn_averagepool", "cnn_maxpool", "resnet50"]
+    assert [r["run"] for r in runs] == ["cnn_averagepool", "cnn_maxpool", "plain_relu_bn", "plain_sigmoid", "resnet50"]
     from tb_gradviz import demos
 
-    assert [layer["layer"] for layer in runs[2]["layers"]] == list(demos.RESNET50_LAYERS)
+    assert [layer["layer"] for layer in runs[4]["layers"]] == list(demos.RESNET50_LAYERS)
     assert os.path.isdir(logs / "resnet50")
 
 
@@ -305,3 +305,15 @@ def test_demo_resnet50_and_cnns_learn_loss_falls_and_accuracy_beats_chance(main_
     # Chance is a loss of ln 4 = 1.39 and an accuracy of 0.25.
     assert last_loss < min(0.75 * first_loss, 1.0), (run, [round(value, 2) for _, value in loss])
     assert last_accuracy > 0.5, (run, [round(value, 2) for _, value in accuracy])
+
+
+def test_demo_shows_a_vanishing_gradient_the_flags_catch_next_to_a_healthy_network(main_job, capsys):
+    # Issue 13: the main job shows the diagnosis: 20 sigmoid layers against ReLU with BatchNorm.
+    logs, _, _, _ = main_job
+    assert cli.main(["check", str(logs), "--run", "plain_relu_bn"]) == 0
+    assert "no flag raised" in capsys.readouterr().out
+    assert cli.main(["check", str(logs), "--run", "plain_sigmoid", "--fail-on", "vanishing"]) == cli.EXIT_FLAGGED
+    rows = [line.split() for line in capsys.readouterr().out.splitlines() if "vanishing" in line]
+    flagged = [row[0] for row in rows]
+    # The gradient falls toward the input: the first layers are flagged, the last is the reference.
+    assert flagged[:3] == ["centre", "conv01", "conv02"] and "logits" not in flagged and "conv20" not in flagged
