@@ -3,9 +3,10 @@
 The JS tests read no hand-written JSON (issue 11, defect 1: they once used
 'avg', a pooling type the server never sends). This test trains a tiny model
 with the real callback, serves its logs with the real plugin over TensorBoard's
-own data provider, writes the bodies of /runs, /series, /routing and /step
-into a folder, and hands that folder to node in GRADVIZ_FIXTURES. A third
-model has the problems the training-health flags of /step catch.
+own data provider, writes the bodies of /runs, /series, /routing, /step and
+/routing_map into a folder, and hands that folder to node in GRADVIZ_FIXTURES.
+A third model has the problems the training-health flags of /step catch; a
+fourth has the pools whose routing maps show ties.
 """
 
 import json
@@ -92,6 +93,40 @@ def _train_vanishing(log_dir, seed):
     model.fit(x, y, batch_size=BATCH, epochs=EPOCHS, callbacks=[callback], verbose=0)
 
 
+def _train_relu_pools(log_dir, seed):
+    """Pools over ReLU zeros, logged with their routing maps ("relu").
+
+    A ReLU convolution whose bias starts at -1, so that whole windows are
+    zeros and tie; then ResNet50's stem pool (ZeroPadding2D(1), a 3x3 max pool
+    with stride 2: overlapping windows) and a 1x1 convolution; a 3x3/2 max
+    pool with same padding (one row and column of padding before the first
+    window); a 1D max pool.
+    """
+    import keras
+
+    import tb_gradviz
+
+    keras.utils.set_random_seed(seed)
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((BATCH * STEPS_PER_EPOCH, 10, 10, 3)).astype("float32")
+    y = rng.integers(0, 3, size=len(x))
+    inputs = keras.Input((10, 10, 3))
+    hidden = keras.layers.Conv2D(4, 3, padding="same", activation="relu", name="relu_conv",
+                                 bias_initializer=keras.initializers.Constant(-1.0))(inputs)
+    hidden = keras.layers.ZeroPadding2D(1, name="stem_pad")(hidden)
+    hidden = keras.layers.MaxPooling2D(3, strides=2, name="stem_pool")(hidden)
+    # A convolution after it, as in ResNet50, so that every window gets an upstream gradient.
+    hidden = keras.layers.Conv2D(4, 1, name="mix")(hidden)
+    hidden = keras.layers.MaxPooling2D(3, strides=2, padding="same", name="same_pool")(hidden)
+    hidden = keras.layers.Reshape((9, 4))(hidden)
+    hidden = keras.layers.MaxPooling1D(2, name="pool_1d")(hidden)
+    model = keras.Model(inputs, keras.layers.Dense(3, name="head")(keras.layers.Flatten()(hidden)))
+    model.compile(optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    callback = tb_gradviz.GradVizCallback(log_dir, probe_data=(x[:BATCH], y[:BATCH]),
+                                          layers=["stem_pool", "same_pool", "pool_1d"])
+    model.fit(x, y, batch_size=BATCH, epochs=EPOCHS, callbacks=[callback], verbose=0)
+
+
 def _client(logdir):
     """The plugin over TensorBoard's Python data provider, every step kept."""
     multiplexer = plugin_event_multiplexer.EventMultiplexer(tensor_size_guidance={"gradviz": 0, "histograms": 0})
@@ -127,6 +162,9 @@ def _dump_answers(client, folder):
                 get("series", run=run["run"], layer=layer["layer"], tensor=tensor["tensor"])
             if layer["pooling"]:
                 get("routing", run=run["run"], layer=layer["layer"])
+                # The latest map (which lists the steps), then the first step's.
+                first = json.loads(get("routing_map", run=run["run"], layer=layer["layer"]).get_data())["steps"][0]
+                get("routing_map", run=run["run"], layer=layer["layer"], step=first)
         # A step between two logged ones: /step answers the latest before it.
         get("step", run=run["run"], step=max(layer["max_step"] for layer in run["layers"]) - 1)
     # One error answer, as the server words it.
@@ -140,6 +178,7 @@ def api_answers(tmp_path_factory):
     _train(root / "logs" / "clean", seed=0, probe_nan=False)
     _train(root / "logs" / "nan", seed=1, probe_nan=True)
     _train_vanishing(root / "logs" / "vanishing", seed=2)
+    _train_relu_pools(root / "logs" / "relu", seed=3)
     folder = root / "answers"
     folder.mkdir()
     _dump_answers(_client(root / "logs"), folder)

@@ -1,7 +1,8 @@
 // model.js over real API answers (api_answers.mjs): a small CNN trained with
 // GradVizCallback, runs "clean" and "nan" (a NaN in the probe batch), layers
 // conv, pool (2x2/2 max), avg (2x2/2 average) and add (two inputs), steps 2 and 4;
-// and run "vanishing", whose layers the training-health flags catch.
+// run "vanishing", whose layers the training-health flags catch; and run "relu"
+// (pools over ReLU zeros, for the routing map: routemap.test.mjs).
 
 import assert from 'node:assert/strict';
 import {test} from 'node:test';
@@ -59,7 +60,7 @@ test('the fetch functions ask for the routes the server answers, and report its 
 });
 
 test('visibleRuns follows the host run list, or keeps all without a host', () => {
-  assert.deepEqual(runs.map(({run}) => run), ['clean', 'nan', 'vanishing']);
+  assert.deepEqual(runs.map(({run}) => run), ['clean', 'nan', 'relu', 'vanishing']);
   assert.deepEqual(model.visibleRuns(runs, null), runs);
   assert.deepEqual(model.visibleRuns(runs, ['nan', 'elsewhere']).map(({run}) => run), ['nan']);
 });
