@@ -7,6 +7,8 @@ import * as flow from './flow.js';
 import * as flowmodel from './flowmodel.js';
 import {connectToHost, followHost} from './host.js';
 import * as model from './model.js';
+import {RoutingMapView} from './routemap.js';
+import {fetchRoutingMap} from './routemapmodel.js';
 import * as views from './views.js';
 
 // Dragging the slider fires many input events; /step is fetched once it rests.
@@ -20,7 +22,7 @@ export async function render() {
 }
 
 // One stylesheet per part of the page, in cascade order.
-const STYLESHEETS = ['style.css', 'charts.css', 'compare.css', 'flow.css'];
+const STYLESHEETS = ['style.css', 'charts.css', 'compare.css', 'flow.css', 'routemap.css'];
 
 function addStylesheets() {
   // Resolved against this module, not the document, whose base is plugin/gradviz/.
@@ -104,6 +106,8 @@ class App {
       if (this.step !== null) this.setKeptSteps(flowmodel.keepStep(this.keptSteps, this.step));
     });
     new ResizeObserver(() => this.renderFlow()).observe(ui.flow);
+    this.routeMap = new RoutingMapView(ui.routeMap, (run, layer, step) =>
+      this.cached(['routing_map', run, layer, step], () => fetchRoutingMap(run, layer, step)));
     if (this.host) {
       this.hostRuns = await followHost(this.host, {
         onRuns: (runs) => {
@@ -118,6 +122,7 @@ class App {
 
   reload() {
     this.cache.clear();
+    this.routeMap?.forget();
     return this.loadRuns();
   }
 
@@ -240,6 +245,7 @@ class App {
     const routing = this.routing && model.routingAt(this.routing, step);
     views.renderAside(ui.aside, this.layer, routing);
     views.renderHeatmaps(ui.heatmaps, this.layer, this.tensors, step);
+    this.routeMap.update(this.run, this.layer, step);
   }
 
   /** A run at the latest step `<= step` (/step), shared by the grid and the gradient flow. */

@@ -48,6 +48,7 @@ export function createLayout(root) {
   const flow = html('div', {className: 'flow-container'});
   const layerTitle = html('h2', {className: 'layer-title'});
   const panels = html('div', {className: 'panels'});
+  const routeMap = html('section', {className: 'routemap-container'});
   const aside = html('aside', {className: 'explanation'});
   const heatmaps = html('div', {className: 'heatmaps'});
   const gridTitle = html('h2', {text: 'All layers'});
@@ -59,6 +60,7 @@ export function createLayout(root) {
     html('div', {className: 'layer-view'}, [
       html('div', {className: 'layer-main'}, [
         panels,
+        routeMap,
         html('h2', {text: 'Distribution over steps'}),
         html('p', {className: 'hint', text:
           'Each column is one logged step; rows are magnitude bins, positive values above the '
@@ -102,7 +104,7 @@ export function createLayout(root) {
   return {
     runSelect, layerSelect, stepSlider, stepOutput, logToggle, reloadButton,
     compareTensorSelect, compareRunSelect, flowRunSelect, keepStepButton,
-    status, keptSteps, flowSummary, flow, layerSection, layerTitle, panels, aside, heatmaps, gridTitle, grid,
+    status, keptSteps, flowSummary, flow, layerSection, layerTitle, panels, routeMap, aside, heatmaps, gridTitle, grid,
     compareCharts,
   };
 }

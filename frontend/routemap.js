@@ -1,0 +1,395 @@
+// The routing-map view of the layer view (issue 12): for one probe example and
+// one channel of a pooling layer, the pool's input with its windows, winners
+// and ties; the input gradient on the same grid; the upstream gradient per
+// window; a hover that tells one window's story. Numbers and texts come from
+// routemapmodel.js, pixels from routemapdraw.js.
+
+import {ROLE_TITLES, producedBy} from './captions.js';
+import {formatNumber, formatPercent} from './model.js';
+import * as draw from './routemapdraw.js';
+import * as shape from './routemapmodel.js';
+import {html, svg} from './dom.js';
+
+const GAP = 16; // between the figures, as .routemap-figures sets it
+const MAX_CELL = 28;
+const MIN_CELL = 2;
+
+/**
+ * The view, in `container` (hidden while the layer has no map).
+ *
+ * @param {function(string, string, ?number): Promise<object>} load the
+ *   /routing_map answer of (run, layer, step); step null for the latest.
+ */
+export class RoutingMapView {
+  constructor(container, load) {
+    this.container = container;
+    this.load = load;
+    this.key = null;
+    this.tabStep = null;
+    this.answer = null;
+    this.channel = null; // the channel number chosen, kept across steps where served
+    this.hovered = -1;
+    this.generation = 0;
+    this.ui = buildView(container);
+    container.hidden = true;
+    const {ui} = this;
+    ui.channelSelect.addEventListener('change', () => {
+      this.channel = Number(ui.channelSelect.value);
+      this.present(this.answer);
+    });
+    ui.stepSlider.addEventListener('input', () => this.goTo(this.answer?.steps[Number(ui.stepSlider.value)]));
+    for (const [figure, kind] of [[ui.input, 'map'], [ui.gradient, 'map'], [ui.upstream, 'windows']]) {
+      figure.stack.addEventListener('pointermove', (event) => this.hoverAt(figure, kind, event));
+      figure.stack.addEventListener('pointerleave', () => this.setHovered(-1));
+    }
+    ui.input.stack.addEventListener('keydown', (event) => this.onKey(event));
+    ui.input.stack.addEventListener('blur', () => this.setHovered(-1));
+    new ResizeObserver(() => this.drawIfResized()).observe(container);
+    // Canvas colours are resolved once per theme: follow TensorBoard's and the system's.
+    new MutationObserver(() => this.drawMaps())
+      .observe(document.documentElement, {attributes: true, attributeFilter: ['class']});
+    matchMedia('(prefers-color-scheme: dark)').addEventListener('change', () => this.drawMaps());
+  }
+
+  /** Follows the layer view: a new run or layer opens its map, a new tab step moves the map's. */
+  update(run, layer, step) {
+    if (!shape.mayHaveRoutingMap(layer)) {
+      this.key = null;
+      this.generation++;
+      this.container.hidden = true;
+      return;
+    }
+    const key = JSON.stringify([run, layer.layer]);
+    const previousStep = this.tabStep;
+    this.tabStep = step;
+    if (key !== this.key) {
+      this.key = key;
+      this.run = run;
+      this.layer = layer;
+      this.answer = null;
+      this.hovered = -1;
+      this.open();
+    } else if (step !== previousStep && this.answer) {
+      this.goTo(shape.mapStepFor(this.answer.steps, step));
+    }
+  }
+
+  /** Forgets what was shown, so that the next update fetches again (after a reload). */
+  forget() {
+    this.key = null;
+  }
+
+  async open() {
+    const generation = ++this.generation;
+    const {run, layer} = this;
+    try {
+      // The latest map lists the steps; then the one at the tab's step.
+      const latest = await this.load(run, layer.layer, null);
+      const step = shape.mapStepFor(latest.steps, this.tabStep);
+      const answer = step === latest.step ? latest : await this.load(run, layer.layer, step);
+      if (generation === this.generation) this.present(answer);
+    } catch (error) {
+      if (generation === this.generation) this.fail(error);
+    }
+  }
+
+  async goTo(step) {
+    if (step === undefined || step === this.answer?.step) return;
+    const generation = ++this.generation;
+    try {
+      const answer = await this.load(this.run, this.layer.layer, step);
+      if (generation === this.generation) this.present(answer);
+    } catch (error) {
+      if (generation === this.generation) this.fail(error);
+    }
+  }
+
+  fail(error) {
+    this.routing = null;
+    this.ui.figures.hidden = true;
+    this.setHovered(-1);
+    // No map after all (a run logged with routing_map=False): nothing to show.
+    this.container.hidden = error.status === 404;
+    this.ui.status.textContent = `Could not load the routing map: ${error.message}`;
+    this.ui.status.hidden = false;
+  }
+
+  /** Shows an answer: controls, texts and the maps of the chosen channel. */
+  present(answer) {
+    const {ui} = this;
+    this.answer = answer;
+    this.container.hidden = false;
+    ui.status.hidden = true;
+    const channels = answer.channels.map(({channel}) => channel);
+    if (!channels.includes(this.channel)) this.channel = channels[0] ?? null;
+    ui.channelSelect.replaceChildren(...channels.map((channel) => {
+      const option = html('option', {text: String(channel)});
+      option.value = String(channel);
+      return option;
+    }));
+    ui.channelSelect.value = String(this.channel);
+    ui.channelSelect.disabled = channels.length < 2;
+    const index = answer.steps.indexOf(answer.step);
+    ui.stepSlider.max = String(answer.steps.length - 1);
+    ui.stepSlider.value = String(index);
+    ui.stepSlider.disabled = answer.steps.length < 2;
+    ui.stepSlider.setAttribute('aria-valuetext', `step ${answer.step}`);
+    ui.stepOutput.textContent = `${answer.step} (${index + 1} of ${answer.steps.length})`;
+    ui.meta.textContent = shape.describeMap(answer);
+    if (channels.length === 0) {
+      this.routing = null;
+      ui.figures.hidden = true;
+      ui.rule.textContent = 'No channel mapped at this step.';
+      ui.check.textContent = ui.summary.textContent = '';
+      this.setHovered(-1);
+      return;
+    }
+    ui.figures.hidden = false;
+    this.layout = shape.mapLayout(answer);
+    this.routing = shape.channelRouting(answer, this.layout, channels.indexOf(this.channel));
+    ui.rule.textContent = shape.tieRule(answer);
+    ui.check.textContent = shape.checkSentence(answer, this.routing);
+    ui.check.classList.toggle('alarm', this.routing.check.differing.length > 0);
+    ui.summary.textContent = summaryText(answer, this.routing);
+    ui.input.caption.textContent = `Input of the pool · channel ${this.channel}`;
+    ui.gradient.caption.textContent = `${ROLE_TITLES.input_gradient}: ${producedBy('input_gradient', this.layer)}`;
+    ui.upstream.caption.textContent = `${ROLE_TITLES.output_gradient}, one value per window`;
+    this.drawMaps();
+    if (this.hovered >= this.layout.rects.length) this.hovered = -1;
+    this.showTooltip();
+  }
+
+  /** The pixel size of a map cell and of a window cell at the view's width. */
+  cellSizes() {
+    const {crop, windows} = this.answer;
+    const perFigure = Math.max(120, (this.ui.figures.clientWidth - 2 * GAP) / 3 - 2);
+    const cell = Math.max(MIN_CELL, Math.min(MAX_CELL, Math.floor(perFigure / crop.width)));
+    const stride = Math.max(...this.layout.axes.map((axis) => axis.stride));
+    const windowCell = Math.max(MIN_CELL, Math.min(cell * stride, Math.floor(perFigure / windows.cols)));
+    return {cell, windowCell};
+  }
+
+  drawIfResized() {
+    if (!this.routing || this.container.hidden) return;
+    const sizes = this.cellSizes();
+    if (sizes.cell !== this.sizes?.cell || sizes.windowCell !== this.sizes?.windowCell) this.drawMaps();
+  }
+
+  drawMaps() {
+    if (!this.routing || this.container.hidden) return;
+    const {ui, answer, layout, routing} = this;
+    const inks = draw.resolveInks(this.container);
+    this.inks = inks;
+    this.sizes = this.cellSizes();
+    const {cell, windowCell} = this.sizes;
+    const {height, width} = answer.crop;
+    const isMax = answer.pooling.type === 'max';
+    const input = draw.sizeCanvas(ui.input.base, width * cell, height * cell);
+    draw.paintCells(input, {values: routing.input, cols: width, cell, max: routing.max.input, scale: 'linear', inks});
+    draw.paintWindows(input, {layout, tied: routing.tied, cell, inks});
+    if (isMax) draw.paintWinners(input, {routing, cols: width, cell, inks});
+    const gradient = draw.sizeCanvas(ui.gradient.base, width * cell, height * cell);
+    draw.paintCells(gradient, {values: routing.gradient, cols: width, cell, max: routing.max.gradient, scale: 'log', inks});
+    draw.paintCellOutlines(gradient, {indices: routing.check.differing, cols: width, cell, inks});
+    const {rows, cols} = answer.windows;
+    const upstream = draw.sizeCanvas(ui.upstream.base, cols * windowCell, rows * windowCell);
+    draw.paintCells(upstream,
+      {values: routing.upstream, cols, cell: windowCell, max: routing.max.upstream, scale: 'log', inks});
+    for (const figure of [ui.input, ui.gradient, ui.upstream]) {
+      draw.sizeCanvas(figure.overlay, parseFloat(figure.base.style.width), parseFloat(figure.base.style.height));
+    }
+    ui.input.legend.replaceChildren(...scaleLegend(routing.max.input, 'linear'), ...(isMax ? markerLegend() : []));
+    ui.gradient.legend.replaceChildren(...scaleLegend(routing.max.gradient, 'log'));
+    ui.upstream.legend.replaceChildren(...scaleLegend(routing.max.upstream, 'log'));
+    ui.input.base.setAttribute('aria-label', `input map of channel ${this.channel}, ${height}×${width}, `
+      + `${routing.tiedWindows} tied windows`);
+    this.drawHighlight();
+  }
+
+  drawHighlight() {
+    const {ui, hovered, sizes, inks} = this;
+    if (!sizes) return;
+    const {width} = this.answer.crop;
+    for (const figure of [ui.input, ui.gradient, ui.upstream]) {
+      figure.overlay.getContext('2d').clearRect(0, 0, figure.overlay.width, figure.overlay.height);
+    }
+    if (hovered < 0) return;
+    const rect = this.layout.rects[hovered];
+    const winner = this.routing.winner[hovered];
+    const tiedAt = this.routing.tiedAt[hovered];
+    for (const figure of [ui.input, ui.gradient]) {
+      draw.paintHighlight(figure.overlay.getContext('2d'), {rect, winner, tiedAt, cols: width, cell: sizes.cell, inks});
+    }
+    const i = Math.floor(hovered / this.answer.windows.cols);
+    const j = hovered % this.answer.windows.cols;
+    draw.paintHighlight(ui.upstream.overlay.getContext('2d'), {rect: {top: i, left: j, height: 1, width: 1},
+      winner: -1, cols: 1, cell: sizes.windowCell, inks});
+  }
+
+  hoverAt(figure, kind, event) {
+    if (!this.routing) return;
+    const box = figure.stack.getBoundingClientRect();
+    const y = event.clientY - box.top;
+    const x = event.clientX - box.left;
+    const {cell, windowCell} = this.sizes;
+    const {rows, cols} = this.answer.windows;
+    let k = -1;
+    if (kind === 'map') {
+      k = shape.windowAt(this.layout, y / cell, x / cell);
+    } else if (y >= 0 && x >= 0 && y < rows * windowCell && x < cols * windowCell) {
+      k = Math.floor(y / windowCell) * cols + Math.floor(x / windowCell);
+    }
+    this.setHovered(k, {x: event.clientX, y: event.clientY});
+  }
+
+  /** Arrow keys walk the windows of the focused input map; Escape lets go. */
+  onKey(event) {
+    if (!this.routing) return;
+    const {cols} = this.answer.windows;
+    const moves = {ArrowLeft: -1, ArrowRight: 1, ArrowUp: -cols, ArrowDown: cols};
+    if (event.key === 'Escape') {
+      this.setHovered(-1);
+      return;
+    }
+    if (!(event.key in moves)) return;
+    event.preventDefault();
+    const next = this.hovered < 0 ? 0 : this.hovered + moves[event.key];
+    if (next < 0 || next >= this.layout.rects.length) return;
+    const rect = this.layout.rects[next];
+    const box = this.ui.input.stack.getBoundingClientRect();
+    const {cell} = this.sizes;
+    this.setHovered(next, {x: box.left + (rect.left + rect.width) * cell, y: box.top + (rect.top + rect.height) * cell});
+  }
+
+  setHovered(k, point) {
+    if (point) this.pointer = point;
+    if (k !== this.hovered) {
+      this.hovered = k;
+      this.drawHighlight();
+      this.showTooltip();
+    }
+    if (k >= 0) placeTooltip(this.ui.tooltip, this.pointer);
+  }
+
+  showTooltip() {
+    const {tooltip} = this.ui;
+    if (this.hovered < 0 || !this.routing) {
+      tooltip.hidden = true;
+      return;
+    }
+    const details = shape.windowDetails(this.answer, this.layout, this.routing, this.hovered);
+    tooltip.replaceChildren(
+      html('strong', {text: details.title}),
+      html('dl', {}, details.rows.flatMap(([name, value]) => [html('dt', {text: name}), html('dd', {text: value})])),
+    );
+    if (details.grid) {
+      tooltip.append(html('table', {className: 'window-values', attrs: {'aria-label': 'the window\'s input values'}},
+        details.grid.map((row) => html('tr', {}, row.map(({value, winner, tied}) =>
+          html('td', {text: value, className: winner ? 'winner' : tied ? 'tied' : undefined}))))));
+    }
+    tooltip.hidden = false;
+    placeTooltip(tooltip, this.pointer);
+  }
+}
+
+function summaryText(answer, routing) {
+  const windows = routing.upstream.length;
+  const parts = [`${formatPercent(routing.gradientZeros / routing.gradient.length)} of the input gradient exactly 0`];
+  if (answer.pooling.type === 'max') {
+    parts.unshift(`${routing.tiedWindows} of ${windows} windows tied`);
+    const shared = [...routing.routedFrom].filter((n) => n > 1).length;
+    if (shared > 0) parts.push(`${shared} positions won by more than one window`);
+  }
+  return `Step ${answer.step}: ${parts.join(' · ')}.`;
+}
+
+/** Keeps the tooltip next to the pointer and inside the window. */
+function placeTooltip(tooltip, point) {
+  if (!point || tooltip.hidden) return;
+  const margin = 14;
+  const {offsetWidth: width, offsetHeight: height} = tooltip;
+  const left = point.x + margin + width > innerWidth ? point.x - margin - width : point.x + margin;
+  const top = Math.min(point.y + margin, innerHeight - height - 4);
+  tooltip.style.left = `${Math.max(4, left)}px`;
+  tooltip.style.top = `${Math.max(4, top)}px`;
+}
+
+// ------------------------------------------------------------ DOM
+
+function figure(className) {
+  const base = html('canvas', {className: 'base', attrs: {role: 'img'}});
+  const overlay = html('canvas', {className: 'overlay', attrs: {'aria-hidden': 'true'}});
+  const stack = html('div', {className: 'routemap-stack'}, [base, overlay]);
+  const caption = html('figcaption');
+  const legend = html('div', {className: 'routemap-legend'});
+  const element = html('figure', {className: `routemap-figure ${className}`}, [caption, stack, legend]);
+  return {element, base, overlay, stack, caption, legend};
+}
+
+function buildView(container) {
+  const channelSelect = html('select', {attrs: {name: 'map-channel', id: 'gradviz-map-channel'}});
+  const stepSlider = html('input',
+    {attrs: {type: 'range', name: 'map-step', id: 'gradviz-map-step', min: 0, max: 0, step: 1}});
+  const stepOutput = html('output', {className: 'map-step-value', attrs: {'aria-live': 'polite'}});
+  const ui = {
+    channelSelect, stepSlider, stepOutput,
+    meta: html('span', {className: 'layer-meta'}),
+    status: html('p', {className: 'status error', attrs: {hidden: ''}}),
+    rule: html('span', {className: 'routemap-rule'}),
+    check: html('span', {className: 'routemap-check'}),
+    summary: html('p', {className: 'routemap-summary'}),
+    input: figure('input'),
+    gradient: figure('gradient'),
+    upstream: figure('upstream'),
+    tooltip: html('div', {className: 'routemap-tooltip', attrs: {role: 'tooltip', hidden: ''}}),
+  };
+  ui.input.stack.tabIndex = 0;
+  ui.input.stack.setAttribute('aria-label', 'input map: arrow keys walk the windows');
+  ui.figures = html('div', {className: 'routemap-figures'}, [ui.input.element, ui.gradient.element, ui.upstream.element]);
+  const control = (text, element) => html('span', {className: 'control'}, [
+    html('label', {className: 'label-text', text, attrs: {for: element.id}}), element]);
+  container.classList.add('routemap');
+  container.replaceChildren(
+    html('h2', {className: 'routemap-title'}, [html('span', {text: 'Routing map '}), ui.meta]),
+    html('p', {className: 'hint', text: 'Where each window\'s maximum was and where its gradient went, for one '
+      + 'probe example. Outlined squares are the pooling windows; a dot marks the position that won a window '
+      + '(a larger dot, several windows). Tied windows are tinted and dashed: their maximum occurs more than once. '
+      + 'Striped cells are exactly 0. Hover a window (or focus the input map and use the arrow keys) for its '
+      + 'values; a tied window rings its other maxima.'}),
+    html('div', {className: 'toolbar'}, [control('Channel', channelSelect),
+      html('span', {className: 'step-control'}, [control('Map step', stepSlider), stepOutput])]),
+    html('p', {className: 'routemap-rules'}, [ui.rule, html('span', {text: ' '}), ui.check]),
+    ui.summary, ui.status, ui.figures, ui.tooltip,
+  );
+  return ui;
+}
+
+/** A colour ramp from 0 to the largest magnitude, and the stripes of exact zeros. */
+function scaleLegend(max, scale) {
+  const low = scale === 'log' ? `${formatNumber(max / 1000)}` : '0';
+  return [
+    html('span', {className: 'legend-item'}, [html('span', {className: 'swatch zeros'}), html('span', {text: 'exactly 0'})]),
+    html('span', {className: 'legend-item'}, [
+      html('span', {text: scale === 'log' ? `|x| ${low}` : low}),
+      html('span', {className: 'ramp'}),
+      html('span', {text: `${formatNumber(max)}${scale === 'log' ? ' (log)' : ''}`}),
+    ]),
+    html('span', {className: 'legend-item'}, [html('span', {className: 'swatch negative'}), html('span', {text: '< 0'}),
+      html('span', {className: 'swatch positive'}), html('span', {text: '> 0'})]),
+  ];
+}
+
+function glyph(children) {
+  return svg('svg', {className: 'glyph', attrs: {viewBox: '0 0 14 14', 'aria-hidden': 'true'}}, children);
+}
+
+function markerLegend() {
+  return [
+    html('span', {className: 'legend-item'}, [glyph([svg('circle', {className: 'winner', attrs: {cx: 7, cy: 7, r: 3.5}})]),
+      html('span', {text: 'winner'})]),
+    html('span', {className: 'legend-item'}, [glyph([svg('rect', {className: 'tied-window',
+      attrs: {x: 1.5, y: 1.5, width: 11, height: 11}})]), html('span', {text: 'tied window'})]),
+    html('span', {className: 'legend-item'}, [glyph([svg('circle', {className: 'tied', attrs: {cx: 7, cy: 7, r: 3.5}})]),
+      html('span', {text: 'also the maximum (on hover)'})]),
+  ];
+}
