@@ -70,6 +70,7 @@ def layer_summary(name, layer):
         "backend": info.get("backend", "tensorflow"),
         "device": info.get("device"),
         "pooling": pooling,
+        "routing_map": layer.get("routing_map") is not None,
         "tensors": tensors,
         "max_step": max(steps) if steps else None,
     }

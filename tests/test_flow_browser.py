@@ -5,8 +5,9 @@ Two logdirs' worth of runs in one TensorBoard:
   `synthetic.write_large_run`; with GRADVIZ_FLOW_RESNET50=1, a real
   keras.applications.ResNet50 at 32 px fitted for one step with every layer
   chosen instead (~85 s here on a busy machine, too slow for every run);
-* a 20-layer plain CNN with sigmoid activations, whose gradient vanishes
-  toward the input, and the same network with BatchNorm and ReLU.
+* the demo's two plain CNNs (`demos.train_plain_cnn`): 20 convolutions with
+  sigmoid activations, whose gradient vanishes toward the input, and the
+  same network with BatchNorm and ReLU.
 
 What the chart draws is read back from its SVG (each point carries the layer,
 role, statistic and value it stands for, each panel its axis) and compared
@@ -21,7 +22,6 @@ import pathlib
 import shutil
 import time
 
-import numpy as np
 import pytest
 
 from tbserver import get_json, running_tensorboard
@@ -36,8 +36,7 @@ REAL_RESNET50 = os.environ.get("GRADVIZ_FLOW_RESNET50") == "1"
 BIG_RUN = "resnet50" if REAL_RESNET50 else "layers176"
 SIGMOID_RUN, RELU_RUN = "plain_sigmoid", "plain_relu_bn"
 PROBE_BATCH = 8
-BATCHES, LOG_EVERY = 4, 2
-STEPS = [2, 4]
+STEPS = [4, 8, 12]  # the demo's plain CNNs: 12 steps, logged every 4
 # Going back to a step the page holds redraws the layer view, the flow and the
 # grid of 176 layers: ~1.5 s here on a busy machine, the flow ~0.1 s of it.
 INTERACTION_BOUND_S = 5.0
@@ -50,24 +49,6 @@ Y_TOLERANCE = 0.06
 # ---------------------------------------------------------------- logs
 
 
-def _plain_cnn(activation, batch_norm):
-    """18 3x3 convolutions, global average pooling and a Dense head: 20 layers without BatchNorm."""
-    import keras
-
-    layers = [keras.Input((16, 16, 3))]
-    for i in range(1, 19):
-        if batch_norm:
-            layers += [
-                keras.layers.Conv2D(8, 3, padding="same", name=f"conv{i:02d}"),
-                keras.layers.BatchNormalization(name=f"bn{i:02d}"),
-                keras.layers.Activation(activation, name=f"{activation}{i:02d}"),
-            ]
-        else:
-            layers.append(keras.layers.Conv2D(8, 3, padding="same", activation=activation, name=f"conv{i:02d}"))
-    layers += [keras.layers.GlobalAveragePooling2D(name="gap"), keras.layers.Dense(4, name="logits")]
-    return keras.Sequential(layers)
-
-
 def _fit(model, log_dir, x, y, batch_size, every, loss):
     import keras
 
@@ -77,17 +58,6 @@ def _fit(model, log_dir, x, y, batch_size, every, loss):
     callback = tb_gradviz.GradVizCallback(log_dir, probe_data=(x[:PROBE_BATCH], y[:PROBE_BATCH]),
                                           layers=lambda layer: True, every_n_batches=every)
     model.fit(x, y, batch_size=batch_size, epochs=1, verbose=0, callbacks=[callback])
-
-
-def _train_plain(log_dir, activation, batch_norm):
-    import keras
-
-    keras.utils.set_random_seed(0)
-    rng = np.random.default_rng(0)
-    x = rng.standard_normal((PROBE_BATCH * BATCHES, 16, 16, 3)).astype("float32")
-    y = rng.integers(0, 4, size=len(x))
-    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-    _fit(_plain_cnn(activation, batch_norm), log_dir, x, y, PROBE_BATCH, LOG_EVERY, loss)
 
 
 def _train_resnet50(log_dir):
@@ -113,8 +83,11 @@ def tensorboard(tmp_path_factory):
     else:
         synthetic.write_large_run(logdir / BIG_RUN, layers=BIG_LAYERS, steps=BIG_STEPS)
         big_steps = BIG_STEPS
-    _train_plain(logdir / SIGMOID_RUN, "sigmoid", batch_norm=False)
-    _train_plain(logdir / RELU_RUN, "relu", batch_norm=True)
+    from tb_gradviz import demos
+
+    # The demo's own two runs (tb-gradviz demo writes them the same way).
+    demos.train_plain_cnn(logdir / SIGMOID_RUN, "sigmoid", verbose=0)
+    demos.train_plain_cnn(logdir / RELU_RUN, "relu_bn", verbose=0)
     ready = _runs_loaded({BIG_RUN: big_steps, SIGMOID_RUN: STEPS[-1], RELU_RUN: STEPS[-1]})
     with running_tensorboard(logdir, root / "tensorboard.log", ready) as url:
         yield url, root, big_steps
@@ -305,7 +278,9 @@ def test_gradient_flow_of_a_vanishing_plain_cnn(page, tensorboard):
     _wait_for_line(frame, SIGMOID_RUN, STEPS[-1])
     frame.locator("h2", has_text=f"All layers of {SIGMOID_RUN} at step {STEPS[-1]}").wait_for()
     snapshot = _step(url, SIGMOID_RUN)
-    assert len(snapshot["layers"]) == 20
+    from tb_gradviz import demos
+
+    assert len(snapshot["layers"]) == demos.PLAIN_DEPTH + 3  # the input's rescaling, the convolutions, pool, head
     chart = _read_chart(frame)
     _check_points(chart, snapshot, SIGMOID_RUN)
     flags = _check_badges(chart, snapshot, SIGMOID_RUN)

@@ -33,11 +33,13 @@ test('the tab asks for a map exactly where the server has one', async () => {
     }
   }
   const pool = layerOf('clean', 'pool');
-  // Written without a device (synthetic runs, files from before backends): no map is asked for.
-  assert.equal(routemap.mayHaveRoutingMap({...pool, device: undefined}), false);
+  assert.equal(pool.routing_map, true);  // /runs says so
+  // A server that does not say, and a run written without a device (synthetic runs, files
+  // from before backends): no map is asked for.
+  assert.equal(routemap.mayHaveRoutingMap({...pool, routing_map: undefined, device: undefined}), false);
   assert.equal(routemap.mayHaveRoutingMap({...pool, routing_map: false}), false);
   assert.equal(routemap.mayHaveRoutingMap({...pool, device: undefined, routing_map: true}), true);
-  const pool3d = {...pool, tensors: pool.tensors.map((t) => ({...t, shape: [...t.shape, 2]}))};
+  const pool3d = {...pool, routing_map: undefined, tensors: pool.tensors.map((t) => ({...t, shape: [...t.shape, 2]}))};
   assert.equal(routemap.mayHaveRoutingMap(pool3d), false);
   const fetched = await routemap.fetchRoutingMap('relu', 'stem_pool', 2, recordedFetch);
   assert.deepEqual(fetched, answer('routing_map', {run: 'relu', layer: 'stem_pool', step: '2'}));
