@@ -12,7 +12,7 @@ export function fetchRoutingMap(run, layer, step, fetchImpl) {
 /**
  * Whether a /runs layer is worth asking /routing_map for, so that the tab
  * asks for no map that is not there (a 404 is an error in the browser log).
- * `routing_map`, when /runs serves it, decides. Without it: a 1D or 2D pool
+ * `routing_map`, when /runs serves it, decides. Without it: a 1D, 2D or 3D pool
  * written by a callback that records the device, as the callbacks that write
  * maps all do (synthetic and older runs lack it).
  */
@@ -20,8 +20,8 @@ export function mayHaveRoutingMap(layer) {
   if (typeof layer?.routing_map === 'boolean') return layer.routing_map;
   if (!layer?.pooling || layer.device === null || layer.device === undefined) return false;
   const input = layer.tensors?.find(({role}) => role === 'input_gradient');
-  if (input?.shape) return input.shape.length === 3 || input.shape.length === 4;
-  return (layer.pooling.pool_size?.length ?? 2) <= 2;
+  if (input?.shape) return input.shape.length >= 3 && input.shape.length <= 5;
+  return true;
 }
 
 /** The map step shown for the tab's step: the latest `<= step`, else the first. */
@@ -41,8 +41,9 @@ export function mapStepFor(steps, step) {
 export function poolAxes(pooling, map) {
   const sizes = [map.height, map.width];
   if (pooling.global) return sizes.map((n) => ({kernel: n, stride: n, before: 0, count: 1}));
-  let kernel = pooling.pool_size;
-  let stride = pooling.strides ?? pooling.pool_size;
+  // A 3D pool's map is one depth slice (the server's `depth`): its rows and columns.
+  let kernel = pooling.pool_size.slice(-2);
+  let stride = (pooling.strides ?? pooling.pool_size).slice(-2);
   if (kernel.length === 1) {
     kernel = [1, kernel[0]];
     stride = [1, stride[0]];

@@ -62,8 +62,8 @@ class GradVizCallback(keras.callbacks.Callback):
       stop_on_nonfinite: stop training (`model.stop_training`, as Keras'
         `TerminateOnNaN` does for the loss) after a log event that recorded
         a NaN or an Inf in any activation or gradient; a message names them.
-      routing_map: also record, for each 1D or 2D pooling layer, the routing
-        map of one probe example (docs/FORMAT.md): its input, each window's
+      routing_map: also record, for each pooling layer (3D: a depth slice), the
+        routing map of one probe example (docs/FORMAT.md): its input, each window's
         winner, tied windows, and the gradients, for a few channels, within
         64 KiB per layer and event.
       routing_map_example: which probe example the maps show (default 0).

@@ -71,29 +71,28 @@ class Settings:
 
 
 def maps_layer(pooling, input_shape):
-    """Whether a pooling layer gets a routing map: 1D and 2D pools (3D are not mapped)."""
-    return pooling is not None and len(input_shape) in (3, 4)
+    """Whether a pooling layer gets a routing map: 1D, 2D and 3D pools."""
+    return pooling is not None and len(input_shape) in (3, 4, 5)
 
 
-def _as_planes(array, pooling):
-    """An example's `[..., C]` or `[C, ...]` slice as `[C, H, W]` (1D pools: H = 1)."""
+def _as_volume(array, pooling):
+    """An example's `[..., C]` or `[C, ...]` slice as `[C, D, H, W]` (2D pools: D = 1; 1D: D = H = 1)."""
     array = np.asarray(array)
     if pooling["data_format"] == "channels_first":
         array = np.moveaxis(array, 0, -1)
-    if array.ndim == 2:  # 1D: [W, C]
+    while array.ndim < 4:
         array = array[None]
     return np.moveaxis(array, -1, 0)
 
 
-def _geometry(pooling, height, width):
-    """Per axis `(first input position of each window, its size)`: rows then columns."""
+def _geometry(pooling, depth, height, width):
+    """Per axis `(first input position of each window, its size)`: depth, rows, columns."""
     if pooling["global"]:
-        return (np.zeros(1, np.int64), height), (np.zeros(1, np.int64), width)
+        return [(np.zeros(1, np.int64), n) for n in (depth, height, width)]
     sizes, strides = list(pooling["pool_size"]), list(pooling["strides"])
-    if len(sizes) == 1:
-        sizes, strides = [1] + sizes, [1] + strides
+    sizes, strides = [1] * (3 - len(sizes)) + sizes, [1] * (3 - len(strides)) + strides
     axes = []
-    for n, k, s in zip((height, width), sizes, strides):
+    for n, k, s in zip((depth, height, width), sizes, strides):
         if pooling["padding"] == "same":
             count = -(-n // s)
             before = max((count - 1) * s + k - n, 0) // 2
@@ -141,8 +140,12 @@ def layout(pooling, input_shape, settings):
         spatial = list(input_shape[2:])
     else:
         spatial = list(input_shape[1:-1])
-    height, width = ([1] + spatial)[-2:]
-    (row_starts, kh), (col_starts, kw) = _geometry(pooling, height, width)
+    depth, height, width = ([1, 1] + spatial)[-3:]
+    (depth_starts, kd), (row_starts, kh), (col_starts, kw) = _geometry(pooling, depth, height, width)
+    # 3D pools: the windows of the middle output depth, shown on the middle
+    # input plane of their depth range.
+    depth_window = len(depth_starts) // 2
+    plane = int(np.clip(depth_starts[depth_window] + kd // 2, 0, depth - 1))
     channels = settings.channel_count
     budget = MAX_VALUES // channels - 1
     rows, cols = len(row_starts), len(col_starts)
@@ -166,7 +169,9 @@ def layout(pooling, input_shape, settings):
         left = _clip_start(origin[1], width, side)
         bottom, right = min(top + side, height), min(left + side, width)
         values = 2 * (bottom - top) * (right - left) + 3
+    sliced = {"depth": {"size": depth, "window": depth_window, "plane": plane}} if len(spatial) == 3 else {}
     return {
+        **sliced,
         "map": {"height": height, "width": width},
         "crop": {"row": top, "col": left, "height": bottom - top, "width": right - left},
         "windows": {"row": r0, "col": c0, "rows": r1 - r0, "cols": c1 - c0},
@@ -203,36 +208,49 @@ def record(pooling, inputs, input_gradient, output_gradient, cut, settings):
     crop), 1 if its maximum is tied, else 0 (NaN for average pools), and the
     upstream gradient it received.
     """
-    x = _as_planes(inputs, pooling).astype(np.float32)
-    gi = _as_planes(input_gradient, pooling).astype(np.float32)
-    go = _as_planes(output_gradient, pooling).astype(np.float32)
-    go = go.reshape(go.shape[0], -1)  # one value per window, row-major (global pools: one)
-    height, width = x.shape[1:]
-    (row_starts, kh), (col_starts, kw) = _geometry(pooling, height, width)
+    x = _as_volume(inputs, pooling).astype(np.float32)
+    gi = _as_volume(input_gradient, pooling).astype(np.float32)
+    go = _as_volume(output_gradient, pooling).astype(np.float32)
+    go = go.reshape(go.shape[0], -1)  # one value per window, raster order (global pools: one)
+    depth, height, width = x.shape[1:]
+    (depth_starts, kd), (row_starts, kh), (col_starts, kw) = _geometry(pooling, depth, height, width)
+    depth_window = cut.get("depth", {}).get("window", 0)
+    plane = cut.get("depth", {}).get("plane", 0)
     crop, windows = cut["crop"], cut["windows"]
     top, left, h, w = crop["row"], crop["col"], crop["height"], crop["width"]
-    columns = len(col_starts)
+    columns, window_offset = len(col_starts), depth_window * len(row_starts) * len(col_starts)
     window_rows = range(windows["row"], windows["row"] + windows["rows"])
     window_cols = range(windows["col"], windows["col"] + windows["cols"])
     channels = chosen_channels(gi, settings)
     count = len(window_rows) * len(window_cols)
     if not channels:
         return np.zeros((0, 1 + 2 * h * w + 3 * count), np.float32)
-    # Every window of the crop at once: its values [channels, rows, cols, kh * kw],
-    # positions outside the map at -inf (they never hold a maximum).
+    # Every window of the crop at once: its values [channels, rows, cols, kd * kh * kw],
+    # positions outside the input at -inf (they never hold a maximum).
+    z = int(depth_starts[depth_window]) + np.arange(kd)
     r = np.asarray([[int(row_starts[i]) + d for d in range(kh)] for i in window_rows])
     q = np.asarray([[int(col_starts[j]) + d for d in range(kw)] for j in window_cols])
-    inside = ((r >= 0) & (r < height))[:, None, :, None] & ((q >= 0) & (q < width))[None, :, None, :]
-    values = x[channels][:, np.clip(r, 0, height - 1)[:, None, :, None], np.clip(q, 0, width - 1)[None, :, None, :]]
-    values = np.where(inside, values, -np.inf).reshape(len(channels), count, kh * kw)
-    upstream = go[channels][:, [i * columns + j for i in window_rows for j in window_cols]]
+    index_z = np.clip(z, 0, depth - 1)[None, None, :, None, None]
+    index_r = np.clip(r, 0, height - 1)[:, None, None, :, None]
+    index_q = np.clip(q, 0, width - 1)[None, :, None, None, :]
+    inside = (
+        ((z >= 0) & (z < depth))[None, None, :, None, None]
+        & ((r >= 0) & (r < height))[:, None, None, :, None]
+        & ((q >= 0) & (q < width))[None, :, None, None, :]
+    )
+    values = x[channels][:, index_z, index_r, index_q]
+    values = np.where(inside, values, -np.inf).reshape(len(channels), count, kd * kh * kw)
+    upstream = go[channels][:, [window_offset + i * columns + j for i in window_rows for j in window_cols]]
     if pooling["type"] == "max":
         flat = np.argmax(values, axis=-1)  # the first maximum in raster order (a NaN wins, as argmax)
         peak = np.take_along_axis(values, flat[..., None], axis=-1)
         tied = ((values == peak).sum(axis=-1) > 1).astype(np.float32)
+        in_plane, flat = flat // (kh * kw), flat % (kh * kw)
         rows_at = np.repeat(r, len(window_cols), axis=0)[np.arange(count), flat // kw]
         cols_at = np.tile(q, (len(window_rows), 1))[np.arange(count), flat % kw]
-        in_crop = (rows_at >= top) & (rows_at < top + h) & (cols_at >= left) & (cols_at < left + w)
+        in_crop = (
+            (z[in_plane] == plane) & (rows_at >= top) & (rows_at < top + h) & (cols_at >= left) & (cols_at < left + w)
+        )
         winners = np.where(in_crop, (rows_at - top) * w + (cols_at - left), -1)
     else:
         winners = np.full((len(channels), count), -1)
@@ -240,8 +258,8 @@ def record(pooling, inputs, input_gradient, output_gradient, cut, settings):
     return np.concatenate(
         [
             np.asarray(channels, np.float32)[:, None],
-            x[channels, top : top + h, left : left + w].reshape(len(channels), -1),
-            gi[channels, top : top + h, left : left + w].reshape(len(channels), -1),
+            x[channels, plane, top : top + h, left : left + w].reshape(len(channels), -1),
+            gi[channels, plane, top : top + h, left : left + w].reshape(len(channels), -1),
             winners,
             tied,
             upstream,

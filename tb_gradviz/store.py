@@ -265,7 +265,7 @@ class RunStore:
         found = layers.get(layer, {}).get("routing_map")
         if found is None:
             raise errors.NotFoundError(
-                f"no routing map of layer {layer!r} in run {self.run!r} (not a 1D or 2D pooling layer, "
+                f"no routing map of layer {layer!r} in run {self.run!r} (not a pooling layer, "
                 "or logged with routing_map=False)"
             )
         return found[1], found[2]

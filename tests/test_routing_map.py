@@ -216,3 +216,30 @@ def test_a_global_pool_larger_than_the_budget_is_cropped_around_its_centre(tmp_p
     assert crop["height"] == crop["width"] < 112 and crop["row"] == (112 - crop["height"]) // 2
     for row in rows:
         assert row["winner"] == [(56 - crop["row"]) * crop["width"] + 57 - crop["col"]]
+
+
+def test_a_3d_pool_maps_its_middle_depth_on_the_middle_plane_of_those_windows(tmp_path):
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((4, 6, 6, 2)), layers.Conv3D(3, 3, padding="same", activation="relu"),
+                              layers.MaxPooling3D(2, name="pool"), layers.Flatten(), layers.Dense(2)])
+    model.compile("sgd", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    x = np.random.default_rng(2).normal(size=(2, 4, 6, 6, 2)).astype("float32")
+    content, rows, _ = logged_map(model, "pool", x, np.arange(2) % 2, tmp_path, routing_map_channels=[0, 2])
+    pool_input, input_gradient, output_gradient = tape_gradients(model, "pool", x, np.arange(2) % 2)
+    # Output depths 0 and 1: the middle is 1, whose windows span input depths 2 and 3; plane 3 is shown.
+    assert content["depth"] == {"size": 4, "window": 1, "plane": 3}
+    assert content["windows"] == {"row": 0, "col": 0, "rows": 3, "cols": 3}
+    for row in rows:
+        c = row["channel"]
+        volume = pool_input[0, :, :, :, c]
+        winners = []
+        for i in range(3):
+            for j in range(3):
+                positions = [(z, 2 * i + a, 2 * j + b) for z in (2, 3) for a in range(2) for b in range(2)]
+                values = [volume[p] for p in positions]
+                z, r, q = positions[values.index(max(values))]
+                winners.append(r * 6 + q if z == 3 else -1)
+        assert row["winner"] == winners
+        np.testing.assert_array_equal(row["input"], volume[3].ravel())
+        np.testing.assert_array_equal(row["input_gradient"], input_gradient[0, 3, :, :, c].ravel())
+        np.testing.assert_array_equal(row["output_gradient"], output_gradient[0, 1, :, :, c].ravel())

@@ -40,7 +40,7 @@ test('the tab asks for a map exactly where the server has one', async () => {
   assert.equal(routemap.mayHaveRoutingMap({...pool, routing_map: false}), false);
   assert.equal(routemap.mayHaveRoutingMap({...pool, device: undefined, routing_map: true}), true);
   const pool3d = {...pool, routing_map: undefined, tensors: pool.tensors.map((t) => ({...t, shape: [...t.shape, 2]}))};
-  assert.equal(routemap.mayHaveRoutingMap(pool3d), false);
+  assert.equal(routemap.mayHaveRoutingMap(pool3d), true);  // 3D pools are mapped too (a depth slice)
   const fetched = await routemap.fetchRoutingMap('relu', 'stem_pool', 2, recordedFetch);
   assert.deepEqual(fetched, answer('routing_map', {run: 'relu', layer: 'stem_pool', step: '2'}));
 });
