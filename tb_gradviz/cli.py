@@ -341,16 +341,21 @@ def _export(args):
     return 0
 
 
-def export_series(gradviz, ctx, experiment, runs):
-    """Yields one dict per run, layer and tensor: `/series` data plus routing."""
+def _found(impl, *args):
+    """`impl(*args)`, or None when it raises TensorBoard's NotFoundError (a layer without that record)."""
     from tensorboard import errors
 
+    try:
+        return impl(*args)
+    except errors.NotFoundError:
+        return None
+
+
+def export_series(gradviz, ctx, experiment, runs):
+    """Yields one dict per run, layer and tensor: `/series` data plus routing."""
     for run in runs:
         for layer in run["layers"]:
-            try:
-                routing = gradviz.routing_impl(ctx, experiment, run["run"], layer["layer"])
-            except errors.NotFoundError:
-                routing = None
+            routing = _found(gradviz.routing_impl, ctx, experiment, run["run"], layer["layer"])
             for tensor in layer["tensors"]:
                 data = gradviz.series_impl(ctx, experiment, run["run"], layer["layer"], tensor["tensor"])
                 data["layer_class"] = layer["layer_class"]
@@ -360,14 +365,11 @@ def export_series(gradviz, ctx, experiment, runs):
 
 def export_routing_maps(gradviz, ctx, experiment, runs):
     """Yields the routing maps of each pooling layer that has them: every step, as `/routing_map` serves it."""
-    from tensorboard import errors
-
     for run in runs:
         for layer in run["layers"]:
-            try:
-                last = gradviz.routing_map_impl(ctx, experiment, run["run"], layer["layer"])
-            except errors.NotFoundError:
+            if not layer.get("routing_map"):
                 continue
+            last = gradviz.routing_map_impl(ctx, experiment, run["run"], layer["layer"])
             maps = [gradviz.routing_map_impl(ctx, experiment, run["run"], layer["layer"], step) for step in last["steps"]]
             yield {"run": run["run"], "layer": layer["layer"], "steps": last["steps"], "maps": maps}
 

@@ -7,6 +7,7 @@ reader, `eventdata`), not from the plugin under test.
 
 import os
 import pathlib
+import shutil
 import time
 
 import numpy as np
@@ -99,6 +100,16 @@ def _artifacts_dir():
     path = pathlib.Path(os.environ.get("TB_GRADVIZ_ARTIFACTS") or REPO_ROOT / "artifacts")
     path.mkdir(parents=True, exist_ok=True)
     return path
+
+
+def keep_screenshot(locator, path):
+    """Saves a screenshot of `locator` at `path` (a test's tmp folder), and a copy in TB_GRADVIZ_ARTIFACTS when set."""
+    locator.screenshot(path=str(path))
+    if os.environ.get("TB_GRADVIZ_ARTIFACTS"):
+        folder = pathlib.Path(os.environ["TB_GRADVIZ_ARTIFACTS"])
+        folder.mkdir(parents=True, exist_ok=True)
+        shutil.copy(path, folder / path.name)
+    print(f"\nscreenshot: {path}")
 
 
 def _runs_loaded(expected_max_step):

@@ -18,15 +18,13 @@ TB_GRADVIZ_ARTIFACTS when set).
 
 import math
 import os
-import pathlib
-import shutil
 import time
 
 import pytest
 
 from tbserver import get_json, running_tensorboard
 from tb_gradviz import synthetic
-from test_e2e_browser import PLUGIN_FRAME, UI_TIMEOUT_MS, PageProblems, _runs_loaded, browser  # noqa: F401 (fixture)
+from test_e2e_browser import PLUGIN_FRAME, UI_TIMEOUT_MS, PageProblems, _runs_loaded, browser, keep_screenshot  # noqa: F401 (fixture)
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -106,15 +104,6 @@ def page(browser, tensorboard):  # noqa: F811
         assert problems.dialogs == []
     finally:
         page.close()
-
-
-def _keep_screenshot(locator, path):
-    locator.screenshot(path=str(path))
-    if os.environ.get("TB_GRADVIZ_ARTIFACTS"):
-        folder = pathlib.Path(os.environ["TB_GRADVIZ_ARTIFACTS"])
-        folder.mkdir(parents=True, exist_ok=True)
-        shutil.copy(path, folder / path.name)
-    print(f"\nscreenshot: {path}")
 
 
 # ---------------------------------------------------------------- reading the chart
@@ -243,7 +232,7 @@ def test_gradient_flow_of_176_layers(page, tensorboard):
     assert BIG_LAYERS // 4 < len(xs) < BIG_LAYERS
     assert min(b - a for a, b in zip(xs, xs[1:])) >= 12
     assert 1400 < chart["width"] <= 1600
-    _keep_screenshot(frame.locator(".flow-section"), root / f"gradient_flow_{BIG_RUN}.png")
+    keep_screenshot(frame.locator(".flow-section"), root / f"gradient_flow_{BIG_RUN}.png")
 
     if last > 1:
         slider = frame.get_by_label("Step", exact=True)
@@ -308,7 +297,7 @@ def test_gradient_flow_of_a_vanishing_plain_cnn(page, tensorboard):
     assert column[(RELU_RUN, "bn05")] > column[(SIGMOID_RUN, "conv05")]
     # The plain CNN's line steps over the columns of BatchNorm and ReLU: one path per role and statistic.
     assert frame.locator("path.flow-line.series-0.pin-0").count() == 9
-    _keep_screenshot(frame.locator(".flow-section"), root / "gradient_flow_overlay.png")
+    keep_screenshot(frame.locator(".flow-section"), root / "gradient_flow_overlay.png")
 
     # Keep the last step, go back to the first: one line per step and run.
     frame.get_by_role("button", name=f"Keep step {STEPS[-1]}").click()
@@ -326,7 +315,7 @@ def test_gradient_flow_of_a_vanishing_plain_cnn(page, tensorboard):
     assert frame.locator(f".kept-steps li[data-step='{STEPS[-1]}']").count() == 1
     kept = frame.locator("path.flow-line.pin-1.series-0.stat-rms")
     assert kept.count() >= 3 and f"{SIGMOID_RUN}, step {STEPS[-1]}" in kept.first.locator("title").text_content()
-    _keep_screenshot(frame.locator(".flow-section"), root / "gradient_flow_plain_cnn.png")
+    keep_screenshot(frame.locator(".flow-section"), root / "gradient_flow_plain_cnn.png")
 
     # A click on a layer opens it, and TensorBoard's dark mode reaches the chart.
     frame.locator('.flow-hit[data-layer="conv03"]').click()
@@ -338,4 +327,4 @@ def test_gradient_flow_of_a_vanishing_plain_cnn(page, tensorboard):
     frame.locator(".flow-section").scroll_into_view_if_needed()
     stroke = frame.locator(".flow-line.series-0").first.evaluate("line => getComputedStyle(line).stroke")
     assert stroke == "rgb(255, 183, 77)"  # --series-0's dark value
-    _keep_screenshot(frame.locator(".flow-section"), root / "gradient_flow_plain_cnn_dark.png")
+    keep_screenshot(frame.locator(".flow-section"), root / "gradient_flow_plain_cnn_dark.png")

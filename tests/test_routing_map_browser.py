@@ -15,17 +15,14 @@ TB_GRADVIZ_ARTIFACTS when set).
 """
 
 import math
-import os
-import pathlib
 import re
-import shutil
 import urllib.parse
 
 import numpy as np
 import pytest
 
 from tbserver import get_json, running_tensorboard
-from test_e2e_browser import PLUGIN_FRAME, UI_TIMEOUT_MS, PageProblems, _runs_loaded, browser  # noqa: F401 (fixture)
+from test_e2e_browser import PLUGIN_FRAME, UI_TIMEOUT_MS, PageProblems, _runs_loaded, browser, keep_screenshot  # noqa: F401 (fixture)
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -168,15 +165,6 @@ def _check_max_window(page, frame, answer, channel_index, k):
     return rows
 
 
-def _keep_screenshot(locator, path):
-    locator.screenshot(path=str(path))
-    if os.environ.get("TB_GRADVIZ_ARTIFACTS"):
-        folder = pathlib.Path(os.environ["TB_GRADVIZ_ARTIFACTS"])
-        folder.mkdir(parents=True, exist_ok=True)
-        shutil.copy(path, folder / path.name)
-    print(f"\nscreenshot: {path}")
-
-
 def _timed_in_page(locator, script):
     """Milliseconds `script` takes in the page (its handlers draw synchronously)."""
     return locator.evaluate(f"""element => {{
@@ -227,10 +215,10 @@ def test_routing_map_of_resnet50_stem(browser, stem_logs):
             assert zero_windows, "no tied window of zeros in channel 0"
             rows = _check_max_window(page, frame, answer, 0, zero_windows[len(zero_windows) // 2])
             assert "tied positions" in rows["winner"]
-            _keep_screenshot(view, root / "routing_map_pool1_pool_tie.png")
+            keep_screenshot(view, root / "routing_map_pool1_pool_tie.png")
             untied = [k for k, tied in enumerate(first["tied"]) if not tied and at_winner[k] > 0]
             _check_max_window(page, frame, answer, 0, untied[len(untied) // 3])
-            _keep_screenshot(view, root / "routing_map_pool1_pool.png")
+            keep_screenshot(view, root / "routing_map_pool1_pool.png")
 
             # From the keyboard: the input map walks the windows, from the first.
             page.mouse.move(0, 0)
@@ -269,7 +257,7 @@ def test_routing_map_of_resnet50_stem(browser, stem_logs):
             cells = pool2["crop"]["height"] * pool2["crop"]["width"]
             assert view.locator(".routemap-check").text_content() == (
                 f"✓ tensorflow's input gradient is what these winners predict at all {cells:,} positions compared.")
-            _keep_screenshot(view, root / "routing_map_pool2.png")
+            keep_screenshot(view, root / "routing_map_pool2.png")
 
             # The global average pool: even shares, no winner.
             frame.get_by_label("Layer", exact=True).select_option("avg_pool")
@@ -294,7 +282,7 @@ def test_routing_map_of_resnet50_stem(browser, stem_logs):
             page.get_by_role("menu").wait_for(state="detached")
             assert view.locator(".routemap-figure.gradient canvas.base").evaluate("c => c.toDataURL()") != light
             _check_max_window(page, frame, answer, 0, zero_windows[0])
-            _keep_screenshot(view, root / "routing_map_pool1_pool_dark.png")
+            keep_screenshot(view, root / "routing_map_pool1_pool_dark.png")
 
             # The 112x112 map at 224 px, cropped: the view stays responsive.
             frame.get_by_label("Run", exact=True).select_option(RUN_224)
@@ -315,7 +303,7 @@ def test_routing_map_of_resnet50_stem(browser, stem_logs):
                                      "select => select.dispatchEvent(new Event('change'))")
             print(f"\n112x112 map, crop {large['crop']}: {hover_ms:.2f} ms a pointer move, {draw_ms:.0f} ms a redraw")
             assert hover_ms < HOVER_BOUND_MS and draw_ms < DRAW_BOUND_MS
-            _keep_screenshot(view, root / "routing_map_224.png")
+            keep_screenshot(view, root / "routing_map_224.png")
             assert problems.errors == []
             assert problems.dialogs == []
         finally:
