@@ -299,10 +299,8 @@ def tied_windows(x, pooling):
     if pooling["padding"] == "same":
         paddings = [(0, 0)]
         for axis, k, s in zip(spatial, sizes, strides):
-            n = x.shape[axis]
-            out = -(-n // s)
-            total = max((out - 1) * s + k - n, 0)
-            paddings.append((total // 2, total - total // 2))
+            _, before, after = routing_map.same_padding(x.shape[axis], k, s)
+            paddings.append((before, after))
         paddings.append((0, 0))
         # Padding never wins a max in SAME max pooling.
         x = ops.pad(x, paddings, constant_values=-np.inf)

@@ -85,6 +85,16 @@ def _as_volume(array, pooling):
     return np.moveaxis(array, -1, 0)
 
 
+def same_padding(n, k, s):
+    """SAME pooling along an axis of `n` positions, windows of `k`, stride `s`: `(windows, pad before, pad after)`.
+
+    As Keras' backends pad: the odd position, if any, goes after.
+    """
+    count = -(-n // s)
+    total = max((count - 1) * s + k - n, 0)
+    return count, total // 2, total - total // 2
+
+
 def _geometry(pooling, depth, height, width):
     """Per axis `(first input position of each window, its size)`: depth, rows, columns."""
     if pooling["global"]:
@@ -94,8 +104,7 @@ def _geometry(pooling, depth, height, width):
     axes = []
     for n, k, s in zip((depth, height, width), sizes, strides):
         if pooling["padding"] == "same":
-            count = -(-n // s)
-            before = max((count - 1) * s + k - n, 0) // 2
+            count, before, _ = same_padding(n, k, s)
         else:
             count, before = (n - k) // s + 1, 0
         axes.append((np.arange(count) * s - before, k))
