@@ -5,6 +5,7 @@ Expected numbers come from the event files (through TensorBoard's own event
 reader, `eventdata`), not from the plugin under test.
 """
 
+import contextlib
 import os
 import pathlib
 import shutil
@@ -102,6 +103,25 @@ def _artifacts_dir():
     return path
 
 
+@contextlib.contextmanager
+def gradviz_page(browser, url, width=1600, height=1000):
+    """A new page on the GradViz tab of the TensorBoard at `url`, closed on leaving.
+
+    Leaving the block normally asserts that no error, failed request or
+    dialog happened on the page (`PageProblems`).
+    """
+    page = browser.new_page(viewport={"width": width, "height": height})
+    page.set_default_timeout(UI_TIMEOUT_MS)
+    problems = PageProblems(page)
+    try:
+        page.goto(f"{url}/#gradviz")
+        yield page
+        assert problems.errors == []
+        assert problems.dialogs == []
+    finally:
+        page.close()
+
+
 def keep_screenshot(locator, path):
     """Saves a screenshot of `locator` at `path` (a test's tmp folder), and a copy in TB_GRADVIZ_ARTIFACTS when set."""
     locator.screenshot(path=str(path))
@@ -191,11 +211,7 @@ def test_layer_view_of_a_trained_cnn(browser, trained_logs):
 
     ready = _runs_loaded({"cnn_a": steps[-1], "cnn_b": steps[-1]})
     with running_tensorboard(logdir, root / "tensorboard.log", ready) as url:
-        page = browser.new_page(viewport={"width": 1600, "height": 1000})
-        page.set_default_timeout(UI_TIMEOUT_MS)
-        problems = PageProblems(page)
-        try:
-            page.goto(f"{url}/#gradviz")
+        with gradviz_page(browser, url) as page:
             frame = page.frame_locator(PLUGIN_FRAME)
             activation = frame.locator('.panel[data-tensor="activation"]')
             input_gradient = frame.locator('.panel[data-tensor="input_gradient"]')
@@ -283,10 +299,6 @@ def test_layer_view_of_a_trained_cnn(browser, trained_logs):
             background = frame.locator("body").evaluate("body => getComputedStyle(body).backgroundColor")
             assert background == "rgb(48, 48, 48)"
             page.screenshot(path=str(_artifacts_dir() / "gradviz_layer_view_dark.png"))
-            assert problems.errors == []
-            assert problems.dialogs == []
-        finally:
-            page.close()
 
 
 # ---------------------------------------------------------------- hostile names
@@ -324,11 +336,7 @@ def test_hostile_names_render_as_text(browser, tmp_path):
     logdir = tmp_path / "logs"
     _write_run_with_layer_name(logdir / PAYLOAD_RUN, PAYLOAD_LAYER)
     with running_tensorboard(logdir, tmp_path / "tensorboard.log", _runs_loaded({PAYLOAD_RUN: 3})) as url:
-        page = browser.new_page(viewport={"width": 1400, "height": 900})
-        page.set_default_timeout(UI_TIMEOUT_MS)
-        problems = PageProblems(page)
-        try:
-            page.goto(f"{url}/#gradviz")
+        with gradviz_page(browser, url, 1400, 900) as page:
             frame = page.frame_locator(PLUGIN_FRAME)
             frame.locator('.panel[data-tensor="input_gradient"]').wait_for()
             frame.locator("table.layer-grid").wait_for()
@@ -359,8 +367,4 @@ def test_hostile_names_render_as_text(browser, tmp_path):
             assert page.locator(".layer-name").text_content() == PAYLOAD_LAYER
             assert page.get_by_label("Run", exact=True).locator("option").all_text_contents() == [PAYLOAD_RUN, "later"]
             assert page.locator("img").count() == 0
-            page.wait_for_timeout(500)
-            assert problems.dialogs == []
-            assert problems.errors == []
-        finally:
-            page.close()
+            page.wait_for_timeout(500)  # for any late error before the page is judged

@@ -24,7 +24,7 @@ import pytest
 
 from tbserver import get_json, running_tensorboard
 from tb_gradviz import synthetic
-from test_e2e_browser import PLUGIN_FRAME, UI_TIMEOUT_MS, PageProblems, _runs_loaded, browser, keep_screenshot  # noqa: F401 (fixture)
+from test_e2e_browser import PLUGIN_FRAME, _runs_loaded, browser, gradviz_page, keep_screenshot  # noqa: F401 (fixture)
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -94,16 +94,8 @@ def tensorboard(tmp_path_factory):
 @pytest.fixture
 def page(browser, tensorboard):  # noqa: F811
     url = tensorboard[0]
-    page = browser.new_page(viewport={"width": 1600, "height": 1000})
-    page.set_default_timeout(UI_TIMEOUT_MS)
-    problems = PageProblems(page)
-    page.goto(f"{url}/#gradviz")
-    try:
+    with gradviz_page(browser, url) as page:
         yield page
-        assert problems.errors == []
-        assert problems.dialogs == []
-    finally:
-        page.close()
 
 
 # ---------------------------------------------------------------- reading the chart

@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 from tbserver import get_json, running_tensorboard
-from test_e2e_browser import PLUGIN_FRAME, UI_TIMEOUT_MS, PageProblems, _runs_loaded, browser, keep_screenshot  # noqa: F401 (fixture)
+from test_e2e_browser import PLUGIN_FRAME, _runs_loaded, browser, gradviz_page, keep_screenshot  # noqa: F401 (fixture)
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -181,11 +181,7 @@ def test_routing_map_of_resnet50_stem(browser, stem_logs):
     root, logdir = stem_logs
     ready = _runs_loaded({RUN: STEPS[-1], RUN_224: STEPS[-1]})
     with running_tensorboard(logdir, root / "tensorboard.log", ready) as url:
-        page = browser.new_page(viewport={"width": 1600, "height": 1000})
-        page.set_default_timeout(UI_TIMEOUT_MS)
-        problems = PageProblems(page)
-        try:
-            page.goto(f"{url}/#gradviz")
+        with gradviz_page(browser, url) as page:
             frame = page.frame_locator(PLUGIN_FRAME)
             frame.get_by_label("Run", exact=True).select_option(RUN)
             # The first max pool is the layer the tab opens with: pool1_pool, at the last step.
@@ -304,7 +300,3 @@ def test_routing_map_of_resnet50_stem(browser, stem_logs):
             print(f"\n112x112 map, crop {large['crop']}: {hover_ms:.2f} ms a pointer move, {draw_ms:.0f} ms a redraw")
             assert hover_ms < HOVER_BOUND_MS and draw_ms < DRAW_BOUND_MS
             keep_screenshot(view, root / "routing_map_224.png")
-            assert problems.errors == []
-            assert problems.dialogs == []
-        finally:
-            page.close()
