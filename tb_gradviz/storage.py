@@ -206,8 +206,8 @@ def file_layer(url, scheme, what="log_dir"):
 def _s3_layer(gfile):
     """TensorBoard's S3 layer, with one boto3 client for the uploads.
 
-    Its `write` is `put_object` on a client made per call, which costs ~20 ms
-    of CPU each time (bench/RESULTS.md, section 8); the uploads make the same
+    Its `write` is `put_object` on a client made per call, which costs CPU
+    each time (measured in bench/RESULTS.md, section 8); the uploads make the same
     call on one client, made as TensorBoard makes its own: endpoint
     `S3_ENDPOINT`, read now (TensorBoard reads it at import), else boto3's
     own settings. Clients come from one session of tb_gradviz's own, made
