@@ -47,8 +47,10 @@ def step_records(plans, summaries, routings, skipped, units, maps=(), map_settin
         for t in plan.tensors:
             histogram, stats = next(summaries)
             content = dict(layer_content, role=t.role, index=t.index, shape=t.shape, dtype=t.dtype)
-            if t.role != records.ACTIVATION:
+            if t.role in records.GRADIENT_ROLES:
                 content["loss_scaled"] = t.loss_scaled
+            if t.weight is not None:
+                content["weight"] = t.weight
             result += events.tensor_records(plan.chosen.path, t.name, histogram, stats, content)
         if plan.has_routing:
             result += events.routing_records(plan.chosen.path, next(routings), layer_content)

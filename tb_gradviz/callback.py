@@ -12,6 +12,7 @@ from tb_gradviz import records
 from tb_gradviz import routing_map as routing_map_module
 from tb_gradviz import selection
 from tb_gradviz import storage
+from tb_gradviz import weights as weights_module
 
 
 class GradVizCallback(keras.callbacks.Callback):
@@ -71,6 +72,13 @@ class GradVizCallback(keras.callbacks.Callback):
         gradient, a count 1..8 of those, or a list of channel indices.
       routing_map_origin: None to centre a map too large for the budget, or
         the `(row, col)` input position its crop starts at.
+      weights: also record, for each chosen layer with trainable weights
+        (kernels, biases, BatchNorm gamma and beta), in the same pass: the
+        gradient of the probe loss w.r.t. each weight and the weight's values
+        (statistics and histograms, as for the other tensors), and from the
+        second log event on the update size `|w - w_previous| / |w|` since the
+        previous one (`weights.Updates`: it keeps one copy of those weights).
+        Keras 2's `TensorBoard(write_grads=True)`, for Keras 3. Off by default.
 
     Raises:
       ValueError, TypeError: an argument is invalid; the message says what
@@ -92,6 +100,7 @@ class GradVizCallback(keras.callbacks.Callback):
         routing_map_example=0,
         routing_map_channels=None,
         routing_map_origin=None,
+        weights=False,
     ):
         super().__init__()
         # A URL is only parsed here, without touching the network: a store's
@@ -119,6 +128,8 @@ class GradVizCallback(keras.callbacks.Callback):
             raise TypeError(f"stop_on_nonfinite must be True or False; received {stop_on_nonfinite!r}")
         if not isinstance(routing_map, bool):
             raise TypeError(f"routing_map must be True or False; received {routing_map!r}")
+        if not isinstance(weights, bool):
+            raise TypeError(f"weights must be True or False; received {weights!r}")
         map_settings = routing_map_module.Settings(routing_map_example, routing_map_channels, routing_map_origin)
         self.log_dir = log_dir
         self.layers = selection.check_layer_spec(layers)
@@ -128,9 +139,11 @@ class GradVizCallback(keras.callbacks.Callback):
         self.training = training
         self.stop_on_nonfinite = stop_on_nonfinite
         self.routing_map = map_settings if routing_map else None
+        self.weights = weights
         self._probe = probe_batch(probe_data)
         self._log = events.EventLog(location)
         self._capture = None
+        self._updates = None
 
     @property
     def chosen_layers(self):
@@ -154,8 +167,10 @@ class GradVizCallback(keras.callbacks.Callback):
                         f"received {self.routing_map.example}"
                     )
             self._capture = capture.new_capture(
-                self.model, chosen, loss=self.loss, training=self.training, routing_map=self.routing_map
+                self.model, chosen, loss=self.loss, training=self.training, routing_map=self.routing_map,
+                weights=self.weights,
             )
+            self._updates = weights_module.Updates() if self.weights else None
 
     def on_epoch_end(self, epoch, logs=None):
         if self.every_n_epochs is not None and (epoch + 1) % self.every_n_epochs == 0:
@@ -194,6 +209,8 @@ class GradVizCallback(keras.callbacks.Callback):
         written, skipped = self._capture.run(x, y, sample_weight)
         capture.warn_skipped(skipped)
         step = self._step() if step is None else _check_step(step)
+        if self._updates is not None:
+            written += self._updates.records(self._capture.plans, step)
         self._log.write(step, written)
         if self.stop_on_nonfinite:
             nonfinite = [tag for tag, values, _ in written if records.stats_has_nonfinite(tag, values)]

@@ -36,12 +36,13 @@ import numpy as np
 
 from tb_gradviz import records
 from tb_gradviz import routing_map
+from tb_gradviz import weights as weights_module
 from tb_gradviz.selection import pooling_description
 
 BACKENDS = ("tensorflow", "jax", "torch")
 
 
-def new_capture(model, chosen, loss=None, training=True, statistics=None, routing_map=None):
+def new_capture(model, chosen, loss=None, training=True, statistics=None, routing_map=None, weights=False):
     """Returns the probe pass of `model` for the Keras backend in use.
 
     Args:
@@ -54,6 +55,8 @@ def new_capture(model, chosen, loss=None, training=True, statistics=None, routin
         CPU, `kernels` on the host).
       routing_map: None, or the `routing_map.Settings` of the pooling
         layers' routing maps.
+      weights: also record each chosen layer's trainable weights and the
+        gradients w.r.t. them (`weights.chosen_weights`), in the same pass.
 
     Raises:
       ValueError: Keras runs on a backend tb_gradviz does not support.
@@ -67,6 +70,7 @@ def new_capture(model, chosen, loss=None, training=True, statistics=None, routin
     module = importlib.import_module(f"tb_gradviz.backends.{name}")
     probe = module.LayerCapture(model, chosen, loss=loss, training=training, statistics=statistics)
     probe.map_settings = routing_map
+    probe.weights = weights_module.chosen_weights(probe.chosen) if weights else {}
     return probe
 
 
@@ -111,6 +115,11 @@ class ProbePass:
         self._loss = loss
         self.plans = None  # the LayerPlans, known once the pass has run
         self.map_settings = None  # routing_map.Settings, or None for no routing maps
+        self.weights = {}  # path -> [(name, variable)] recorded (`weights.chosen_weights`)
+
+    def weights_of(self, path):
+        """The `(name, variable)`s the layer at `path` records (none without `weights=True`)."""
+        return self.weights.get(path, [])
 
 
 @dataclass
@@ -188,6 +197,7 @@ class TensorPlan:
     shape: list
     dtype: str
     loss_scaled: bool = False  # a gradient taken on the loss times the optimizer's loss scale
+    weight: str = None  # for the weight roles, the weight's name (`weights.chosen_weights`)
 
 
 @dataclass
@@ -201,6 +211,7 @@ class LayerPlan:
     device: str = None  # where the pass ran, e.g. "cpu" or "cuda:0"
     units_axis: int = None  # the channel axis of the first activation, when a units record is written
     map_cut: dict = None  # where the routing map is cut (`routing_map.layout`), when one is written
+    weights: list = field(default_factory=list)  # the `(name, variable)`s recorded, in tensor order
 
     @property
     def content(self):
@@ -218,7 +229,7 @@ class LayerPlan:
         return content
 
 
-def layer_plan(chosen, recording, shapes_and_dtypes, loss_scaled, device=None, map_settings=None):
+def layer_plan(chosen, recording, shapes_and_dtypes, loss_scaled, device=None, map_settings=None, weights=()):
     """Returns the `LayerPlan` of a layer whose call was recorded.
 
     Args:
@@ -228,9 +239,10 @@ def layer_plan(chosen, recording, shapes_and_dtypes, loss_scaled, device=None, m
       loss_scaled: whether the gradients are taken on a scaled loss.
       device: where the pass ran, for the metadata.
       map_settings: `routing_map.Settings`, or None for no routing map.
+      weights: the `(name, variable)`s the layer records.
 
     The tensors are, in order: the activations (outputs), the input gradients,
-    the output gradients.
+    the output gradients, the weights, the weight gradients.
     """
     plan = LayerPlan(chosen, [], pooling_description(chosen.layer), device=device)
     groups = (
@@ -244,6 +256,16 @@ def layer_plan(chosen, recording, shapes_and_dtypes, loss_scaled, device=None, m
             name = records.tensor_name(role, i, len(forward))
             scaled = loss_scaled and role != records.ACTIVATION
             plan.tensors.append(TensorPlan(name, role, i, list(shape), dtype, loss_scaled=scaled))
+    plan.weights = list(weights)
+    for role in records.WEIGHT_ROLES:
+        for i, (weight, variable) in enumerate(plan.weights):
+            plan.tensors.append(
+                TensorPlan(
+                    records.weight_tensor_name(role, weight), role, i, list(variable.shape),
+                    keras.backend.standardize_dtype(variable.dtype),
+                    loss_scaled=loss_scaled and role == records.WEIGHT_GRADIENT, weight=weight,
+                )
+            )
     plan.has_routing = plan.pooling is not None and len(recording.inputs) == 1 and len(recording.outputs) == 1
     if plan.has_routing and map_settings is not None:
         input_shape = shapes_and_dtypes(recording.inputs[0])[0]

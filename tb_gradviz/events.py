@@ -18,7 +18,15 @@ from tensorboard.compat.proto import event_pb2, summary_pb2, tensor_pb2, tensor_
 
 from tb_gradviz import metadata
 from tb_gradviz import storage
-from tb_gradviz.records import histogram_tag, log_edges_description, routing_map_tag, routing_tag, stats_tag, units_tag
+from tb_gradviz.records import (
+    histogram_tag,
+    log_edges_description,
+    routing_map_tag,
+    routing_tag,
+    stats_tag,
+    units_tag,
+    update_tag,
+)
 
 
 def _tensor_proto(array):
@@ -229,3 +237,9 @@ def routing_map_records(layer, routing_map, content):
     """Returns the `(tag, array, metadata)` record of a pooling layer's routing map (float32)."""
     map_content = dict(content, kind=metadata.KIND_ROUTING_MAP, layer=layer)
     return [(routing_map_tag(layer), routing_map, metadata.create_summary_metadata(map_content))]
+
+
+def update_records(layer, weight, update, content):
+    """Returns the `(tag, array, metadata)` record of a weight's update size (`records.update_vector`)."""
+    update_content = dict(content, kind=metadata.KIND_UPDATE, layer=layer)
+    return [(update_tag(layer, weight), update, metadata.create_summary_metadata(update_content))]

@@ -23,7 +23,8 @@ KIND_TENSOR = "tensor"
 KIND_ROUTING = "routing"
 KIND_UNITS = "units"
 KIND_ROUTING_MAP = "routing_map"
-KINDS = (KIND_TENSOR, KIND_ROUTING, KIND_UNITS, KIND_ROUTING_MAP)
+KIND_UPDATE = "update"
+KINDS = (KIND_TENSOR, KIND_ROUTING, KIND_UNITS, KIND_ROUTING_MAP, KIND_UPDATE)
 
 
 class NewerVersionError(ValueError):
@@ -117,6 +118,8 @@ def _valid_content(content):
         return common
     if content["kind"] == KIND_UNITS:
         return _is_str(content.get("tensor")) and _is_int(content.get("channel_axis"))
+    if content["kind"] == KIND_UPDATE:
+        return _is_str(content.get("tensor")) and _is_str(content.get("weight"))
     if content["kind"] == KIND_ROUTING_MAP:
         boxes = {"map": ("height", "width"), "crop": ("row", "col", "height", "width"),
                  "windows": ("row", "col", "rows", "cols")}
@@ -131,4 +134,5 @@ def _valid_content(content):
         and _is_str(content.get("histogram_tag"))
         and _is_shape(content.get("shape"))
         and _is_str(content.get("dtype", ""))
+        and _is_str(content.get("weight", ""))
     )

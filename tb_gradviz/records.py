@@ -100,12 +100,35 @@ UNITS_LENGTH = len(UNITS_FIELDS) + UNITS_LISTED
 ACTIVATION = "activation"
 INPUT_GRADIENT = "input_gradient"
 OUTPUT_GRADIENT = "output_gradient"
-ROLES = (ACTIVATION, INPUT_GRADIENT, OUTPUT_GRADIENT)
+TENSOR_ROLES = (ACTIVATION, INPUT_GRADIENT, OUTPUT_GRADIENT)  # what every chosen layer records
+# With `weights=True`, per trainable weight of a layer (kernel, bias, gamma,
+# beta): its values, and the gradient of the probe loss w.r.t. it.
+WEIGHT = "weight"
+WEIGHT_GRADIENT = "weight_gradient"
+WEIGHT_ROLES = (WEIGHT, WEIGHT_GRADIENT)
+ROLES = (*TENSOR_ROLES, *WEIGHT_ROLES)
+# The roles whose values are gradients of the (possibly loss-scaled) probe loss.
+GRADIENT_ROLES = (INPUT_GRADIENT, OUTPUT_GRADIENT, WEIGHT_GRADIENT)
+
+# Per trainable weight, from the second log event on, `gradviz/<layer>/update/<weight>`:
+# how far the weight moved since the previous log event.
+UPDATE_FIELDS = (
+    "weight_norm",  # |w|, the Euclidean norm of the weight now
+    "update_norm",  # |w - w_previous|, w_previous being the weight at the previous log event
+    "update_ratio",  # update_norm / weight_norm (NaN when both are 0, inf when only the weight is)
+    "steps",  # optimizer steps between the two log events
+)
+UPDATE_WEIGHT_NORM, UPDATE_NORM, UPDATE_RATIO, UPDATE_STEPS = range(len(UPDATE_FIELDS))
 
 
 def tensor_name(role, index, count):
     """Returns the tensor's name in tags: the role, with `_<index>` when a layer has several."""
     return role if count == 1 else f"{role}_{index}"
+
+
+def weight_tensor_name(role, weight):
+    """Returns a weight tensor's name in tags: `weight/<weight>` or `weight_gradient/<weight>`."""
+    return f"{role}/{weight}"
 
 
 def histogram_tag(layer, tensor):
@@ -126,6 +149,10 @@ def units_tag(layer):
 
 def routing_map_tag(layer):
     return f"{TAG_PREFIX}/{layer}/routing_map"
+
+
+def update_tag(layer, weight):
+    return f"{TAG_PREFIX}/{layer}/update/{weight}"
 
 
 def stats_has_nonfinite(tag, values):
@@ -299,6 +326,30 @@ def decode_units(vector):
         "dead_channels": int(vector[1]),
         "listed": listed[np.isfinite(listed)].astype(np.int64).tolist(),
     }
+
+
+UPDATE = Layout("update", (len(UPDATE_FIELDS),), lambda values: values[:, UPDATE_STEPS])
+
+
+def update_sums(current, previous):
+    """Returns `(sum(current**2), sum((current - previous)**2))` in float64: the squared norms of an update record."""
+    current = np.asarray(current, dtype=np.float64)
+    delta = current - np.asarray(previous, dtype=np.float64)
+    return float(np.sum(current * current)), float(np.sum(delta * delta))
+
+
+def update_vector(weight_norm, update_norm, steps):
+    """Returns the update record of a weight from its norm, its change's norm and the steps between."""
+    weight_norm, update_norm = float(weight_norm), float(update_norm)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = np.float64(update_norm) / np.float64(weight_norm)
+    return np.array([weight_norm, update_norm, ratio, steps], dtype=np.float64)
+
+
+def update_columns(values):
+    """Decodes `[n, len(UPDATE_FIELDS)]` update records column-wise: `{field: [n] float64 array}`."""
+    values = np.asarray(values, dtype=np.float64).reshape(-1, len(UPDATE_FIELDS))
+    return {name: values[:, i] for i, name in enumerate(UPDATE_FIELDS)}
 
 
 class _RoutingMapLayout:

@@ -92,7 +92,7 @@ def pool_records(rng, name, index, batch=2, size=8, channels=4, step=0):
     activation, input_gradient, routing = max_pool_2x2(inputs, output_gradient)
     layer_content = {"layer_index": index, "layer_class": "MaxPooling2D", "layer_dtype": "float32", "pooling": _POOL_2X2}
     result = []
-    for role, array in zip(records.ROLES, (activation, input_gradient, output_gradient)):
+    for role, array in zip(records.TENSOR_ROLES, (activation, input_gradient, output_gradient)):
         content = dict(layer_content, role=role, index=0, shape=list(array.shape), dtype="float32")
         result += events.tensor_records(name, role, records.linear_histogram(array), records.stats_vector(array), content)
     return result + events.routing_records(name, routing, layer_content)

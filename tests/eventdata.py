@@ -1,5 +1,6 @@
 """Reads event files back for tests, through TensorBoard's own event reader."""
 
+import pytest
 from tensorboard.backend.event_processing import event_accumulator
 from tensorboard.util import tensor_util
 
@@ -51,3 +52,15 @@ def layers(accumulator):
             c = content(accumulator, tag)
             found[c["layer"]] = c["layer_index"]
     return sorted(found, key=found.get)
+
+
+def assert_record_matches(log, layer, tensor, array, rel=1e-6, abs=1e-12):
+    """Asserts that the last records of `layer`'s `tensor` are those of `array` (sums to `rel` or `abs`)."""
+    logged = stats(log, layer, tensor)
+    expected = records.decode_stats(records.stats_vector(array))
+    for field in ("count", "zeros", "nan", "pos_inf", "neg_inf"):
+        assert logged[field] == expected[field], (tensor, field)
+    for field in ("min", "max", "mean", "std", "sum"):
+        assert logged[field] == pytest.approx(expected[field], rel=rel, abs=abs), (tensor, field)
+    counts = histogram(log, layer, tensor)[:, 2]
+    assert counts.sum() == expected["count"] - expected["nan"] - expected["pos_inf"] - expected["neg_inf"]

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs everything the tests need on a fresh machine, then runs them all:
 # the whole suite on Keras' TensorFlow backend, then the cross-backend tests
-# (tests/test_backends.py) on JAX and on PyTorch.
+# (tests/test_backends.py, tests/test_weights.py) on JAX and on PyTorch.
 # Usage: bash tests/run.sh [pytest args]   (with args: one pytest run, on $KERAS_BACKEND)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -22,6 +22,6 @@ export TF_CPP_MIN_LOG_LEVEL=3
 if [ "$#" -gt 0 ]; then
   exec python3 -m pytest -q "$@"
 fi
-KERAS_BACKEND=jax python3 -m pytest -q -p no:cacheprovider tests/test_backends.py
-KERAS_BACKEND=torch python3 -m pytest -q -p no:cacheprovider tests/test_backends.py
+KERAS_BACKEND=jax python3 -m pytest -q -p no:cacheprovider tests/test_backends.py tests/test_weights.py
+KERAS_BACKEND=torch python3 -m pytest -q -p no:cacheprovider tests/test_backends.py tests/test_weights.py
 KERAS_BACKEND=tensorflow exec python3 -m pytest -q

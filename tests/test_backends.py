@@ -15,39 +15,12 @@ import pytest
 keras = pytest.importorskip("keras")
 
 import eventdata  # noqa: E402
+from autodiff import BACKEND, gradients, numpy  # noqa: E402
 from values import awkward_rows  # noqa: E402
 from tb_gradviz import GradVizCallback  # noqa: E402
 from tb_gradviz import records, routing_map  # noqa: E402
 
 layers = keras.layers
-BACKEND = keras.backend.backend()
-
-
-def gradients(f, argument):
-    """`(f(argument), d f / d argument)` as numpy, in the backend's own autodiff."""
-    if BACKEND == "tensorflow":
-        import tensorflow as tf
-
-        argument = tf.convert_to_tensor(argument)
-        with tf.GradientTape() as tape:
-            tape.watch(argument)
-            value = f(argument)
-        return np.asarray(value), tape.gradient(value, argument).numpy()
-    if BACKEND == "jax":
-        import jax
-
-        value, grad = jax.value_and_grad(f)(keras.ops.convert_to_tensor(argument))
-        return np.asarray(value), np.asarray(grad)
-    import torch
-
-    argument = keras.ops.convert_to_tensor(argument).detach().requires_grad_(True)
-    value = f(argument)
-    (grad,) = torch.autograd.grad(value, argument)
-    return value.detach().float().cpu().numpy(), grad.float().cpu().numpy()
-
-
-def numpy(t):
-    return keras.ops.convert_to_numpy(keras.ops.cast(t, "float32") if "bfloat16" in str(t.dtype) else t)
 
 
 def conv_pool_model(pool, seed=1):
@@ -66,17 +39,6 @@ def fit_once(model, x, y, log_dir, **kwargs):
     return callback
 
 
-def assert_record_matches(log, layer, tensor, array, rel=1e-6):
-    logged = eventdata.stats(log, layer, tensor)
-    expected = records.decode_stats(records.stats_vector(array))
-    for field in ("count", "zeros", "nan", "pos_inf", "neg_inf"):
-        assert logged[field] == expected[field], (tensor, field)
-    for field in ("min", "max", "mean", "std", "sum"):
-        assert logged[field] == pytest.approx(expected[field], rel=rel, abs=1e-12), (tensor, field)
-    histogram = eventdata.histogram(log, layer, tensor)
-    assert histogram[:, 2].sum() == expected["count"] - expected["nan"] - expected["pos_inf"] - expected["neg_inf"]
-
-
 def test_maxpool_records_equal_the_frameworks_own_gradients(tmp_path):
     pool = layers.MaxPooling2D(2, name="pool")
     model, conv, head = conv_pool_model(pool)
@@ -92,9 +54,9 @@ def test_maxpool_records_equal_the_frameworks_own_gradients(tmp_path):
     _, output_gradient = gradients(lambda a: mse(y, head(layers.Flatten()(a))), activation)
 
     log = eventdata.load(tmp_path)
-    assert_record_matches(log, "pool", "activation", activation)
-    assert_record_matches(log, "pool", "input_gradient", input_gradient)
-    assert_record_matches(log, "pool", "output_gradient", output_gradient)
+    eventdata.assert_record_matches(log, "pool", "activation", activation)
+    eventdata.assert_record_matches(log, "pool", "input_gradient", input_gradient)
+    eventdata.assert_record_matches(log, "pool", "output_gradient", output_gradient)
     routing = eventdata.routing(log, "pool")
     assert routing["input_positions"] == input_gradient.size == 4 * 10 * 10 * 6
     assert routing["windows"] == activation.size == 4 * 5 * 5 * 6
@@ -193,7 +155,7 @@ def test_nested_model_layers_are_reached_by_path(tmp_path):
     pool, gap, dense = inner.get_layer("pool"), model.get_layer("gap"), model.get_layer("dense")
     mse = keras.losses.MeanSquaredError()
     _, expected = gradients(lambda p: mse(y, dense(gap(pool(p)))), pool_input)
-    assert_record_matches(log, "block/pool", "input_gradient", expected)
+    eventdata.assert_record_matches(log, "block/pool", "input_gradient", expected)
     routing = eventdata.routing(log, "gap")
     assert routing["routed_positions"] == routing["input_positions"] == 4 * 4 * 4 * 4
 

@@ -74,7 +74,7 @@ def test_summary_shows_the_two_tensors_of_each_pool_at_the_last_step(logdir):
     assert (status, err) == (0, "")
     assert "run max  (step 4)" in out and "run avg  (step 4)" in out
     rows = {(r["layer"], r["tensor"]): r for r in table_rows(out, "max")}
-    assert set(rows) == {("pool", t) for t in records.ROLES}
+    assert set(rows) == {("pool", t) for t in records.TENSOR_ROLES}
     gradient = rows[("pool", "input_gradient")]
     assert gradient["shape"] == "4x8x8x3" and rows[("pool", "activation")]["shape"] == "4x4x4x3"
     assert gradient["zeros %"] == "75.00" and gradient["routed %"] == "25.00" and gradient["max routed %"] == "25.00"
@@ -114,7 +114,7 @@ def test_export_json_is_valid_json_with_every_series(logdir):
     data = json.loads(out)
     assert data["format_version"] == 1
     assert [(s["run"], s["layer"], s["tensor"], s["steps"]) for s in data["series"]] == [
-        ("avg", "pool", t, [2, 4]) for t in records.ROLES
+        ("avg", "pool", t, [2, 4]) for t in records.TENSOR_ROLES
     ]
     assert np.isnan(data["series"][1]["routing"]["tied_windows"][0])  # NaN survives as NaN
 

@@ -321,7 +321,7 @@ def _write_run_with_layer_name(run_dir, layer, steps=3):
             input_gradient = np.zeros((2, 8, 8, 3))
             input_gradient[:, ::2, ::2, :] = output_gradient
             written = []
-            for role, array in zip(records.ROLES, (activation, input_gradient, output_gradient)):
+            for role, array in zip(records.TENSOR_ROLES, (activation, input_gradient, output_gradient)):
                 content = dict(common, role=role, index=0, shape=list(array.shape), dtype="float32")
                 written += events.tensor_records(layer, role, records.linear_histogram(array), records.stats_vector(array), content)
             routing = np.array([input_gradient.size, activation.size, activation.size, 0,

@@ -160,3 +160,19 @@ def test_equal_values_fill_the_last_bucket_as_tensorboards_own_histogram():
         np.testing.assert_array_equal(records.linear_histogram(values), theirs)
         histogram, _ = kernels.summary(values.astype(np.float32))
         np.testing.assert_array_equal(histogram, theirs)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_update_sums_equal_the_definition_and_leave_the_current_values_in_previous(dtype):
+    rng = np.random.default_rng(5)
+    current = rng.normal(size=(3, 3, 16, 32)).astype(dtype)
+    previous = (current + rng.normal(scale=1e-3, size=current.shape)).astype(dtype)
+    expected = records.update_sums(current, previous)
+    kept = previous.copy()
+    weight, update = kernels.update_sums(current, kept)
+    assert weight == pytest.approx(expected[0], rel=1e-12)
+    assert update == pytest.approx(expected[1], rel=1e-12)
+    assert expected[1] == pytest.approx(float(np.sum((current.astype(np.float64) - previous) ** 2)), rel=1e-12)
+    np.testing.assert_array_equal(kept, current)
+    with pytest.raises(ValueError, match=r"contiguous float32 array of 4608 values; received float64, 4608"):
+        kernels.update_sums(current.astype(np.float32), previous.astype(np.float64))

@@ -25,7 +25,7 @@ def test_large_run_reads_back_with_metadata_and_every_step(tmp_path):
     accumulator = eventdata.load(tmp_path / "run")
     assert eventdata.layers(accumulator) == names
     for name in names:
-        for tensor in records.ROLES:
+        for tensor in records.TENSOR_ROLES:
             stats = eventdata.values(accumulator, records.stats_tag(name, tensor))
             assert [step for step, _ in stats] == list(range(10, 17))
             # Variants alternate: steps 10, 12, ... hold the same record.

@@ -66,12 +66,17 @@ class LayerCapture(capture.ProbePass):
             state, x, y, sample_weight, scale = jax.device_put((state, x, y, sample_weight, scale), device)
         if self._pass is None:
             self._plan(state, x, y, sample_weight, scale)
-        activations, gradients, routing_counts, units, maps = self._pass(self._zeros, state, x, y, sample_weight, scale)
+        activations, gradients, weight_gradients, routing_counts, units, maps = self._pass(
+            self._zeros, state, x, y, sample_weight, scale
+        )
         maps = [assemble.host_map(slices, divisor) for slices in maps]
         self.devices = sorted(str(d) for d in jax.tree_util.tree_leaves(activations)[0].devices())
         tensors = []
-        for layer_activations, (input_grads, output_grads) in zip(activations, gradients):
-            tensors += [*layer_activations, *input_grads, *output_grads]
+        for layer_activations, (input_grads, output_grads), indices, weight_grads in zip(
+            activations, gradients, self._weight_indices, weight_gradients
+        ):
+            weights = [state[0][i] for i in indices]
+            tensors += [*layer_activations, *input_grads, *output_grads, *weights, *weight_grads]
         counts = [tuple(np.nan if c is None else int(c) for c in layer) for layer in routing_counts]
         if self.statistics == "host":
             return assemble.host_records(
@@ -121,12 +126,15 @@ class LayerCapture(capture.ProbePass):
         self._skipped = [c.path for c, (_, outs) in zip(self.chosen, layer_shapes) if not outs]
         self._zeros = [[jnp.zeros(shape, dtype) for shape, dtype in ins + outs] for _, ins, outs in called]
         device = str(jax.devices()[0].platform)
+        # Where each recorded weight is in `model.trainable_variables`, per called layer.
+        position = {id(v): i for i, v in enumerate(self.model.trainable_variables)}
+        self._weight_indices = [[position[id(v)] for _, v in self.weights_of(c.path)] for c in self._called]
         self.plans = []
         for c, ins, outs in called:
             recording = capture.Recording(inputs=list(ins), outputs=list(outs))
             plan = capture.layer_plan(
                 c, recording, lambda spec: (list(spec[0]), jnp.dtype(spec[1]).name), scale is not None, device=device,
-                map_settings=self.map_settings,
+                map_settings=self.map_settings, weights=self.weights_of(c.path),
             )
             self.plans.append(plan)
         self._pass = jax.jit(self._pass_fn)
@@ -156,7 +164,13 @@ class LayerCapture(capture.ProbePass):
     def _pass_fn(self, zeros, state, x, y, sample_weight, scale):
         self.tracing_count += 1
 
-        def loss_of(zeros):
+        recorded = [i for indices in self._weight_indices for i in indices]
+
+        def loss_of(zeros, weights):
+            # The recorded weights are arguments, so that their gradients come from this backward pass.
+            trainable = list(state[0])
+            for i, w in zip(recorded, weights):
+                trainable[i] = w
             by_path = {c.path: iter(z) for c, z in zip(self._called, zeros)}
 
             def wraps(path):
@@ -165,12 +179,16 @@ class LayerCapture(capture.ProbePass):
                 return add, add
 
             with capture.recording_calls(self._called, _is_float, wraps) as recordings:
-                loss = self._loss_value(state, x, y, sample_weight, scale)
+                loss = self._loss_value((trainable, *state[1:]), x, y, sample_weight, scale)
             activations = [recordings[c.path].outputs for c in self._called]
             pool_inputs = [recordings[c.path].inputs[0] if p.has_routing else None for c, p in zip(self._called, self.plans)]
             return loss, (activations, pool_inputs)
 
-        (_, (activations, pool_inputs)), zero_grads = jax.value_and_grad(loss_of, has_aux=True)(zeros)
+        (_, (activations, pool_inputs)), (zero_grads, recorded_grads) = jax.value_and_grad(
+            loss_of, argnums=(0, 1), has_aux=True
+        )(zeros, [state[0][i] for i in recorded])
+        recorded_grads = iter(recorded_grads)
+        weight_gradients = [[next(recorded_grads) for _ in indices] for indices in self._weight_indices]
         gradients = []
         for plan, grads in zip(self.plans, zero_grads):
             inputs = sum(t.role == records.INPUT_GRADIENT for t in plan.tensors)
@@ -186,7 +204,7 @@ class LayerCapture(capture.ProbePass):
             for p, x, g in zip(self.plans, pool_inputs, gradients)
             if p.map_cut is not None
         ]
-        return activations, gradients, routing_counts, units, maps
+        return activations, gradients, weight_gradients, routing_counts, units, maps
 
 
 def _chunk_sums(chunks, scaled, tensors, divisor):

@@ -174,8 +174,11 @@ class LayerCapture(capture.ProbePass):
         called = [(c, recordings[c.path]) for c in self.chosen if recordings[c.path].outputs]
         self._skipped = [c.path for c in self.chosen if not recordings[c.path].outputs]
         sources = [t for _, rec in called for t in rec.inputs + rec.outputs]
+        # The weights' gradients come from the same backward pass, after the tensors'.
+        variables = [v.value for c, _ in called for _, v in self.weights_of(c.path)]
         sole_inputs = _sole_inputs_of_outputs(rec for _, rec in called)
-        gradients = tape.gradient(loss, sources, unconnected_gradients=tf.UnconnectedGradients.ZERO)
+        gradients = tape.gradient(loss, sources + variables, unconnected_gradients=tf.UnconnectedGradients.ZERO)
+        weight_gradients = iter(gradients[len(sources) :])
         accelerators = [d for d in tf.config.list_logical_devices() if d.device_type != "CPU"]
         device = accelerators[0].device_type.lower() if accelerators else "cpu"
 
@@ -189,14 +192,16 @@ class LayerCapture(capture.ProbePass):
         for c, rec in called:
             input_grads = [next(g) for _ in rec.inputs]
             output_grads = [next(g) for _ in rec.outputs]
+            weights = self.weights_of(c.path)
             plan = capture.layer_plan(
                 c, rec, lambda t: (t.shape.as_list(), t.dtype.name), scale is not None, device=device,
-                map_settings=self.map_settings,
+                map_settings=self.map_settings, weights=weights,
             )
-            tensors = rec.outputs + input_grads + output_grads
-            forward = rec.outputs + rec.inputs + rec.outputs
+            values = [v.value.read_value() for _, v in weights]
+            tensors = rec.outputs + input_grads + output_grads + values + [next(weight_gradients) for _ in weights]
+            forward = rec.outputs + rec.inputs + rec.outputs + [None] * (2 * len(weights))
             for t, forward_t, tensor_plan in zip(tensors, forward, plan.tensors):
-                divisor = None if tensor_plan.role == records.ACTIVATION else scale
+                divisor = scale if tensor_plan.role in records.GRADIENT_ROLES else None
                 producer = sole_inputs.get(id(forward_t)) if tensor_plan.role == records.INPUT_GRADIENT else None
                 if producer is not None:
                     same_as_output[len(item_of_tensor)] = producer

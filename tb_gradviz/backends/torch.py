@@ -65,20 +65,27 @@ class LayerCapture(capture.ProbePass):
                     # gradients underflow (or overflow) exactly as in training.
                     loss = loss * scale
                 called = [c for c in self.chosen if recordings[c.path].outputs]
+                # The weights' gradients come from the same backward pass, after the zeros'.
                 sources = [z for c in called for z in zeros[c.path]]
+                sources += [v.value for c in called for _, v in self.weights_of(c.path)]
                 gradients = torch.autograd.grad(loss, sources, allow_unused=True)
                 gradients = iter(torch.zeros_like(z) if g is None else g for z, g in zip(sources, gradients))
                 tensors, routing_counts, units, maps, self.plans = [], [], [], [], []
                 device = str(loss.device)
+                layer_gradients = []
                 for c in called:
                     rec = recordings[c.path]
+                    layer_gradients.append(([next(gradients) for _ in rec.inputs], [next(gradients) for _ in rec.outputs]))
+                for c, (input_grads, output_grads) in zip(called, layer_gradients):
+                    rec = recordings[c.path]
+                    weights = self.weights_of(c.path)
                     plan = capture.layer_plan(
                         c, rec, lambda t: (list(t.shape), str(t.dtype).removeprefix("torch.")), scale is not None, device,
-                        map_settings=self.map_settings,
+                        map_settings=self.map_settings, weights=weights,
                     )
-                    input_grads = [next(gradients) for _ in rec.inputs]
-                    output_grads = [next(gradients) for _ in rec.outputs]
-                    tensors += [t.detach() for t in (*rec.outputs, *input_grads, *output_grads)]
+                    values = [v.value for _, v in weights]
+                    weight_grads = [next(gradients) for _ in weights]
+                    tensors += [t.detach() for t in (*rec.outputs, *input_grads, *output_grads, *values, *weight_grads)]
                     if plan.has_routing:
                         routing_counts.append(_routing_counts(c.layer.call, rec.inputs[0], plan.pooling))
                     if plan.units_axis is not None:

@@ -1,0 +1,105 @@
+"""The weight side of the probe pass (`weights=True`): which weights, and how far they moved.
+
+Each backend's pass takes the gradient of the probe loss w.r.t. the chosen
+layers' trainable weights in the same backward pass as the activation
+gradients, and summarises the weights and their gradients like any other
+tensor (`capture.layer_plan` plans them). What is the same on every backend
+lives here, in `keras.ops`: which layer records which weight
+(`chosen_weights`), and the update size since the previous log event
+(`Updates`).
+"""
+
+import keras
+import numpy as np
+
+from tb_gradviz import assemble
+from tb_gradviz import events
+from tb_gradviz import records
+
+
+def chosen_weights(chosen):
+    """Returns `{path: [(name, variable)]}`: the trainable weights each chosen layer records.
+
+    A weight is recorded once, by the deepest chosen layer that holds it: a
+    nested model and its Conv2D both hold the Conv2D's kernel, and when both
+    are chosen the Conv2D records it. `name` is the weight's path below its
+    layer (`kernel`, or `query/kernel` for a layer that holds layers), made
+    unique within the layer. A frozen layer (`trainable=False`) has none.
+    """
+    by_depth = sorted(chosen, key=lambda c: c.path.count("/"), reverse=True)
+    owner = {}
+    for c in by_depth:
+        for variable in c.layer.trainable_weights:
+            owner.setdefault(id(variable), c.path)
+    result = {}
+    for c in chosen:
+        own = [v for v in c.layer.trainable_weights if owner[id(v)] == c.path]
+        names, seen = [], set()
+        for v in own:
+            name = _relative_name(v, c.layer)
+            unique, k = name, 1
+            while unique in seen:
+                unique, k = f"{name}_{k}", k + 1
+            seen.add(unique)
+            names.append(unique)
+        result[c.path] = list(zip(names, own))
+    return result
+
+
+def _relative_name(variable, layer):
+    prefix = f"{getattr(layer, 'path', layer.name)}/"
+    path = getattr(variable, "path", variable.name)
+    return path[len(prefix) :] if path.startswith(prefix) else variable.name
+
+
+class Updates:
+    """How far each recorded weight moved between two log events: `|w - w_previous| / |w|`.
+
+    Keeps one host copy of each recorded weight, taken at the previous log
+    event, in the weight's dtype (float16 and bfloat16 widened to float32):
+    as much memory as the recorded weights themselves (ResNet50 with every
+    layer chosen: 25.6M float32 values, 102 MB; its pooling layers alone:
+    none), and never more, since each copy is overwritten in place. On the
+    host, because frameworks update weights in place (TensorFlow's XLA train
+    step) or free their buffers (JAX donates them), and so that the norms
+    are summed in float64; an accelerator sends the weights once per log
+    event. `kernels.update_sums` reads each weight and rewrites its copy in
+    one pass.
+    """
+
+    def __init__(self):
+        self._previous = {}  # id(variable) -> (variable, step, host copy)
+
+    def records(self, plans, step):
+        """Returns the update records (`records.UPDATE_FIELDS`) of the plans' weights at `step`.
+
+        A weight's first log event gives no record (there is nothing to
+        compare with); it takes the copy the next one compares with.
+        """
+        result = []
+        for plan in plans:
+            for name, variable in plan.weights:
+                current = np.asarray(keras.ops.convert_to_numpy(variable))
+                if current.dtype not in (np.float32, np.float64):
+                    current = current.astype(np.float32)
+                kept = self._previous.get(id(variable))
+                if kept is None or kept[2].shape != current.shape or kept[2].dtype != current.dtype:
+                    self._previous[id(variable)] = (variable, step, np.array(current, order="C"))
+                    continue
+                weight_squares, update_squares = _update_sums(current, kept[2])
+                self._previous[id(variable)] = (variable, step, kept[2])
+                vector = records.update_vector(np.sqrt(weight_squares), np.sqrt(update_squares), step - kept[1])
+                content = dict(plan.content, weight=name, tensor=records.weight_tensor_name(records.WEIGHT, name))
+                result += events.update_records(plan.chosen.path, name, vector, content)
+        return result
+
+
+def _update_sums(current, previous):
+    """`records.update_sums`, fused by `kernels` when numba is there; `previous` then holds `current`."""
+    if assemble.numba_available():
+        from tb_gradviz import kernels
+
+        return kernels.update_sums(current, previous)
+    sums = records.update_sums(current, previous)
+    previous[...] = current
+    return sums
