@@ -35,7 +35,7 @@ def layer_index(run, time_series_by_tag, skip_warning):
     Returns:
       `{layer: {"info": content, "tensors": {tensor: (tag, content, series)},
       "routing": (tag, content, series) or None, "units", "routing_map":
-      likewise}}`,
+      likewise, "updates": {weight: (tag, content, series)}}}`,
       without layers that have no tensor.
     """
     layers = {}
@@ -47,7 +47,8 @@ def layer_index(run, time_series_by_tag, skip_warning):
         if content is None:
             continue
         layer = layers.setdefault(
-            content["layer"], {"info": content, "tensors": {}, "routing": None, "units": None, "routing_map": None}
+            content["layer"],
+            {"info": content, "tensors": {}, "routing": None, "units": None, "routing_map": None, "updates": {}},
         )
         if content["kind"] == metadata.KIND_ROUTING:
             layer["routing"] = (tag, content, time_series)
@@ -55,6 +56,8 @@ def layer_index(run, time_series_by_tag, skip_warning):
             layer["units"] = (tag, content, time_series)
         elif content["kind"] == metadata.KIND_ROUTING_MAP:
             layer["routing_map"] = (tag, content, time_series)
+        elif content["kind"] == metadata.KIND_UPDATE:
+            layer["updates"][content["weight"]] = (tag, content, time_series)
         else:
             layer["tensors"][content["tensor"]] = (tag, content, time_series)
     return {name: layer for name, layer in layers.items() if layer["tensors"]}

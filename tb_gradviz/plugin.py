@@ -168,6 +168,7 @@ class GradVizPlugin(base_plugin.TBPlugin):
             "/routing": self._json_route(self.routing_impl, ("run", "layer")),
             "/step": self._json_route(self.step_impl, ("run",), ("step", "ratio")),
             "/routing_map": self._json_route(self.routing_map_impl, ("run", "layer"), ("step",)),
+            "/updates": self._json_route(self.updates_impl, ("run", "layer")),
             _STATIC_ROUTE + "/*": self._serve_static,
         }
 
@@ -278,6 +279,11 @@ class GradVizPlugin(base_plugin.TBPlugin):
                 "stats": run_store.read_at(stats_series, records.STATS, limit),
                 "routing": run_store.read_at(series_of("routing"), records.ROUTING, limit),
                 "units": run_store.read_at(series_of("units"), records.UNITS, limit),
+                "updates": run_store.read_at(
+                    {tag: ts for layer in layers.values() for tag, _, ts in layer["updates"].values()},
+                    records.UPDATE,
+                    limit,
+                ),
             },
             limit,
             ratio,
@@ -285,6 +291,25 @@ class GradVizPlugin(base_plugin.TBPlugin):
         if body is None:
             raise errors.NotFoundError(f"run {run!r} has no step <= {limit}")
         return body
+
+    def updates_impl(self, ctx, experiment, run, layer):
+        """Returns the `/updates` body: how far each weight of a layer moved between log events.
+
+        Args:
+          ctx: the request's `tensorboard.context.RequestContext`.
+          experiment: the experiment id.
+          run, layer: names as `/runs` gives them.
+
+        Returns:
+          A dict as described in docs/API.md.
+
+        Raises:
+          NotFoundError: no such run or layer, or the layer has no update records.
+        """
+        run_store = self._store(ctx, experiment, run)
+        found = run_store.updates(layer)
+        series = run_store.read({tag: time_series for tag, _, time_series in found.values()}, records.UPDATE)
+        return responses.updates_body(run, layer, {weight: series[tag] for weight, (tag, _, _) in found.items()})
 
     def routing_map_impl(self, ctx, experiment, run, layer, step=None):
         """Returns the `/routing_map` body: a pooling layer's routing map at its latest step `<= step`.

@@ -116,9 +116,9 @@ UPDATE_FIELDS = (
     "weight_norm",  # |w|, the Euclidean norm of the weight now
     "update_norm",  # |w - w_previous|, w_previous being the weight at the previous log event
     "update_ratio",  # update_norm / weight_norm (NaN when both are 0, inf when only the weight is)
-    "steps",  # optimizer steps between the two log events
+    "interval",  # optimizer steps between the two log events
 )
-UPDATE_WEIGHT_NORM, UPDATE_NORM, UPDATE_RATIO, UPDATE_STEPS = range(len(UPDATE_FIELDS))
+UPDATE_WEIGHT_NORM, UPDATE_NORM, UPDATE_RATIO, UPDATE_INTERVAL = range(len(UPDATE_FIELDS))
 
 
 def tensor_name(role, index, count):
@@ -328,7 +328,7 @@ def decode_units(vector):
     }
 
 
-UPDATE = Layout("update", (len(UPDATE_FIELDS),), lambda values: values[:, UPDATE_STEPS])
+UPDATE = Layout("update", (len(UPDATE_FIELDS),), lambda values: values[:, UPDATE_INTERVAL])
 
 
 def update_sums(current, previous):
@@ -338,12 +338,19 @@ def update_sums(current, previous):
     return float(np.sum(current * current)), float(np.sum(delta * delta))
 
 
-def update_vector(weight_norm, update_norm, steps):
+def update_vector(weight_norm, update_norm, interval):
     """Returns the update record of a weight from its norm, its change's norm and the steps between."""
     weight_norm, update_norm = float(weight_norm), float(update_norm)
     with np.errstate(divide="ignore", invalid="ignore"):
         ratio = np.float64(update_norm) / np.float64(weight_norm)
-    return np.array([weight_norm, update_norm, ratio, steps], dtype=np.float64)
+    return np.array([weight_norm, update_norm, ratio, interval], dtype=np.float64)
+
+
+def combined_update_ratio(weight_norms, update_norms):
+    """The update ratio of several weights taken as one vector (a layer's): `|all updates| / |all weights|`."""
+    weight = float(np.sqrt(np.sum(np.square(np.asarray(weight_norms, dtype=np.float64)))))
+    update = float(np.sqrt(np.sum(np.square(np.asarray(update_norms, dtype=np.float64)))))
+    return float(update_vector(weight, update, 0)[UPDATE_RATIO])
 
 
 def update_columns(values):

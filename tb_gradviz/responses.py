@@ -57,9 +57,11 @@ def layer_summary(name, layer):
             "index": content["index"],
             "shape": content["shape"],
             "dtype": content.get("dtype"),
+            **({"weight": content["weight"]} if "weight" in content else {}),
         }
         for content in contents
     ]
+    weights = [t["weight"] for t in tensors if t["role"] == records.WEIGHT]
     steps = [series.max_step for _, _, series in layer["tensors"].values() if series.max_step is not None]
     return {
         "layer": name,
@@ -72,6 +74,8 @@ def layer_summary(name, layer):
         "pooling": pooling,
         "routing_map": layer.get("routing_map") is not None,
         "tensors": tensors,
+        "weights": weights,
+        "updates": [weight for weight in weights if weight in layer.get("updates", {})],
         "max_step": max(steps) if steps else None,
     }
 
@@ -160,6 +164,17 @@ def _layer_at(name, layer, series_by_kind, limit):
         row = series.index_at_or_before(step)
         if row is not None:
             units_at = dict(records.decode_units(series.values[row]), step=int(series.steps[row]))
+    updates_at = {}
+    for weight, (tag, _, _) in layer.get("updates", {}).items():
+        series = series_by_kind["updates"][tag]
+        row = series.index_at_or_before(step)
+        if row is not None:
+            values = records.update_columns(series.values[row][None])
+            updates_at[weight] = dict(
+                {name: column[0].item() for name, column in values.items()},
+                interval=_counts(values["interval"])[0],
+                step=int(series.steps[row]),
+            )
     return {
         "layer": name,
         "layer_index": layer["info"]["layer_index"],
@@ -168,8 +183,19 @@ def _layer_at(name, layer, series_by_kind, limit):
         "tensors": tensors,
         "routing": routing_at,
         "units": units_at,
+        "updates": updates_at,
+        "update_ratio": _layer_update_ratio(updates_at),
         "flow": health.layer_flow(tensors),
     }
+
+
+def _layer_update_ratio(updates):
+    """The update ratio of a layer's weights as one vector, or None without update records."""
+    if not updates:
+        return None
+    return records.combined_update_ratio(
+        [u["weight_norm"] for u in updates.values()], [u["update_norm"] for u in updates.values()]
+    )
 
 
 def step_body(run, layers, series_by_kind, limit, ratio=health.DEFAULT_RATIO):
@@ -177,7 +203,7 @@ def step_body(run, layers, series_by_kind, limit, ratio=health.DEFAULT_RATIO):
 
     Args:
       layers: the run's layer index (`store.RunStore.layers()`).
-      series_by_kind: `{"stats" | "routing" | "units": {tag: store.Series}}`.
+      series_by_kind: `{"stats" | "routing" | "units" | "updates": {tag: store.Series}}`.
       ratio: the vanishing / exploding ratio of the flags (`health`).
     """
     snapshots = []
@@ -203,6 +229,22 @@ def step_body(run, layers, series_by_kind, limit, ratio=health.DEFAULT_RATIO):
             "rules": health.rules(ratio),
         },
     }
+
+
+def updates_body(run, layer, series_by_weight):
+    """The `/updates` body: the update records of a layer's weights over steps.
+
+    Args:
+      series_by_weight: `{weight: store.Series}` in the layer's weight order.
+    """
+    weights = []
+    for weight, series in series_by_weight.items():
+        columns = records.update_columns(series.values)
+        entry = {"weight": weight, "steps": series.steps.tolist()}
+        entry.update({name: column.tolist() for name, column in columns.items()})
+        entry["interval"] = _counts(columns["interval"])
+        weights.append(entry)
+    return {"run": run, "layer": layer, "weights": weights}
 
 
 def routing_map_body(run, content, series, limit):

@@ -114,7 +114,7 @@ def test_update_ratio_equals_one_computed_from_weight_copies(tmp_path):
             for (step, vector), before, after in zip(logged, copies.copies, copies.copies[1:]):
                 update = dict(zip(records.UPDATE_FIELDS, vector))
                 w, previous = after[variable.path], before[variable.path]
-                assert update["steps"] == 3
+                assert update["interval"] == 3
                 assert update["weight_norm"] == pytest.approx(np.linalg.norm(w), rel=1e-12)
                 assert update["update_norm"] == pytest.approx(np.linalg.norm(w - previous), rel=1e-12)
                 assert update["update_ratio"] == pytest.approx(np.linalg.norm(w - previous) / np.linalg.norm(w), rel=1e-12)
