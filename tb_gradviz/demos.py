@@ -105,9 +105,9 @@ class StepScalars(keras.callbacks.Callback):
             self._writer = None
 
 
-def _fit(model, log_dir, layers, x, y, batch_size, log_every, verbose):
+def _fit(model, log_dir, layers, x, y, batch_size, log_every, verbose, weights=False):
     callback = GradVizCallback(
-        log_dir, probe_data=(x[:batch_size], y[:batch_size]), layers=layers, every_n_batches=log_every
+        log_dir, probe_data=(x[:batch_size], y[:batch_size]), layers=layers, every_n_batches=log_every, weights=weights
     )
     callbacks = [callback, StepScalars(log_dir)]
     model.fit(x, y, batch_size=batch_size, epochs=1, shuffle=False, verbose=verbose, callbacks=callbacks)
@@ -225,6 +225,9 @@ def plain_cnn(activation):
 def train_plain_cnn(log_dir, activation, steps=12, batch_size=16, log_every=4, verbose=1, seed=0):
     """Trains `plain_cnn(activation)` on 16x16 patterns; logs every layer, for the gradient-flow view.
 
+    With `weights=True`: the convolutions' kernels and biases, their
+    gradients and update sizes are logged too.
+
     Returns:
       The paths of the logged layers.
     """
@@ -236,7 +239,7 @@ def train_plain_cnn(log_dir, activation, steps=12, batch_size=16, log_every=4, v
         keras.losses.SparseCategoricalCrossentropy(from_logits=True),
         metrics=["accuracy"],
     )
-    return _fit(model, log_dir, lambda layer: True, x, y, batch_size, log_every, verbose).chosen_layers
+    return _fit(model, log_dir, lambda layer: True, x, y, batch_size, log_every, verbose, weights=True).chosen_layers
 
 
 def run_demo(logdir, model="all", steps=None, image_size=64, batch_size=16, verbose=1):
@@ -245,7 +248,8 @@ def run_demo(logdir, model="all", steps=None, image_size=64, batch_size=16, verb
     `model` is "resnet50", "cnn" or "all". The CNN demo writes two runs,
     max and average pooling, so the GradViz tab can overlay them, and two
     20-layer plain CNNs, sigmoid and ReLU with BatchNorm, whose gradient
-    flow and health flags show a vanishing gradient next to a healthy one.
+    flow and health flags show a vanishing gradient next to a healthy one,
+    with their weights (`weights=True`).
     """
     runs = {}
     if model in ("cnn", "all"):
