@@ -57,9 +57,9 @@ class Updates:
 
     Keeps one host copy of each recorded weight, taken at the previous log
     event, in the weight's dtype (float16 and bfloat16 widened to float32):
-    as much memory as the recorded weights themselves (ResNet50 with every
-    layer chosen: 25.6M float32 values, 102 MB; its pooling layers alone:
-    none), and never more, since each copy is overwritten in place. On the
+    as much memory as the recorded weights themselves (ResNet50's figure:
+    bench/RESULTS.md, section 9), and never more, since each copy is
+    overwritten in place. On the
     host, because frameworks update weights in place (TensorFlow's XLA train
     step) or free their buffers (JAX donates them), and so that the norms
     are summed in float64; an accelerator sends the weights once per log
