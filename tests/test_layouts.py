@@ -27,7 +27,7 @@ PREFIX = "/data/plugin/gradviz"
 
 def test_every_layout_has_its_files():
     assert [path.name for path in LAYOUT_DIRS] == [
-        "layout1-babdf2f", "layout2-ea6cf0b", "layout3-394d555", "layout4-a4aadd0"
+        "layout1-babdf2f", "layout2-ea6cf0b", "layout3-394d555", "layout4-a4aadd0", "layout5-88cce65"
     ]
 
 
@@ -62,6 +62,8 @@ def test_plugin_serves_every_earlier_layout_as_written(layout):
         for layer in run["layers"]:
             # Every layout before backends existed was written by TensorFlow.
             assert layer["backend"] == "tensorflow"
+            # Every layout before weights=True: no weights, no update records.
+            assert (layer["weights"], layer["updates"]) == ([], [])
             for tensor in layer["tensors"]:
                 body = get(client, "/series", run=run["run"], layer=layer["layer"], tensor=tensor["tensor"])
                 written = eventdata.values(accumulator, records.stats_tag(layer["layer"], tensor["tensor"]))
@@ -80,6 +82,7 @@ def test_plugin_serves_every_earlier_layout_as_written(layout):
             assert routing["mass"]["conserved"] == ([None] * len(written) if short else [True] * len(written))
             step = get(client, "/step", run=run["run"])
             assert [entry["layer"] for entry in step["layers"]] == eventdata.layers(accumulator)
+            assert all(entry["updates"] == {} and entry["update_ratio"] is None for entry in step["layers"])
 
 
 @pytest.mark.parametrize("layout", LAYOUT_DIRS, ids=lambda path: path.name)

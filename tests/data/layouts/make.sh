@@ -6,7 +6,8 @@
 #   1 babdf2f  numpy writer only: 6-field routing records, no loss_scaled/backend/device
 #   2 ea6cf0b  the first callback: 7-field routing, no loss_scaled/backend/device
 #   3 394d555  tf.distribute and mixed precision: loss_scaled, no backend/device
-#   4 a4aadd0  backend and device (today's layout)
+#   4 a4aadd0  backend and device
+#   5 88cce65  units and routing maps, no weights=True (today's layout, without weights)
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 repo="$(git -C "$here" rev-parse --show-toplevel)"
@@ -32,7 +33,7 @@ import sys
 from tb_gradviz import synthetic
 synthetic.write_run(f"{sys.argv[1]}/max", layers=2, steps=2)
 '
-for entry in "1 babdf2f numpy_writer" "2 ea6cf0b fit" "3 394d555 fit" "4 a4aadd0 fit"; do
+for entry in "1 babdf2f numpy_writer" "2 ea6cf0b fit" "3 394d555 fit" "4 a4aadd0 fit" "5 88cce65 fit"; do
   read -r number commit writer <<<"$entry"
   out="$here/layout$number-$commit"
   [ -e "$out" ] && continue
