@@ -105,7 +105,10 @@ def fit_twice_and_compare(strategy, x, y, log_dir, fit_kwargs):
             model = cnn(dropout=True)
         callbacks = []
         if with_callback:
-            callbacks.append(GradVizCallback(log_dir, (x[:8], y[:8]), every_n_batches=1))
+            # With weights=True: the weights' gradients and the update copies leave every replica's copy as it was too.
+            callbacks.append(
+                GradVizCallback(log_dir, (x[:8], y[:8]), layers=["conv", "bn", "pool", "dense"], every_n_batches=1, weights=True)
+            )
         keras.utils.set_random_seed(11)
         if isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
             work_around_keras_multi_worker_fit(model, strategy, x[:4], y[:4])

@@ -51,7 +51,7 @@ def mirrored(tmp_path_factory):
 
 
 def test_mirrored_training_is_bit_identical_in_every_replica_copy(mirrored):
-    _, result = mirrored
+    out, result = mirrored
     assert result["replicas"] == 2
     identical = result["identical"]
     # Keras 3 BatchNorm updates each replica's copy of the moving statistics on
@@ -61,6 +61,13 @@ def test_mirrored_training_is_bit_identical_in_every_replica_copy(mirrored):
     assert identical["same_count"] and identical["variables"] == 54
     assert identical["mismatches"] == []
     assert identical["rng_identical"]
+    # The weights' gradients come from the copy the pass read: a gradient taken
+    # w.r.t. another copy would be unconnected, all zeros.
+    log = eventdata.load(out / "identical")
+    gradient = eventdata.stats(log, "conv", "weight_gradient/kernel")
+    assert (gradient["count"], gradient["zeros"], gradient["nan"]) == (3 * 3 * 3 * 4, 0, 0)
+    updates = [vector for _, vector in eventdata.values(log, records.update_tag("conv", "kernel"))]
+    assert len(updates) == 7 and all(v[records.UPDATE_NORM] > 0 for v in updates)  # 8 steps, 8 log events
 
 
 def test_mirrored_probe_is_the_whole_batch_on_one_device(mirrored):

@@ -175,7 +175,7 @@ class LayerCapture(capture.ProbePass):
         self._skipped = [c.path for c in self.chosen if not recordings[c.path].outputs]
         sources = [t for _, rec in called for t in rec.inputs + rec.outputs]
         # The weights' gradients come from the same backward pass, after the tensors'.
-        variables = [v.value for c, _ in called for _, v in self.weights_of(c.path)]
+        variables = [_read_variable(v) for c, _ in called for _, v in self.weights_of(c.path)]
         sole_inputs = _sole_inputs_of_outputs(rec for _, rec in called)
         gradients = tape.gradient(loss, sources + variables, unconnected_gradients=tf.UnconnectedGradients.ZERO)
         weight_gradients = iter(gradients[len(sources) :])
@@ -197,7 +197,7 @@ class LayerCapture(capture.ProbePass):
                 c, rec, lambda t: (t.shape.as_list(), t.dtype.name), scale is not None, device=device,
                 map_settings=self.map_settings, weights=weights,
             )
-            values = [v.value.read_value() for _, v in weights]
+            values = [_read_variable(v).read_value() for _, v in weights]
             tensors = rec.outputs + input_grads + output_grads + values + [next(weight_gradients) for _ in weights]
             forward = rec.outputs + rec.inputs + rec.outputs + [None] * (2 * len(weights))
             for t, forward_t, tensor_plan in zip(tensors, forward, plan.tensors):
@@ -264,6 +264,18 @@ class LayerCapture(capture.ProbePass):
             for v, value in zip(state, saved):
                 v.assign(value)
         return [tf.identity(t) for t in outputs]
+
+
+def _read_variable(variable):
+    """The `tf.Variable` the pass reads for a Keras variable: under a strategy, the copy it reads.
+
+    In cross-replica context a `MirroredVariable` is read from the copy on
+    the current device, or the primary one (the one `GradientTape` then
+    watches); its own handle exists only inside a replica context.
+    """
+    value = variable.value
+    local = getattr(value, "_get_on_device_or_primary", None)
+    return value if local is None else local()
 
 
 def _sole_inputs_of_outputs(recordings):
