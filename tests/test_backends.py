@@ -405,7 +405,7 @@ def test_under_keras_distribution_the_probe_runs_on_one_device_with_the_same_rec
         "    m.compile(keras.optimizers.SGD(0.0), 'mse')  # the same weights at the log event\n"
         "    rng = np.random.default_rng(0)\n"
         "    x, y = rng.normal(size=(16, 8, 8, 3)).astype('float32'), rng.normal(size=(16, 2)).astype('float32')\n"
-        "    cb = GradVizCallback(logdir, (x[:6], y[:6]), layers=['conv', 'pool'])\n"
+        "    cb = GradVizCallback(logdir, (x[:6], y[:6]), layers=['conv', 'pool'], weights=True)\n"
         "    m.fit(x, y, batch_size=8, epochs=1, verbose=0, callbacks=[cb])\n"
         "    print(len(jax.devices()), len(m.trainable_variables[0].value.devices()), cb._capture.devices)\n"
         "    return eventdata.load(logdir)\n"
