@@ -8,6 +8,8 @@ export const ROLE_TITLES = {
   activation: 'Activation',
   input_gradient: 'Gradient w.r.t. input',
   output_gradient: 'Gradient w.r.t. output',
+  weight: 'Weights',
+  weight_gradient: 'Gradient w.r.t. weights',
 };
 
 /**
@@ -48,6 +50,8 @@ function poolingOps(layer) {
  * @param {object[]} siblings all tensors of its layer in /runs.
  */
 export function tensorTitle(info, siblings) {
+  if (info.role === 'weight') return `${info.weight} (values)`;
+  if (info.role === 'weight_gradient') return `Gradient w.r.t. ${info.weight}`;
   const title = ROLE_TITLES[info.role] ?? info.tensor;
   const several = siblings.filter(({role}) => role === info.role).length > 1;
   return several ? `${title} ${info.index}` : title;
@@ -55,11 +59,14 @@ export function tensorTitle(info, siblings) {
 
 /** The side of the layer a tensor lives on, as its shape is named in the UI. */
 export function tensorSide(role) {
+  if (role === 'weight' || role === 'weight_gradient') return 'weight';
   return role === 'input_gradient' ? 'input' : 'output';
 }
 
 /** Where a tensor comes from, named as the backend that wrote the run names the ops. */
 export function producedBy(role, layer) {
+  if (role === 'weight') return 'the trainable weight at this step';
+  if (role === 'weight_gradient') return 'd loss / d weight on the probe batch (backward pass)';
   const ops = poolingOps(layer);
   const forward = ops?.forward ?? layer.layer_class ?? 'layer';
   if (role === 'activation') return `${forward} output (forward pass)`;
@@ -73,6 +80,48 @@ export function describePooling(pooling) {
   const type = pooling.type === 'max' ? 'max' : 'average';
   if (pooling.global) return `global ${type} pool`;
   return `${type} pool ${model.formatShape(pooling.pool_size)}, stride ${model.formatShape(pooling.strides)}, ${pooling.padding}`;
+}
+
+// ------------------------------------------------------------ weights
+
+export const WEIGHTS_NOTE = 'Each trainable weight of the layer: its values, the gradient of the probe loss '
+  + 'w.r.t. it, and how far it moved between two log events.';
+
+export const UPDATE_RATIO_NOTE = 'Update ratio: |w − w_previous| / |w| between two log events. '
+  + 'About 10⁻³ is the usual healthy size; 10⁻¹ or more means big jumps; 10⁻⁵ or less means the weight barely moves.';
+
+const UPDATE_SIZES = {
+  big: 'big jumps (≥ 10⁻¹)',
+  above: 'above the usual 10⁻³',
+  usual: 'near the usual 10⁻³',
+  below: 'below the usual 10⁻³',
+  small: 'barely moves (≤ 10⁻⁵)',
+};
+
+/** Where an update ratio stands, in words ('' for NaN or ±∞). */
+export function updateRatioSize(ratio) {
+  return UPDATE_SIZES[model.updateRatioSize(ratio)] ?? '';
+}
+
+/**
+ * The update of a weight at one step (`model.updateAt`), in words.
+ *
+ * @returns {{title: string, ratio: string, size: string, detail: string}}
+ */
+export function updateSummary(update) {
+  const steps = update.interval === 1 ? '1 step' : `${model.formatCount(update.interval)} steps`;
+  return {
+    title: `Update at step ${update.step}`,
+    ratio: model.formatNumber(update.update_ratio),
+    size: updateRatioSize(update.update_ratio),
+    detail: `|Δw| ${model.formatNumber(update.update_norm)} / |w| ${model.formatNumber(update.weight_norm)}, over ${steps}`,
+  };
+}
+
+/** Why a weight has no update to show. */
+export function noUpdateText(hasRecords) {
+  return hasRecords ? 'No update at or before this step: the first comes with the second log event.'
+    : 'No update records: they start with the second log event.';
 }
 
 // ------------------------------------------------------------ explanation

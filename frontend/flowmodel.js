@@ -2,9 +2,15 @@
 // axis and their short names, one value per layer for each line, the ranges
 // of the log axes. No DOM, so all of it runs under `node --test`.
 
+import {UPDATE_RATIO_GUIDE} from './model.js';
+
 // The panels, top to bottom, in the order the issue names them: gradients
 // vanish or explode on their way from the output toward the input.
 export const FLOW_ROLES = ['output_gradient', 'input_gradient', 'activation'];
+
+// With `weights=True`, a panel of the weights' gradients below those, and one
+// of each layer's update ratio (its weights as one vector) at the bottom.
+export const WEIGHT_GRADIENT = 'weight_gradient';
 
 /** The statistics of /step's `flow` drawn on each panel's log axis. */
 export const LOG_STATS = ['rms', 'max_abs'];
@@ -89,6 +95,25 @@ export function slotName(slot) {
   return slot.primary ?? slot.other;
 }
 
+// ------------------------------------------------------------ panels
+
+/**
+ * The roles the view draws a panel for, top to bottom: the three of every
+ * layer, then the weight gradient when a layer of the runs shown (their
+ * /runs entries) logged one. Decided from /runs, not from a step, so that
+ * the panels stay put while the slider moves.
+ */
+export function flowRoles(runEntries) {
+  const weights = runEntries.some((entry) => entry?.layers.some((layer) =>
+    layer.tensors.some(({role}) => role === WEIGHT_GRADIENT)));
+  return weights ? [...FLOW_ROLES, WEIGHT_GRADIENT] : [...FLOW_ROLES];
+}
+
+/** Whether a layer of the runs shown has update records: then the view has an update-ratio panel. */
+export function hasUpdates(runEntries) {
+  return runEntries.some((entry) => entry?.layers.some((layer) => (layer.updates ?? []).length > 0));
+}
+
 // ------------------------------------------------------------ lines
 
 /**
@@ -99,12 +124,25 @@ export function slotName(slot) {
  *
  * @returns {{[role: string]: {rms: ?number[], max_abs: ?number[], zero_fraction: ?number[]}}}
  */
-export function flowLine(snapshot, slots, side) {
-  const byName = new Map(snapshot.layers.map((layer) => [layer.layer, layer]));
-  const layers = slots.map((slot) => (slot[side] === null ? undefined : byName.get(slot[side])));
-  return Object.fromEntries(FLOW_ROLES.map((role) => [role, Object.fromEntries(
+export function flowLine(snapshot, slots, side, roles = FLOW_ROLES) {
+  const layers = slotLayers(snapshot, slots, side);
+  return Object.fromEntries(roles.map((role) => [role, Object.fromEntries(
     [...LOG_STATS, 'zero_fraction'].map((stat) => [stat, layers.map((layer) => layer?.flow?.[role]?.[stat] ?? null)]),
   )]));
+}
+
+/**
+ * Each slot's layer update ratio in one /step answer (`update_ratio`: the
+ * layer's weights taken as one vector): null where the run lacks the layer
+ * or the layer has no update at or before the step; a served NaN stays NaN.
+ */
+export function updateRatioLine(snapshot, slots, side) {
+  return slotLayers(snapshot, slots, side).map((layer) => layer?.update_ratio ?? null);
+}
+
+function slotLayers(snapshot, slots, side) {
+  const byName = new Map(snapshot.layers.map((layer) => [layer.layer, layer]));
+  return slots.map((slot) => (slot[side] === null ? undefined : byName.get(slot[side])));
 }
 
 /** The raised flags of each slot's layer in one /step answer (an empty list where none). */
@@ -168,7 +206,12 @@ export function logRange(lists) {
   // Rounded first, so that an exact power of ten is its own decade.
   const low = Math.floor(Number(Math.log10(min).toFixed(9)));
   const high = Math.max(low + 1, Math.ceil(Number(Math.log10(max).toFixed(9))));
-  return {low, high};
+  return {low: low + 0, high: high + 0}; // + 0: no -0 from ceil of a value in (-1, 0)
+}
+
+/** The log axis of update ratios: their values' decades, widened to hold the healthy ~1e-3 guide. */
+export function updateRatioRange(lists) {
+  return logRange([...lists, [UPDATE_RATIO_GUIDE]]);
 }
 
 /** Where a positive value sits on a log axis, 0 at the bottom to 1 at the top. */

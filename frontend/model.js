@@ -3,6 +3,19 @@
 
 export const ROLES = ['activation', 'input_gradient', 'output_gradient'];
 
+/** The roles of a weight's two tensors, logged with `weights=True`. */
+export const WEIGHT_ROLES = ['weight', 'weight_gradient'];
+
+/**
+ * The size of a weight's update |w - w_previous| / |w| practitioners call
+ * healthy, and the sizes past which it jumps or barely moves.
+ */
+export const UPDATE_RATIO_GUIDE = 1e-3;
+export const UPDATE_RATIO_BIG = 1e-1;
+export const UPDATE_RATIO_SMALL = 1e-5;
+
+export const UPDATE_FIELDS = ['weight_norm', 'update_norm', 'update_ratio', 'interval'];
+
 export const STATS_FIELDS = [
   'count', 'zeros', 'nan', 'pos_inf', 'neg_inf', 'min', 'max', 'mean', 'std', 'sum',
 ];
@@ -16,11 +29,19 @@ const NON_FINITE = new Map([['NaN', NaN], ['Infinity', Infinity], ['-Infinity', 
 // non-finite float.
 const NAME_KEYS = new Set([
   'run', 'layer', 'tensor', 'role', 'layer_class', 'layer_dtype', 'dtype', 'type', 'padding',
-  'data_format', 'reference_layer', 'flag', 'detail',
+  'data_format', 'reference_layer', 'flag', 'detail', 'weight',
 ]);
+
+// Keys whose values are lists of names (/runs' `weights` and `updates`). The
+// reviver sees their items before the list, under their index: a weight
+// called "NaN" comes back as a number, and is turned back into its name here.
+const NAME_LIST_KEYS = new Set(['weights', 'updates']);
 
 /** A `JSON.parse` reviver that turns "NaN" / "Infinity" / "-Infinity" back into numbers. */
 export function reviveNonFinite(key, value) {
+  if (NAME_LIST_KEYS.has(key) && Array.isArray(value)) {
+    return value.map((item) => (typeof item === 'number' && !Number.isFinite(item) ? String(item) : item));
+  }
   if (typeof value === 'string' && NON_FINITE.has(value) && !NAME_KEYS.has(key)) {
     return NON_FINITE.get(value);
   }
@@ -79,6 +100,10 @@ export function fetchStep(run, step, fetchImpl) {
   return fetchJson('step', {run, step}, fetchImpl);
 }
 
+export function fetchUpdates(run, layer, fetchImpl) {
+  return fetchJson('updates', {run, layer}, fetchImpl);
+}
+
 // ------------------------------------------------------------ runs, layers
 
 /**
@@ -101,6 +126,36 @@ export function tensorsByRole(tensors) {
   const groups = Object.fromEntries(ROLES.map((role) => [role, []]));
   for (const info of tensors) if (Object.hasOwn(groups, info.role)) groups[info.role].push(info);
   return groups;
+}
+
+/** A layer's own tensors (its output and the gradients around it), in the order of /runs; weight tensors left out. */
+export function layerTensors(tensors) {
+  return tensors.filter(({role}) => ROLES.includes(role));
+}
+
+/**
+ * A layer's weights, in the order /runs lists them: per weight its values
+ * and its gradient (their /runs tensor entries, null where not logged) and
+ * whether it has update records. Empty for a layer without trainable
+ * weights and for a run logged without `weights=True`.
+ */
+export function layerWeights(layer) {
+  const updates = new Set(layer.updates ?? []);
+  const tensorOf = (role, weight) => layer.tensors.find((info) => info.role === role && info.weight === weight) ?? null;
+  return (layer.weights ?? []).map((weight) => ({
+    weight,
+    values: tensorOf('weight', weight),
+    gradient: tensorOf('weight_gradient', weight),
+    updates: updates.has(weight),
+  }));
+}
+
+/** The tensors the run comparison offers: the layer's own, then its weights' (`group` 'Weights'). */
+export function comparableTensors(tensors) {
+  return [
+    ...layerTensors(tensors).map(({tensor}) => ({value: tensor})),
+    ...tensors.filter(({role}) => WEIGHT_ROLES.includes(role)).map(({tensor}) => ({value: tensor, group: 'Weights'})),
+  ];
 }
 
 /** The union of several step lists, sorted. */
@@ -158,6 +213,32 @@ export function routingAt(routing, step) {
   // The server's verdict on mass conservation (docs/API.md), never judged again here.
   const mass = Object.fromEntries(Object.entries(routing.mass).map(([key, values]) => [key, values[index]]));
   return Object.fromEntries([['step', routing.steps[index]], ...fields.map((f) => [f, routing[f][index]]), ['mass', mass]]);
+}
+
+/** One weight's entry of an /updates answer, or null when it has no update records. */
+export function weightUpdates(updates, weight) {
+  return updates?.weights.find((entry) => entry.weight === weight) ?? null;
+}
+
+/** The update record of one weight (an /updates entry) at the latest step `<= step`, as an object, or null. */
+export function updateAt(entry, step) {
+  const index = entry ? latestIndexAtOrBefore(entry.steps, step) : -1;
+  if (index < 0) return null;
+  return Object.fromEntries([['step', entry.steps[index]], ...UPDATE_FIELDS.map((field) => [field, entry[field][index]])]);
+}
+
+/**
+ * Where an update ratio stands against the healthy ~1e-3: 'big' at 1e-1 or
+ * more, 'small' at 1e-5 or less, 'usual' within a decade of 1e-3, 'above' or
+ * 'below' it otherwise; null for a ratio that is not a finite number.
+ */
+export function updateRatioSize(ratio) {
+  if (!Number.isFinite(ratio)) return null;
+  if (ratio >= UPDATE_RATIO_BIG) return 'big';
+  if (ratio <= UPDATE_RATIO_SMALL) return 'small';
+  if (ratio >= UPDATE_RATIO_GUIDE * 10) return 'above';
+  if (ratio < UPDATE_RATIO_GUIDE / 10) return 'below';
+  return 'usual';
 }
 
 // ------------------------------------------------------------ statistics

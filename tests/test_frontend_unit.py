@@ -3,10 +3,11 @@
 The JS tests read no hand-written JSON (issue 11, defect 1: they once used
 'avg', a pooling type the server never sends). This test trains a tiny model
 with the real callback, serves its logs with the real plugin over TensorBoard's
-own data provider, writes the bodies of /runs, /series, /routing, /step and
-/routing_map into a folder, and hands that folder to node in GRADVIZ_FIXTURES.
-A third model has the problems the training-health flags of /step catch; a
-fourth has the pools whose routing maps show ties.
+own data provider, writes the bodies of /runs, /series, /routing, /step,
+/routing_map and /updates into a folder, and hands that folder to node in
+GRADVIZ_FIXTURES. A third model has the problems the training-health flags of
+/step catch; a fourth has the pools whose routing maps show ties; a fifth is
+logged with weights=True (each weight, its gradient and its updates).
 """
 
 import json
@@ -30,6 +31,7 @@ PREFIX = "/data/plugin/gradviz/"
 BATCH = 8
 STEPS_PER_EPOCH = 2
 EPOCHS = 2
+WEIGHTS_EPOCHS = 3
 
 
 def _train(log_dir, seed, probe_nan):
@@ -127,6 +129,34 @@ def _train_relu_pools(log_dir, seed):
     model.fit(x, y, batch_size=BATCH, epochs=EPOCHS, callbacks=[callback], verbose=0)
 
 
+def _train_weights(log_dir, seed):
+    """A small CNN logged with `weights=True`, every layer chosen ("weights").
+
+    Conv2D (ReLU), BatchNormalization, MaxPooling2D, Flatten, Dense: two
+    layers without weights among three with; three log events, so that the
+    update records of the last two steps exist and the first has none.
+    """
+    import keras
+
+    import tb_gradviz
+
+    keras.utils.set_random_seed(seed)
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((BATCH * STEPS_PER_EPOCH, 8, 8, 3)).astype("float32")
+    y = rng.integers(0, 3, size=len(x))
+    model = keras.Sequential([
+        keras.Input((8, 8, 3)),
+        keras.layers.Conv2D(4, 3, padding="same", activation="relu", name="conv"),
+        keras.layers.BatchNormalization(name="bn"),
+        keras.layers.MaxPooling2D(2, name="pool"),
+        keras.layers.Flatten(name="flatten"),
+        keras.layers.Dense(3, name="head"),
+    ])
+    model.compile(optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    callback = tb_gradviz.GradVizCallback(log_dir, probe_data=(x[:BATCH], y[:BATCH]), layers=["*"], weights=True)
+    model.fit(x, y, batch_size=BATCH, epochs=WEIGHTS_EPOCHS, callbacks=[callback], verbose=0)
+
+
 def _client(logdir):
     """The plugin over TensorBoard's Python data provider, every step kept."""
     multiplexer = plugin_event_multiplexer.EventMultiplexer(tensor_size_guidance={"gradviz": 0, "histograms": 0})
@@ -160,6 +190,8 @@ def _dump_answers(client, folder):
         for layer in run["layers"]:
             for tensor in layer["tensors"]:
                 get("series", run=run["run"], layer=layer["layer"], tensor=tensor["tensor"])
+            if layer.get("updates"):
+                get("updates", run=run["run"], layer=layer["layer"])
             if layer["pooling"]:
                 get("routing", run=run["run"], layer=layer["layer"])
                 # The latest map (which lists the steps), then the first step's.
@@ -167,8 +199,12 @@ def _dump_answers(client, folder):
                 get("routing_map", run=run["run"], layer=layer["layer"], step=first)
         # A step between two logged ones: /step answers the latest before it.
         get("step", run=run["run"], step=max(layer["max_step"] for layer in run["layers"]) - 1)
-    # One error answer, as the server words it.
+    # Error answers, as the server words them.
     assert get("step", run="clean", step=-1).status_code == 404
+    # The weights run at its first log event: no update record yet.
+    get("step", run="weights", step=STEPS_PER_EPOCH)
+    assert get("updates", run="weights", layer="pool").status_code == 404
+    assert get("updates", run="clean", layer="conv").status_code == 404
     (folder / "index.json").write_text(json.dumps(answers, indent=1))
 
 
@@ -179,6 +215,7 @@ def api_answers(tmp_path_factory):
     _train(root / "logs" / "nan", seed=1, probe_nan=True)
     _train_vanishing(root / "logs" / "vanishing", seed=2)
     _train_relu_pools(root / "logs" / "relu", seed=3)
+    _train_weights(root / "logs" / "weights", seed=4)
     folder = root / "answers"
     folder.mkdir()
     _dump_answers(_client(root / "logs"), folder)

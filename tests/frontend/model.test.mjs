@@ -60,7 +60,7 @@ test('the fetch functions ask for the routes the server answers, and report its 
 });
 
 test('visibleRuns follows the host run list, or keeps all without a host', () => {
-  assert.deepEqual(runs.map(({run}) => run), ['clean', 'nan', 'relu', 'vanishing']);
+  assert.deepEqual(runs.map(({run}) => run), ['clean', 'nan', 'relu', 'vanishing', 'weights']);
   assert.deepEqual(model.visibleRuns(runs, null), runs);
   assert.deepEqual(model.visibleRuns(runs, ['nan', 'elsewhere']).map(({run}) => run), ['nan']);
 });

@@ -12,7 +12,7 @@ import * as routemap from '../../frontend/routemapmodel.js';
 import {answer, layerOf, recordedFetch, runs} from './api_answers.mjs';
 
 const POOLS = [['clean', 'pool'], ['clean', 'avg'], ['nan', 'pool'], ['nan', 'avg'],
-  ['relu', 'stem_pool'], ['relu', 'same_pool'], ['relu', 'pool_1d']];
+  ['relu', 'stem_pool'], ['relu', 'same_pool'], ['relu', 'pool_1d'], ['weights', 'pool']];
 
 /** Every recorded /routing_map answer: each pool at its last step and its first. */
 function maps() {
