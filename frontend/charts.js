@@ -55,6 +55,18 @@ export function axisTitle(chart, box, text) {
     attrs: {x: box.left + box.plotWidth / 2, y: box.height - AXIS_TITLE_OFFSET, 'text-anchor': 'middle'}}));
 }
 
+/**
+ * A horizontal guide across the plot at `y` (a reference value, not data):
+ * its label at the right end above it, `title` on hover.
+ */
+export function guideLine(chart, box, {y, label, title}) {
+  const at = round(y);
+  chart.append(
+    svg('line', {className: 'guide', attrs: {x1: box.left, x2: box.plotRight, y1: at, y2: at}}, [tooltip(title)]),
+    svg('text', {className: 'guide-label', text: label, attrs: {x: box.plotRight - 2, y: at - 3, 'text-anchor': 'end'}}),
+  );
+}
+
 // ------------------------------------------------------------ signed bars
 
 /**

@@ -13,8 +13,9 @@ const SPARKLINE_ZERO_GAP = 4;
 
 /**
  * All layers of a run at one step (the `/step` answer) as a table: zero
- * fraction and a magnitude sparkline per tensor, routing for pooling layers.
- * `layerOf(layer)` gives a layer's entry in /runs, whose tensors carry their
+ * fraction and a magnitude sparkline per tensor, routing for pooling layers,
+ * and each layer's update ratio when the run logged weights (weight tensors
+ * themselves are left to the layer view). `layerOf(layer)` gives a layer's entry in /runs, whose tensors carry their
  * roles; `onSelect(layer)` is called when a layer name is activated.
  */
 export function renderLayerGrid(container, title, snapshot, {currentLayer, layerOf, onSelect}) {
@@ -30,6 +31,7 @@ export function renderLayerGrid(container, title, snapshot, {currentLayer, layer
       [layer.tensors[tensor].log.negative, layer.tensors[tensor].log.positive]));
     return [role, model.padToDecades(model.occupiedRange(binLists), snapshot.log_edges)];
   }));
+  const updates = rows.some(({info}) => (info?.updates ?? []).length > 0);
 
   const head = html('thead', {}, [html('tr', {}, [
     html('th', {text: 'Layer', attrs: {scope: 'col'}}),
@@ -38,6 +40,7 @@ export function renderLayerGrid(container, title, snapshot, {currentLayer, layer
     html('th', {text: 'Flags', attrs: {scope: 'col'}}),
     ...model.ROLES.map((role) => html('th', {text: captions.ROLE_TITLES[role], attrs: {scope: 'col'}})),
     html('th', {text: 'Routed (predicted)', attrs: {scope: 'col'}}),
+    updates && html('th', {text: 'Update ratio', attrs: {scope: 'col', title: captions.UPDATE_RATIO_NOTE}}),
   ])]);
   const body = html('tbody', {}, rows.map(({layer, info, groups}) => {
     const button = html('button', {className: 'link', text: layer.layer, attrs: {type: 'button'}});
@@ -50,11 +53,23 @@ export function renderLayerGrid(container, title, snapshot, {currentLayer, layer
       ...model.ROLES.map((role) => html('td', {className: 'tensor-cell'}, groups[role].map((tensor) =>
         gridTensor(tensor, groups[role].length > 1, layer.tensors[tensor.tensor], snapshot.log_edges, ranges[role])))),
       html('td', {className: 'number', text: captions.routingCell(layer.routing, info?.pooling ?? null)}),
+      updates && updateCell(layer),
     ]);
     if (layer.layer === currentLayer) row.setAttribute('aria-current', 'true');
     return row;
   }));
   container.replaceChildren(html('table', {className: 'layer-grid'}, [head, body]));
+}
+
+/** A layer's update ratio at the step (its weights as one vector), '' without weights or update yet. */
+function updateCell(layer) {
+  const ratio = layer.update_ratio ?? null;
+  const size = model.updateRatioSize(ratio);
+  return html('td', {
+    className: `number update-cell${size ? ` size-${size}` : ''}`,
+    text: ratio === null ? '' : model.formatNumber(ratio),
+    attrs: ratio === null ? {} : {title: captions.updateRatioSize(ratio), 'data-value': String(ratio)},
+  });
 }
 
 /** A badge per raised flag; its hover text is the flag's rule as /step serves it, and its detail. */

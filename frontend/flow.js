@@ -1,7 +1,9 @@
 // DOM of the gradient-flow view: every layer of a run in model order along x,
 // and per role a log panel of the RMS and largest |value| with a strip of the
 // exact-zero share below it; one line per chosen step and run; the training-
-// health flags of /step as badges above. The numbers come from flowmodel.js.
+// health flags of /step as badges above; with weights=True a panel of the
+// weight gradients and one of each layer's update ratio below. The numbers
+// come from flowmodel.js.
 
 import * as captions from './captions.js';
 import * as charts from './charts.js';
@@ -14,6 +16,7 @@ const RIGHT = 14;
 const FLAG_ROW = 11;
 const TITLE_HEIGHT = 18;
 const LOG_HEIGHT = 112;
+const UPDATE_HEIGHT = 84;
 // Exact zeros have no place on a log axis: they sit on a row of their own below it.
 const ZERO_ROW = 14;
 const ZEROS_GAP = 12;
@@ -28,7 +31,9 @@ const MIN_SLOT_WIDTH = 4;
 const LABEL_SPACING = 12;
 const POINT_RADIUS = 1.8;
 
-const STAT_TITLES = {rms: 'RMS', max_abs: 'max |value|', zero_fraction: 'exact zeros'};
+const STAT_TITLES = {rms: 'RMS', max_abs: 'max |value|', zero_fraction: 'exact zeros', update_ratio: 'update ratio'};
+// The update-ratio panel's points carry this role.
+const UPDATE_ROLE = 'update';
 
 /**
  * Draws the view into `container`.
@@ -40,18 +45,23 @@ const STAT_TITLES = {rms: 'RMS', max_abs: 'max |value|', zero_fraction: 'exact z
  * @param {?string} view.currentLayer the layer of the layer view, highlighted.
  * @param {number} view.width the width to fill, in pixels.
  * @param {function(string)} view.onSelect called with a layer of the view's run when it is clicked.
+ * @param {string[]} view.roles the roles with a panel (`flowmodel.flowRoles`).
+ * @param {boolean} view.updates whether to draw the update-ratio panel (`flowmodel.hasUpdates`).
  */
-export function renderFlow(container, {slots, lines, currentLayer, width, onSelect}) {
+export function renderFlow(container, {slots, lines, currentLayer, width, onSelect,
+  roles = flowmodel.FLOW_ROLES, updates = false}) {
   if (slots.length === 0 || lines.length === 0) {
     container.replaceChildren(html('p', {className: 'empty', text: 'No layer logged at or before this step.'}));
     return;
   }
   const drawn = lines.map((line) => ({...line, names: slots.map((slot) => slot[line.side]),
     layers: new Map(line.snapshot.layers.map((layer) => [layer.layer, layer])),
-    values: flowmodel.flowLine(line.snapshot, slots, line.side), flags: flowmodel.slotFlags(line.snapshot, slots, line.side)}));
+    values: flowmodel.flowLine(line.snapshot, slots, line.side, roles),
+    ratios: updates ? flowmodel.updateRatioLine(line.snapshot, slots, line.side) : null,
+    flags: flowmodel.slotFlags(line.snapshot, slots, line.side)}));
   const labels = flowmodel.shortLayerNames(slots.map(flowmodel.slotName));
   const current = drawn.filter(({pin}) => pin === 0);
-  const geometry = layout(slots.length, width, current.length, labels);
+  const geometry = layout(slots.length, width, current.length, labels, roles.length, updates);
   const {xOf} = geometry;
   const chart = charts.chartFrame({width: geometry.width, height: geometry.height},
     {className: 'flow-chart', label: `gradient flow over ${slots.length} layers`});
@@ -65,36 +75,46 @@ export function renderFlow(container, {slots, lines, currentLayer, width, onSele
     const hit = svg('rect', {className: classes,
       attrs: {x: round(xOf(k) - geometry.slotWidth / 2), y: 0, width: round(geometry.slotWidth),
         height: geometry.height, 'data-layer': flowmodel.slotName(slot)}},
-    [tooltip(slotTitle(slot, labels[k], k, current))]);
+    [tooltip(slotTitle(slot, labels[k], k, current, roles))]);
     if (slot.primary !== null) hit.addEventListener('click', () => onSelect(slot.primary));
     return hit;
   }));
 
   current.forEach((line, block) => flagBadges(chart, geometry, line, block, current.length > 1));
-  flowmodel.FLOW_ROLES.forEach((role, r) => panel(chart, geometry, geometry.panels[r], role, drawn));
+  roles.forEach((role, r) => panel(chart, geometry, geometry.panels[r], role, drawn));
+  if (updates) updatePanel(chart, geometry, geometry.updatePanel, drawn);
   layerLabels(chart, geometry, labels, slots, currentSlot);
 
-  container.replaceChildren(legend(drawn), html('div', {className: 'flow-scroll'}, [chart]));
+  container.replaceChildren(legend(drawn), html('div', {className: 'flow-scroll'}, [chart]),
+    updates ? html('p', {className: 'hint flow-update-note', text: captions.UPDATE_RATIO_NOTE}) : null);
 }
 
-/** Where everything goes, top to bottom. */
-function layout(count, width, runs, labels) {
+/** Where everything goes, top to bottom: `roleCount` role panels, then the update-ratio panel if `updates`. */
+function layout(count, width, runs, labels, roleCount, updates) {
   const plotWidth = Math.max(width - LEFT - RIGHT, count * MIN_SLOT_WIDTH);
   const slotWidth = plotWidth / count;
   const flagsHeight = runs * flowmodel.FLAGS.length * FLAG_ROW;
   let y = flagsHeight + 6;
-  const panels = flowmodel.FLOW_ROLES.map(() => {
+  const panels = Array.from({length: roleCount}, () => {
     const top = y + TITLE_HEIGHT;
     const bottom = top + LOG_HEIGHT;
     const zerosTop = bottom + ZERO_ROW + ZEROS_GAP;
     y = zerosTop + ZEROS_HEIGHT + PANEL_GAP;
     return {titleY: top - 6, top, bottom, zeroY: bottom + ZERO_ROW, zerosTop, zerosBottom: zerosTop + ZEROS_HEIGHT};
   });
+  let updatePanel = null;
+  if (updates) {
+    // No strip of exact zeros: a ratio is one number per layer.
+    const top = y + TITLE_HEIGHT;
+    const bottom = top + UPDATE_HEIGHT;
+    updatePanel = {titleY: top - 6, top, bottom, zeroY: bottom + ZERO_ROW};
+    y = bottom + ZERO_ROW + PANEL_GAP;
+  }
   const longest = Math.max(...labels.map((label) => label.length));
   const labelTop = y - PANEL_GAP + LABEL_GAP;
   const height = labelTop + Math.min(MAX_LABEL_HEIGHT, longest * LABEL_CHAR_WIDTH) + 6;
   return {
-    width: LEFT + plotWidth + RIGHT, height, plotRight: LEFT + plotWidth, slotWidth, panels, labelTop,
+    width: LEFT + plotWidth + RIGHT, height, plotRight: LEFT + plotWidth, slotWidth, panels, updatePanel, labelTop,
     xOf: (k) => LEFT + (k + 0.5) * slotWidth,
   };
 }
@@ -163,18 +183,18 @@ function panel(chart, geometry, place, role, lines) {
   // Kept steps first, the slider's step on top of them.
   for (const line of [...lines].sort((a, b) => b.pin - a.pin || b.series - a.series)) {
     const onPanel = range ? flowmodel.drawableOnLogPanel : (value) => value === 0;
-    for (const stat of flowmodel.LOG_STATS) draw(group, geometry, line, role, stat, onPanel, logY);
-    draw(group, geometry, line, role, 'zero_fraction', Number.isFinite, zerosY);
+    for (const stat of flowmodel.LOG_STATS) draw(group, geometry, line, line.values[role][stat], role, stat, onPanel, logY);
+    draw(group, geometry, line, line.values[role].zero_fraction, role, 'zero_fraction', Number.isFinite, zerosY);
   }
   // Over the lines, its label on a halo of the background.
   if (role === 'output_gradient') thresholds(group, geometry, lines, range, logY);
 }
 
-/** One statistic of one line as a polyline broken at gaps, with a point per layer on the slider's step. */
-function draw(group, geometry, line, role, stat, drawable, yOf) {
-  const values = line.values[role][stat];
+/** One statistic of one line (`values`, one per slot) as a polyline broken at gaps, with a point per layer on the slider's step. */
+function draw(group, geometry, line, values, role, stat, drawable, yOf) {
   const classes = `series-${line.series} pin-${line.pin} stat-${stat}`;
-  const name = `${line.run}, step ${line.snapshot.step}: ${captions.ROLE_TITLES[role]}, ${STAT_TITLES[stat]}`;
+  const what = role === UPDATE_ROLE ? STAT_TITLES[stat] : `${captions.ROLE_TITLES[role]}, ${STAT_TITLES[stat]}`;
+  const name = `${line.run}, step ${line.snapshot.step}: ${what}`;
   for (const run of flowmodel.drawableRuns(values, drawable)) {
     if (run.length > 1) {
       const d = run.map((k, n) => `${n ? 'L' : 'M'}${round(geometry.xOf(k))},${round(yOf(values[k]))}`).join('');
@@ -189,6 +209,45 @@ function draw(group, geometry, line, role, stat, drawable, yOf) {
       }}));
     }
   }
+}
+
+/**
+ * Each layer's update ratio (its weights as one vector) on a log axis, with
+ * the healthy ~1e-3 as a guide; exact zeros on a row below it.
+ */
+function updatePanel(chart, geometry, place, lines) {
+  const lists = lines.map(({ratios}) => ratios);
+  const range = flowmodel.updateRatioRange(lists);
+  const zeros = flowmodel.hasZero(lists);
+  const group = svg('g', {className: 'flow-panel update-panel', attrs: {
+    'data-role': UPDATE_ROLE, 'data-top': place.top, 'data-bottom': place.bottom, 'data-zero-y': place.zeroY,
+    'data-log-low': range.low, 'data-log-high': range.high,
+  }});
+  chart.append(group);
+  const box = {left: LEFT, plotRight: geometry.plotRight};
+  const height = place.bottom - place.top;
+  const logY = (value) => (value === 0 ? place.zeroY : place.bottom - flowmodel.logPosition(value, range) * height);
+  group.append(svg('text', {className: 'panel-title',
+    text: 'Weight update ratio |Δw| / |w| since the previous log event (each layer\'s weights as one vector)',
+    attrs: {x: LEFT, y: place.titleY}}));
+  charts.valueAxis(group, box, {ticks: flowmodel.decadeTicks(range, 4).map((e) => 10 ** e), max: 10 ** range.high,
+    yOf: logY, label: model.edgeLabel});
+  if (zeros) {
+    group.append(
+      svg('line', {className: 'zero-line', attrs: {x1: LEFT, x2: geometry.plotRight, y1: place.zeroY, y2: place.zeroY}}),
+      svg('text', {className: 'tick', text: '0', attrs: {x: LEFT - 4, y: place.zeroY + 3, 'text-anchor': 'end'}}),
+    );
+  }
+  if (!lists.some((values) => values.some((value) => value !== null))) {
+    group.append(svg('text', {className: 'empty-text', text: 'no update at or before this step: '
+      + 'the first comes with the second log event',
+    attrs: {x: (LEFT + geometry.plotRight) / 2, y: (place.top + place.bottom) / 2, 'text-anchor': 'middle'}}));
+  }
+  for (const line of [...lines].sort((a, b) => b.pin - a.pin || b.series - a.series)) {
+    draw(group, geometry, line, line.ratios, UPDATE_ROLE, 'update_ratio', flowmodel.drawableOnLogPanel, logY);
+  }
+  charts.guideLine(group, box, {y: logY(model.UPDATE_RATIO_GUIDE), label: '10⁻³: usual size',
+    title: captions.UPDATE_RATIO_NOTE});
 }
 
 /** The vanishing and exploding thresholds of the view's run at the slider's step, where the axis reaches them. */
@@ -228,7 +287,7 @@ function layerLabels(chart, geometry, labels, slots, currentSlot) {
 }
 
 /** The hover text of a layer's column: its full path and, per run, the values at the slider's step. */
-function slotTitle(slot, label, k, lines) {
+function slotTitle(slot, label, k, lines, roles) {
   const name = flowmodel.slotName(slot);
   const rows = [label === name ? name : `${label} (${name})`];
   for (const line of lines) {
@@ -239,11 +298,15 @@ function slotTitle(slot, label, k, lines) {
       continue;
     }
     rows.push(`${line.run}, step ${layer.step}${layer.layer_class ? ` (${layer.layer_class})` : ''}:`);
-    for (const role of flowmodel.FLOW_ROLES) {
+    for (const role of roles) {
       const flow = layer.flow?.[role];
       if (!flow) continue;
       rows.push(`  ${captions.ROLE_TITLES[role]}: RMS ${model.formatNumber(flow.rms)}, `
         + `max |value| ${model.formatNumber(flow.max_abs)}, ${model.formatPercent(flow.zero_fraction)} zeros`);
+    }
+    if ((layer.update_ratio ?? null) !== null) {
+      const size = captions.updateRatioSize(layer.update_ratio);
+      rows.push(`  Update ratio: ${model.formatNumber(layer.update_ratio)}${size ? ` (${size})` : ''}`);
     }
     for (const flag of layer.flags ?? []) rows.push(`  ⚑ ${captions.FLAG_TITLES[flag.flag] ?? flag.flag}: ${flag.detail}`);
   }

@@ -69,7 +69,8 @@ class App {
     this.step = null;
     // At the last step, a reload that brings new steps moves on to the new last one.
     this.followLatest = true;
-    this.tensors = []; // {info, series} of the selected layer
+    this.tensors = []; // {info, series} of the selected layer's own tensors
+    this.weights = []; // per weight of the selected layer (weights=True): views.renderWeights' entries
     this.routing = null;
     this.compareRun = undefined; // undefined: not chosen yet; null: "(none)" chosen
     this.compareTensor = null;
@@ -92,6 +93,7 @@ class App {
     ui.reloadButton.addEventListener('click', () => this.reload());
     ui.compareTensorSelect.addEventListener('change', () => {
       this.compareTensor = ui.compareTensorSelect.value;
+      this.setCompareOptions(); // the runs offered are those that logged this tensor
       this.loadComparison();
     });
     ui.compareRunSelect.addEventListener('change', () => {
@@ -190,11 +192,14 @@ class App {
     const layer = this.runs.find((entry) => entry.run === this.run)?.layers.find((entry) => entry.layer === name);
     if (!layer) return;
     this.ui.layerSelect.value = name;
+    const withSeries = async (info) => info && {info, series: await this.series(this.run, name, info.tensor)};
     let tensors;
+    let weights;
     let routing;
     try {
-      [tensors, routing] = await Promise.all([
-        Promise.all(layer.tensors.map(async (info) => ({info, series: await this.series(this.run, name, info.tensor)}))),
+      [tensors, weights, routing] = await Promise.all([
+        Promise.all(model.layerTensors(layer.tensors).map(withSeries)),
+        this.loadWeights(layer),
         layer.pooling ? this.cached(['routing', this.run, name], () => model.fetchRouting(this.run, name)) : null,
       ]);
     } catch (error) {
@@ -205,8 +210,10 @@ class App {
     views.showStatus(this.ui.status, '');
     this.layer = layer;
     this.tensors = tensors;
+    this.weights = weights;
     this.routing = routing;
-    this.steps = model.unionSteps(tensors.map(({series}) => series.steps));
+    const weightSeries = weights.flatMap(({values, gradient}) => [values, gradient]).filter(Boolean);
+    this.steps = model.unionSteps([...tensors, ...weightSeries].map(({series}) => series.steps));
     const index = this.followLatest
       ? this.steps.length - 1
       : Math.max(0, model.latestIndexAtOrBefore(this.steps, this.step));
@@ -216,6 +223,22 @@ class App {
     this.setCompareOptions();
     this.selectStep(this.steps[index]);
     this.loadComparison();
+  }
+
+  /** The weights of a layer (weights=True) with their series and update records; [] for a layer without. */
+  async loadWeights(layer) {
+    const {run} = this;
+    const weights = model.layerWeights(layer);
+    if (weights.length === 0) return [];
+    const withSeries = async (info) => info && {info, series: await this.series(run, layer.layer, info.tensor)};
+    const [updates, ...entries] = await Promise.all([
+      weights.some((weight) => weight.updates)
+        ? this.cached(['updates', run, layer.layer], () => model.fetchUpdates(run, layer.layer)) : null,
+      ...weights.map(async (weight) => ({...weight, values: await withSeries(weight.values),
+        gradient: await withSeries(weight.gradient)})),
+    ]);
+    return entries.map(({updates: hasUpdates, ...weight}) =>
+      ({...weight, hasUpdates, updates: model.weightUpdates(updates, weight.weight)}));
   }
 
   selectStep(step) {
@@ -242,6 +265,7 @@ class App {
     const {ui, step} = this;
     views.renderLayerTitle(ui.layerTitle, this.layer, step);
     views.renderPanels(ui.panels, this.layer, this.tensors, {step, logarithmic: ui.logToggle.checked});
+    views.renderWeights(ui.weights, this.layer, this.weights, {step, logarithmic: ui.logToggle.checked});
     const routing = this.routing && model.routingAt(this.routing, step);
     views.renderAside(ui.aside, this.layer, routing);
     views.renderHeatmaps(ui.heatmaps, this.layer, this.tensors, step);
@@ -312,10 +336,14 @@ class App {
       seen.add(key);
       return fresh;
     });
-    const names = (name) => this.runs.find((entry) => entry.run === name)?.layers.map(({layer}) => layer) ?? [];
+    const entryOf = (name) => this.runs.find((entry) => entry.run === name);
+    const names = (name) => entryOf(name)?.layers.map(({layer}) => layer) ?? [];
+    const shown = (flowRun ? [run, flowRun] : [run]).map(entryOf);
     this.flowView = {
       slots: flowmodel.alignLayers(names(run), flowRun ? names(flowRun) : null),
       lines,
+      roles: flowmodel.flowRoles(shown),
+      updates: flowmodel.hasUpdates(shown),
       onSelect: (name) => this.selectLayer(name).then(() => {
         this.ui.layerSection.scrollIntoView({block: 'start'});
         this.ui.layerSelect.focus({preventScroll: true});
@@ -334,16 +362,22 @@ class App {
     flow.renderFlow(this.ui.flow, {...this.flowView, width: width || 1200, currentLayer: this.layer?.layer});
   }
 
+  /**
+   * The tensors of the run comparison (the layer's own, then its weights'),
+   * and the runs that logged the chosen one at this layer.
+   */
   setCompareOptions() {
     const {ui, layer} = this;
-    const tensors = layer.tensors.map(({tensor}) => ({value: tensor}));
+    const tensors = model.comparableTensors(layer.tensors);
     if (!tensors.some(({value}) => value === this.compareTensor)) {
-      const first = layer.tensors.find(({role}) => role === 'input_gradient') ?? layer.tensors[0];
+      // The layer's own tensors are compared unless a weight's is asked for.
+      const own = model.layerTensors(layer.tensors);
+      const first = own.find(({role}) => role === 'input_gradient') ?? own[0] ?? layer.tensors[0];
       this.compareTensor = first?.tensor ?? null;
     }
     views.setOptions(ui.compareTensorSelect, tensors, this.compareTensor);
-    const others = this.runs.filter(({run, layers}) =>
-      run !== this.run && layers.some((entry) => entry.layer === layer.layer));
+    const others = this.runs.filter(({run, layers}) => run !== this.run && layers.some((entry) =>
+      entry.layer === layer.layer && entry.tensors.some(({tensor}) => tensor === this.compareTensor)));
     const offered = others.some(({run}) => run === this.compareRun);
     if (this.compareRun === undefined || (this.compareRun !== null && !offered)) {
       this.compareRun = others[0]?.run ?? undefined;

@@ -43,6 +43,8 @@ INTERACTION_BOUND_S = 5.0
 FIRST_VISIT_BOUND_S = 20.0
 # cy is written to a tenth of a pixel.
 Y_TOLERANCE = 0.06
+# The role of the update-ratio panel's points (weights=True).
+UPDATE_PANEL = "update"
 
 # ---------------------------------------------------------------- logs
 
@@ -137,12 +139,20 @@ def _finite(value):
 
 
 def _check_points(chart, snapshot, run, pin="pin-0"):
-    """The points of a run's line are /step's flow values, at the heights its panel's axis gives them."""
+    """The points of a run's line are /step's flow values, at the heights its panel's axis gives them.
+
+    Each role with a panel is drawn (the weights' own values have none); a
+    panel of role "update" holds each layer's `update_ratio` (weights=True).
+    """
     panels = {panel["role"]: panel for panel in chart["panels"]}
     points = [p for p in chart["points"] if p["run"] == run and p["pin"] == pin]
     assert {p["step"] for p in points} == {snapshot["step"]}
     expected = {(layer["layer"], role, stat): value for layer in snapshot["layers"]
-                for role, flow in layer["flow"].items() for stat, value in flow.items() if _finite(value)}
+                for role, flow in layer["flow"].items() if role in panels
+                for stat, value in flow.items() if _finite(value)}
+    if UPDATE_PANEL in panels:
+        expected.update({(layer["layer"], UPDATE_PANEL, "update_ratio"): layer["update_ratio"]
+                         for layer in snapshot["layers"] if _finite(layer.get("update_ratio"))})
     assert {(p["layer"], p["role"], p["stat"]): p["value"] for p in points} == expected
     for p in points:
         panel, value = panels[p["role"]], p["value"]
@@ -287,8 +297,10 @@ def test_gradient_flow_of_a_vanishing_plain_cnn(page, tensorboard):
     column = {(p["run"], p["layer"]): p["cx"] for p in chart["points"]}
     assert column[(SIGMOID_RUN, "conv05")] == column[(RELU_RUN, "conv05")]
     assert column[(RELU_RUN, "bn05")] > column[(SIGMOID_RUN, "conv05")]
-    # The plain CNN's line steps over the columns of BatchNorm and ReLU: one path per role and statistic.
-    assert frame.locator("path.flow-line.series-0.pin-0").count() == 9
+    # The plain CNN's line steps over the columns of BatchNorm and ReLU: one path per role and statistic
+    # (RMS, max |value| and zeros per role panel; the update ratio on its panel, when logged).
+    paths = sum(1 if panel["role"] == UPDATE_PANEL else 3 for panel in chart["panels"])
+    assert paths >= 9 and frame.locator("path.flow-line.series-0.pin-0").count() == paths
     keep_screenshot(frame.locator(".flow-section"), root / "gradient_flow_overlay.png")
 
     # Keep the last step, go back to the first: one line per step and run.
