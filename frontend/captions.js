@@ -87,8 +87,8 @@ export function describePooling(pooling) {
 export const WEIGHTS_NOTE = 'Each trainable weight of the layer: its values, the gradient of the probe loss '
   + 'w.r.t. it, and how far it moved between two log events.';
 
-export const UPDATE_RATIO_NOTE = 'Update ratio: |w − w_previous| / |w| between two log events. '
-  + 'About 10⁻³ is the usual healthy size; 10⁻¹ or more means big jumps; 10⁻⁵ or less means the weight barely moves.';
+export const UPDATE_RATIO_NOTE = 'Update ratio: |w − w_previous| / |w| between two log events, judged per step. '
+  + 'About 10⁻³ per step is the usual healthy size; 10⁻¹ or more means big jumps; 10⁻⁵ or less means the weight barely moves.';
 
 const UPDATE_SIZES = {
   big: 'big jumps (≥ 10⁻¹)',
@@ -98,9 +98,9 @@ const UPDATE_SIZES = {
   small: 'barely moves (≤ 10⁻⁵)',
 };
 
-/** Where an update ratio stands, in words ('' for NaN or ±∞). */
-export function updateRatioSize(ratio) {
-  return UPDATE_SIZES[model.updateRatioSize(ratio)] ?? '';
+/** The server's verdict on an update ratio (`size` in /step and /updates), in words ('' for none). */
+export function updateSize(size) {
+  return UPDATE_SIZES[size] ?? '';
 }
 
 /**
@@ -113,7 +113,7 @@ export function updateSummary(update) {
   return {
     title: `Update at step ${update.step}`,
     ratio: model.formatNumber(update.update_ratio),
-    size: updateRatioSize(update.update_ratio),
+    size: updateSize(update.size),
     detail: `|Δw| ${model.formatNumber(update.update_norm)} / |w| ${model.formatNumber(update.weight_norm)}, over ${steps}`,
   };
 }

@@ -64,11 +64,11 @@ export function renderLayerGrid(container, title, snapshot, {currentLayer, layer
 /** A layer's update ratio at the step (its weights as one vector), '' without weights or update yet. */
 function updateCell(layer) {
   const ratio = layer.update_ratio ?? null;
-  const size = model.updateRatioSize(ratio);
+  const size = layer.update_size ?? null;
   return html('td', {
     className: `number update-cell${size ? ` size-${size}` : ''}`,
     text: ratio === null ? '' : model.formatNumber(ratio),
-    attrs: ratio === null ? {} : {title: captions.updateRatioSize(ratio), 'data-value': String(ratio)},
+    attrs: ratio === null ? {} : {title: captions.updateSize(size), 'data-value': String(ratio)},
   });
 }
 

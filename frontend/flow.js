@@ -305,7 +305,7 @@ function slotTitle(slot, label, k, lines, roles) {
         + `max |value| ${model.formatNumber(flow.max_abs)}, ${model.formatPercent(flow.zero_fraction)} zeros`);
     }
     if ((layer.update_ratio ?? null) !== null) {
-      const size = captions.updateRatioSize(layer.update_ratio);
+      const size = captions.updateSize(layer.update_size);
       rows.push(`  Update ratio: ${model.formatNumber(layer.update_ratio)}${size ? ` (${size})` : ''}`);
     }
     for (const flag of layer.flags ?? []) rows.push(`  ⚑ ${captions.FLAG_TITLES[flag.flag] ?? flag.flag}: ${flag.detail}`);

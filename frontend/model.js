@@ -11,10 +11,9 @@ export const WEIGHT_ROLES = ['weight', 'weight_gradient'];
  * healthy, and the sizes past which it jumps or barely moves.
  */
 export const UPDATE_RATIO_GUIDE = 1e-3;
-export const UPDATE_RATIO_BIG = 1e-1;
-export const UPDATE_RATIO_SMALL = 1e-5;
 
-export const UPDATE_FIELDS = ['weight_norm', 'update_norm', 'update_ratio', 'interval'];
+// `size` is the server's verdict on the ratio per step (tb_gradviz/health.py, `update_size`).
+export const UPDATE_FIELDS = ['weight_norm', 'update_norm', 'update_ratio', 'interval', 'size'];
 
 export const STATS_FIELDS = [
   'count', 'zeros', 'nan', 'pos_inf', 'neg_inf', 'min', 'max', 'mean', 'std', 'sum',
@@ -225,20 +224,6 @@ export function updateAt(entry, step) {
   const index = entry ? latestIndexAtOrBefore(entry.steps, step) : -1;
   if (index < 0) return null;
   return Object.fromEntries([['step', entry.steps[index]], ...UPDATE_FIELDS.map((field) => [field, entry[field][index]])]);
-}
-
-/**
- * Where an update ratio stands against the healthy ~1e-3: 'big' at 1e-1 or
- * more, 'small' at 1e-5 or less, 'usual' within a decade of 1e-3, 'above' or
- * 'below' it otherwise; null for a ratio that is not a finite number.
- */
-export function updateRatioSize(ratio) {
-  if (!Number.isFinite(ratio)) return null;
-  if (ratio >= UPDATE_RATIO_BIG) return 'big';
-  if (ratio <= UPDATE_RATIO_SMALL) return 'small';
-  if (ratio >= UPDATE_RATIO_GUIDE * 10) return 'above';
-  if (ratio < UPDATE_RATIO_GUIDE / 10) return 'below';
-  return 'usual';
 }
 
 // ------------------------------------------------------------ statistics

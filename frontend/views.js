@@ -344,7 +344,7 @@ function updatePanel({weight, updates, hasUpdates}, step) {
     panel.append(
       html('p', {className: 'update-headline'}, [
         html('strong', {className: 'update-ratio', text: summary.ratio}),
-        html('span', {className: `update-size size-${model.updateRatioSize(update.update_ratio) ?? 'none'}`,
+        html('span', {className: `update-size size-${update.size ?? 'none'}`,
           text: summary.size && ` ${summary.size}`}),
       ]),
       html('p', {className: 'update-detail', text: `${summary.title}: ${summary.detail}`}),

@@ -20,6 +20,11 @@ The rules (README, "Training-health flags"):
 * `dead`: channels of the layer's activation that are exactly zero for every
   probe example and position.
 
+With `weights=True`, each update record also gets a size (`update_size`):
+where the weight's update ratio, per optimizer step, stands against the
+~1e-3 that practitioners call healthy. It is a description, not a flag: a
+learning-rate schedule or a frozen phase moves it on purpose.
+
 Saturation (a sigmoid or tanh output at its bounds) is not flagged: the
 records do not say which activation function a layer applies, and a value
 at 0 is a saturated sigmoid but a healthy ReLU.
@@ -43,6 +48,40 @@ def rules(ratio=DEFAULT_RATIO):
         "(the layer nearest the output with a non-zero gradient; layers after it and nested models are not judged)",
         "dead": "channels of the activation are exactly zero for every probe example and position",
     }
+
+
+# |w - w_previous| / |w| per optimizer step: ~1e-3 is the usual healthy size.
+UPDATE_RATIO_USUAL = 1e-3
+UPDATE_RATIO_BIG = 1e-1
+UPDATE_RATIO_SMALL = 1e-5
+UPDATE_SIZES = ("big", "above", "usual", "below", "small")
+
+
+def update_size(ratio, interval):
+    """Where an update ratio stands against the usual ~1e-3 per step, or None when it cannot say.
+
+    The ratio spans `interval` optimizer steps (the steps between two log
+    events) and is judged per step, `ratio / interval`: the net move per step
+    (steps that go back and forth move less net than each one alone).
+
+    Returns:
+      "big" (per step >= 1e-1: the weights jump), "small" (<= 1e-5: they
+      barely move), "usual" (within a decade of 1e-3), "above" or "below"
+      (between those); None for a ratio that is not a finite number or an
+      interval that is not a positive number of steps.
+    """
+    if ratio is None or interval is None or not math.isfinite(ratio) or not interval > 0:
+        return None
+    per_step = ratio / interval
+    if per_step >= UPDATE_RATIO_BIG:
+        return "big"
+    if per_step <= UPDATE_RATIO_SMALL:
+        return "small"
+    if per_step >= UPDATE_RATIO_USUAL * 10:
+        return "above"
+    if per_step < UPDATE_RATIO_USUAL / 10:
+        return "below"
+    return "usual"
 
 
 def parse_flags(text):

@@ -170,11 +170,11 @@ def _layer_at(name, layer, series_by_kind, limit):
         row = series.index_at_or_before(step)
         if row is not None:
             values = records.update_columns(series.values[row][None])
-            updates_at[weight] = dict(
-                {name: column[0].item() for name, column in values.items()},
-                interval=_counts(values["interval"])[0],
-                step=int(series.steps[row]),
-            )
+            update = {name: column[0].item() for name, column in values.items()}
+            update["interval"] = _counts(values["interval"])[0]
+            update["size"] = health.update_size(update["update_ratio"], update["interval"])
+            updates_at[weight] = dict(update, step=int(series.steps[row]))
+    update_ratio = _layer_update_ratio(updates_at)
     return {
         "layer": name,
         "layer_index": layer["info"]["layer_index"],
@@ -184,9 +184,16 @@ def _layer_at(name, layer, series_by_kind, limit):
         "routing": routing_at,
         "units": units_at,
         "updates": updates_at,
-        "update_ratio": _layer_update_ratio(updates_at),
+        "update_ratio": update_ratio,
+        "update_size": None if update_ratio is None else health.update_size(update_ratio, _layer_interval(updates_at)),
         "flow": health.layer_flow(tensors),
     }
+
+
+def _layer_interval(updates):
+    """The steps a layer's update records span: their weights' longest interval."""
+    intervals = [u["interval"] for u in updates.values() if isinstance(u["interval"], int)]
+    return max(intervals) if intervals else None
 
 
 def _layer_update_ratio(updates):
@@ -243,6 +250,7 @@ def updates_body(run, layer, series_by_weight):
         entry = {"weight": weight, "steps": series.steps.tolist()}
         entry.update({name: column.tolist() for name, column in columns.items()})
         entry["interval"] = _counts(columns["interval"])
+        entry["size"] = [health.update_size(r, i) for r, i in zip(entry["update_ratio"], entry["interval"])]
         weights.append(entry)
     return {"run": run, "layer": layer, "weights": weights}
 

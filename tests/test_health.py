@@ -1,5 +1,6 @@
 """Training-health flags (issue 13) on models with a known problem, against GradientTape's gradients."""
 
+import math
 import os
 
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
@@ -199,3 +200,16 @@ def test_a_softmax_whose_loss_reads_its_logits_and_a_nested_model_are_not_called
     assert flow["net/predictions"] == 0.0 and flow["net"] == 0.0 and flow["net/hidden"] > 0
     assert snapshot["health"]["reference_layer"] == "net/hidden"
     assert flags == {"net": [], "net/hidden": [], "net/predictions": []}
+
+
+@pytest.mark.parametrize(
+    "ratio, interval, size",
+    [
+        (1e-3, 1, "usual"), (4e-3, 4, "usual"), (9.9e-3, 1, "usual"), (1e-4, 1, "usual"),
+        (1e-2, 1, "above"), (9.9e-2, 1, "above"), (1e-1, 1, "big"), (0.4, 4, "big"),
+        (9.9e-5, 1, "below"), (1.1e-5, 1, "below"), (1e-5, 1, "small"), (4e-5, 4, "small"), (0.0, 3, "small"),
+        (math.nan, 1, None), (math.inf, 1, None), (1e-3, 0, None), (1e-3, math.nan, None), (None, 1, None),
+    ],
+)
+def test_update_size_judges_the_ratio_per_step_against_the_usual_1e_3(ratio, interval, size):
+    assert health.update_size(ratio, interval) == size

@@ -82,10 +82,12 @@ def test_updates_serves_each_weights_records_over_steps(client):
     assert kernel == {
         "weight": "kernel", "steps": [2, 4], "weight_norm": [20.0, 20.5], "update_norm": [0.02, 0.041],
         "update_ratio": [0.02 / 20.0, 0.041 / 20.5], "interval": [2, 2],
+        "size": ["usual", "usual"],  # 5e-4 and 1e-3 per step
     }
     assert bias["weight"] == "bias"
     assert bias["update_ratio"][0] == "NaN"  # a zero weight that did not move (TensorBoard writes NaN so)
     assert bias["update_ratio"][1] == 0.003 / 0.01
+    assert bias["size"] == [None, "big"]  # 0.15 per step
 
 
 def test_series_of_a_weight_gradient_is_the_numpy_reference(client):
@@ -99,15 +101,17 @@ def test_series_of_a_weight_gradient_is_the_numpy_reference(client):
 def test_step_gives_each_weights_update_and_the_layers_ratio(client):
     conv, pool = get_json(client, "/step", run="weights")["layers"]
     assert conv["updates"]["kernel"] == {
-        "weight_norm": 20.5, "update_norm": 0.041, "update_ratio": 0.041 / 20.5, "interval": 2, "step": 4
+        "weight_norm": 20.5, "update_norm": 0.041, "update_ratio": 0.041 / 20.5, "interval": 2, "size": "usual",
+        "step": 4,
     }
     assert conv["update_ratio"] == pytest.approx(math.hypot(0.041, 0.003) / math.hypot(20.5, 0.01), rel=1e-15)
+    assert conv["update_size"] == "usual"
     kernel = WEIGHTS["kernel"][1]
     assert conv["flow"]["weight_gradient"]["rms"] == pytest.approx(
         math.sqrt((np.sum(kernel**2) + np.sum(WEIGHTS["bias"][1] ** 2)) / 16), rel=1e-12
     )
     assert conv["flow"]["weight"]["zero_fraction"] == (1 + 4) / 16  # kernel holds one 0, bias four
-    assert (pool["updates"], pool["update_ratio"]) == ({}, None)
+    assert (pool["updates"], pool["update_ratio"], pool["update_size"]) == ({}, None, None)
     assert "weight" not in pool["flow"]
     # Before the first update record: the layer's weights are there, no update yet.
     conv_at_0 = get_json(client, "/step", run="weights", step=1)["layers"][0]

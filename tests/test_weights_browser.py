@@ -161,7 +161,7 @@ def test_weights_row_shows_the_recorded_weights_and_updates(browser, tensorboard
                 assert update["guides"] == 1 and update["guideLabel"] == "10⁻³: usual size"
                 assert update["current"]
         hint = frame.locator(".weights-section .hint").text_content()
-        assert "About 10⁻³ is the usual healthy size" in hint and "10⁻⁵ or less means the weight barely moves" in hint
+        assert "About 10⁻³ per step is the usual healthy size" in hint and "10⁻⁵ or less means the weight barely moves" in hint
         keep_screenshot(frame.locator(".weights-section"), root / "weights.png")
 
         # At the first log event a weight has values and a gradient, but no update yet.
@@ -231,7 +231,7 @@ def test_gradient_flow_shows_weight_gradients_and_update_ratios(browser, tensorb
         # Layers without weights are stepped over: one line across conv, bn and head.
         assert frame.locator(f"path.flow-line.series-0.pin-0.stat-update_ratio").count() == 1
         assert frame.locator(".update-panel .guide-label").text_content() == "10⁻³: usual size"
-        assert "About 10⁻³ is the usual healthy size" in frame.locator(".flow-update-note").text_content()
+        assert "About 10⁻³ per step is the usual healthy size" in frame.locator(".flow-update-note").text_content()
         keep_screenshot(frame.locator(".flow-section"), root / "gradient_flow_weights.png")
 
         # At the first log event there is no update yet: the panel stays, empty.
