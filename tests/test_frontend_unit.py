@@ -24,6 +24,7 @@ from tensorboard.backend.event_processing import plugin_event_multiplexer
 from tensorboard.plugins import base_plugin
 from werkzeug import test as werkzeug_test
 
+import small_runs
 from tb_gradviz import plugin
 
 TESTS = Path(__file__).resolve().parent / "frontend"
@@ -136,25 +137,7 @@ def _train_weights(log_dir, seed):
     layers without weights among three with; three log events, so that the
     update records of the last two steps exist and the first has none.
     """
-    import keras
-
-    import tb_gradviz
-
-    keras.utils.set_random_seed(seed)
-    rng = np.random.default_rng(seed)
-    x = rng.standard_normal((BATCH * STEPS_PER_EPOCH, 8, 8, 3)).astype("float32")
-    y = rng.integers(0, 3, size=len(x))
-    model = keras.Sequential([
-        keras.Input((8, 8, 3)),
-        keras.layers.Conv2D(4, 3, padding="same", activation="relu", name="conv"),
-        keras.layers.BatchNormalization(name="bn"),
-        keras.layers.MaxPooling2D(2, name="pool"),
-        keras.layers.Flatten(name="flatten"),
-        keras.layers.Dense(3, name="head"),
-    ])
-    model.compile(optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-    callback = tb_gradviz.GradVizCallback(log_dir, probe_data=(x[:BATCH], y[:BATCH]), layers=["*"], weights=True)
-    model.fit(x, y, batch_size=BATCH, epochs=WEIGHTS_EPOCHS, callbacks=[callback], verbose=0)
+    small_runs.fit_weights_cnn(log_dir, seed, BATCH, BATCH, STEPS_PER_EPOCH, WEIGHTS_EPOCHS)
 
 
 def _client(logdir):

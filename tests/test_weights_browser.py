@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 import eventdata
+import small_runs
 from tbserver import get_json, running_tensorboard
 from tb_gradviz import records
 from test_e2e_browser import PLUGIN_FRAME, _runs_loaded, browser, gradviz_page, keep_screenshot  # noqa: F401 (fixture)
@@ -36,25 +37,7 @@ SIZES = {("conv", "kernel"): 3 * 3 * 3 * 4, ("conv", "bias"): 4, ("bn", "gamma")
 
 
 def _train(log_dir, weights):
-    import keras
-
-    import tb_gradviz
-
-    keras.utils.set_random_seed(0)
-    rng = np.random.default_rng(0)
-    x = rng.standard_normal((BATCH * STEPS_PER_EPOCH, 8, 8, 3)).astype("float32")
-    y = rng.integers(0, 3, size=len(x))
-    model = keras.Sequential([
-        keras.Input((8, 8, 3)),
-        keras.layers.Conv2D(4, 3, padding="same", activation="relu", name="conv"),
-        keras.layers.BatchNormalization(name="bn"),
-        keras.layers.MaxPooling2D(2, name="pool"),
-        keras.layers.Flatten(name="flatten"),
-        keras.layers.Dense(3, name="head"),
-    ])
-    model.compile(optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-    callback = tb_gradviz.GradVizCallback(log_dir, (x[:PROBE_BATCH], y[:PROBE_BATCH]), layers=["*"], weights=weights)
-    model.fit(x, y, batch_size=BATCH, epochs=EPOCHS, callbacks=[callback], verbose=0)
+    small_runs.fit_weights_cnn(log_dir, 0, BATCH, PROBE_BATCH, STEPS_PER_EPOCH, EPOCHS, weights=weights)
 
 
 @pytest.fixture(scope="module")
