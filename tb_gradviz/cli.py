@@ -62,7 +62,7 @@ def build_parser():
     summary.add_argument("--run", default=None, help="only this run")
     summary.add_argument("--step", type=_non_negative_int, default=None, help="the latest step <= STEP (default: last)")
 
-    export = commands.add_parser("export", help="histograms and statistics as CSV or JSON")
+    export = commands.add_parser("export", help="histograms, statistics and weight updates as CSV or JSON")
     export.add_argument("logdir")
     export.add_argument("--format", choices=("csv", "json"), default="csv", help="(default: %(default)s)")
     export.add_argument("--output", default="-", help="file to write, '-' for stdout (default)")
@@ -216,6 +216,10 @@ def _summary(args):
             continue
         print(f"run {run['run']}  (step {snapshot['step']})")
         print(_table(summary_rows(snapshot, run["layers"])))
+        updates = update_rows(snapshot, run["layers"])
+        if updates:
+            print("\nweight updates  (|w - w_previous| / |w| since the previous log event; ~1e-3 is the usual size)")
+            print(_table(updates, UPDATE_COLUMNS))
         print()
         printed += 1
     if not printed:
@@ -262,6 +266,53 @@ def summary_rows(snapshot, layers):
                 )
             )
     return rows
+
+
+UPDATE_COLUMNS = ("layer", "weight", "step", "interval", "weight norm", "update norm", "update ratio")
+LAYER_UPDATE = "(layer)"  # the weight column of a layer's combined row
+
+
+def update_rows(snapshot, layers):
+    """Rows of the weight-update table of one run at one step: per layer, its weights and their combination.
+
+    A layer's combined row (weight `LAYER_UPDATE`) is the server's
+    `update_ratio` of the layer, its weights taken as one vector; its
+    weights follow in the layer's order (kernel before bias). Empty when no
+    layer has update records (`weights=True` logs them from its second log
+    event on).
+
+    Args: as `summary_rows`.
+    """
+    order = {layer["layer"]: layer.get("weights", []) for layer in layers}
+    rows = []
+    for layer in snapshot["layers"]:
+        updates = layer.get("updates") or {}
+        if not updates:
+            continue
+        known = order.get(layer["layer"], [])
+        rank = {weight: known.index(weight) if weight in known else len(known) for weight in updates}
+        updates = dict(sorted(updates.items(), key=lambda item: (rank[item[0]], item[0])))
+        steps = sorted({u["step"] for u in updates.values()})
+        intervals = sorted({u["interval"] for u in updates.values()})
+        rows.append(
+            (layer["layer"], LAYER_UPDATE, ",".join(map(str, steps)), ",".join(map(_interval, intervals)), "", "",
+             _scientific(layer["update_ratio"]))
+        )
+        for weight, update in updates.items():
+            rows.append(
+                (layer["layer"], weight, str(update["step"]), _interval(update["interval"]),
+                 _scientific(update["weight_norm"]), _scientific(update["update_norm"]),
+                 _scientific(update["update_ratio"]))
+            )
+    return rows
+
+
+def _scientific(value):
+    return "-" if value is None else f"{value:.3e}"
+
+
+def _interval(value):
+    return "-" if not math.isfinite(value) else str(int(value))
 
 
 def mass_conservation(routing):
@@ -329,12 +380,16 @@ def _export(args):
             raise CommandError(f"cannot write {args.output!r}: folder {parent!r} does not exist")
     out = sys.stdout if args.output == "-" else open(args.output, "w", newline="")
     try:
+        updates = list(export_updates(gradviz, ctx, experiment, runs))
         if args.format == "json":
             maps = list(export_routing_maps(gradviz, ctx, experiment, runs))
-            json.dump({"format_version": 1, "series": series, "routing_maps": maps}, out, allow_nan=True)
+            body = {"format_version": 1, "series": series, "routing_maps": maps}
+            if updates:  # a run without weights=True exports what it always did
+                body["updates"] = updates
+            json.dump(body, out, allow_nan=True)
             out.write("\n")
         else:
-            write_csv(series, out)
+            write_csv(series, out, updates)
     finally:
         if out is not sys.stdout:
             out.close()
@@ -352,7 +407,7 @@ def _found(impl, *args):
 
 
 def export_series(gradviz, ctx, experiment, runs):
-    """Yields one dict per run, layer and tensor: `/series` data plus routing."""
+    """Yields one dict per run, layer and tensor: `/series` data plus routing (and, as `/runs`, a weight's name)."""
     for run in runs:
         for layer in run["layers"]:
             routing = _found(gradviz.routing_impl, ctx, experiment, run["run"], layer["layer"])
@@ -360,7 +415,34 @@ def export_series(gradviz, ctx, experiment, runs):
                 data = gradviz.series_impl(ctx, experiment, run["run"], layer["layer"], tensor["tensor"])
                 data["layer_class"] = layer["layer_class"]
                 data["routing"] = routing
+                if "weight" in tensor:
+                    data["weight"] = tensor["weight"]
                 yield data
+
+
+def export_updates(gradviz, ctx, experiment, runs):
+    """Yields the update records of each layer that has them (`weights=True`): every step.
+
+    Each is the `/updates` body of the layer, plus `steps` and `update_ratio`:
+    the layer's weights taken as one vector at each step, as `/step` combines
+    them (`records.combined_update_ratio`).
+    """
+    for run in runs:
+        for layer in run["layers"]:
+            if not layer.get("updates"):
+                continue
+            body = gradviz.updates_impl(ctx, experiment, run["run"], layer["layer"])
+            # The last record of a step wins, as in the series.
+            by_step = [{step: i for i, step in enumerate(w["steps"])} for w in body["weights"]]
+            body["steps"] = sorted(set().union(*by_step))
+            body["update_ratio"] = [
+                records.combined_update_ratio(
+                    [w["weight_norm"][rows[step]] for w, rows in zip(body["weights"], by_step) if step in rows],
+                    [w["update_norm"][rows[step]] for w, rows in zip(body["weights"], by_step) if step in rows],
+                )
+                for step in body["steps"]
+            ]
+            yield body
 
 
 def export_routing_maps(gradviz, ctx, experiment, runs):
@@ -374,7 +456,8 @@ def export_routing_maps(gradviz, ctx, experiment, runs):
             yield {"run": run["run"], "layer": layer["layer"], "steps": last["steps"], "maps": maps}
 
 
-def csv_header():
+def csv_header(updates=False):
+    """The CSV columns; `updates`: with the update records' (`records.UPDATE_FIELDS`) at the end."""
     return (
         ["run", "layer", "layer_class", "tensor", "role", "shape", "step", "wall_time"]
         + list(records.STATS_FIELDS)
@@ -383,14 +466,30 @@ def csv_header():
         + [f"hist_{i}" for i in range(records.HISTOGRAM_BUCKETS)]
         + [f"neg_mag_{i}" for i in range(records.MAGNITUDE_BINS)]
         + [f"pos_mag_{i}" for i in range(records.MAGNITUDE_BINS)]
+        + (list(records.UPDATE_FIELDS) if updates else [])
     )
 
 
-def write_csv(series, out):
-    """One row per run, layer, tensor and step (long format, for pandas)."""
+def write_csv(series, out, updates=()):
+    """One row per run, layer, tensor and step (long format, for pandas).
+
+    With `updates` (`export_updates`), the update record of a weight at a
+    step fills the last columns of that weight's `weight/<w>` row (blank on
+    every other row, and at a weight's first log event); without, those
+    columns are left out.
+    """
+    by_weight = {}
+    for body in updates:
+        for w in body["weights"]:
+            by_weight[(body["run"], body["layer"], w["weight"])] = (
+                {step: i for i, step in enumerate(w["steps"])}, w
+            )
     writer = csv.writer(out)
-    writer.writerow(csv_header())
+    writer.writerow(csv_header(bool(updates)))
     for data in series:
+        update_row, update = {}, None
+        if data["role"] == records.WEIGHT:
+            update_row, update = by_weight.get((data["run"], data["layer"], data.get("weight")), ({}, None))
         routing = data["routing"]
         routing_row = {}
         if routing is not None:
@@ -408,7 +507,14 @@ def write_csv(series, out):
                 + list(counts)
                 + data["log"]["negative"][i]
                 + data["log"]["positive"][i]
+                + (_update_cells(update, update_row.get(step)) if updates else [])
             )
+
+
+def _update_cells(update, row):
+    if row is None:
+        return [""] * len(records.UPDATE_FIELDS)
+    return [update[name][row] for name in records.UPDATE_FIELDS]
 
 
 def _blank_if_none(value):

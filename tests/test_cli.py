@@ -119,6 +119,150 @@ def test_export_json_is_valid_json_with_every_series(logdir):
     assert np.isnan(data["series"][1]["routing"]["tied_windows"][0])  # NaN survives as NaN
 
 
+@pytest.fixture(scope="module")
+def weights_logdir(tmp_path_factory):
+    """A small CNN logged with weights=True at steps 2, 4 and 6; also its final weights, by layer and name."""
+    keras = pytest.importorskip("keras")
+    from tb_gradviz import GradVizCallback
+
+    root = tmp_path_factory.mktemp("cli_weights")
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential(
+        [keras.Input((8, 8, 2)), keras.layers.Conv2D(3, 3, padding="same", name="conv"),
+         keras.layers.BatchNormalization(name="bn"), keras.layers.MaxPooling2D(2, name="pool"),
+         keras.layers.Flatten(), keras.layers.Dense(2, name="dense")]
+    )
+    model.compile("adam", "mse")
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=(8, 8, 8, 2)).astype("float32"), rng.normal(size=(8, 2)).astype("float32")
+    callback = GradVizCallback(root / "cnn", (x[:4], y[:4]), layers=["conv", "bn", "pool", "dense"], weights=True)
+    model.fit(x, y, batch_size=4, epochs=3, verbose=0, callbacks=[callback])
+    final = {
+        layer.name: {v.name: np.array(v.numpy(), dtype=np.float64) for v in layer.trainable_weights}
+        for layer in model.layers
+    }
+    return root, final
+
+
+WEIGHTS = {"conv": ["kernel", "bias"], "bn": ["gamma", "beta"], "dense": ["kernel", "bias"]}
+
+
+def logged_updates(logdir, layer, weight):
+    """`[(step, {field: value})]` of a weight's update records, as the event files hold them."""
+    return [
+        (step, dict(zip(records.UPDATE_FIELDS, vector.tolist())))
+        for step, vector in eventdata.values(eventdata.load(logdir), records.update_tag(layer, weight))
+    ]
+
+
+def test_summary_of_a_weights_run_lists_weight_tensors_and_the_update_ratios_at_the_step(weights_logdir):
+    root, final = weights_logdir
+    status, out, err = run_cli("summary", root)
+    assert (status, err) == (0, "")
+    assert "run cnn  (step 6)" in out
+    rows = {(r["layer"], r["tensor"]): r for r in table_rows(out, "cnn")}
+    for layer, weights in WEIGHTS.items():
+        for weight in weights:
+            shape = "x".join(map(str, final[layer][weight].shape))
+            assert rows[(layer, f"weight/{weight}")]["shape"] == rows[(layer, f"weight_gradient/{weight}")]["shape"] == shape
+            assert rows[(layer, f"weight/{weight}")]["step"] == "6"
+    assert not [tensor for layer, tensor in rows if layer == "pool" and tensor.startswith("weight")]
+
+    block = out.split("weight updates  ")[1].split("\n\n")[0].splitlines()
+    header = re.split(r"\s{2,}", block[1].strip())
+    assert header == list(cli.UPDATE_COLUMNS)
+    starts = [block[1].index(h) for h in header]
+    updates = [dict(zip(header, [line[a:b].strip() for a, b in zip(starts, starts[1:] + [None])])) for line in block[3:]]
+    assert [(u["layer"], u["weight"]) for u in updates] == [
+        (layer, weight) for layer, weights in WEIGHTS.items() for weight in [cli.LAYER_UPDATE, *weights]
+    ]
+    for u in updates:
+        assert (u["step"], u["interval"]) == ("6", "2")
+        if u["weight"] == cli.LAYER_UPDATE:
+            logged = [logged_updates(root / "cnn", u["layer"], w)[-1][1] for w in WEIGHTS[u["layer"]]]
+            # The layer's weights as one vector: |all updates| / |all weights|.
+            combined = np.sqrt(sum(v["update_norm"] ** 2 for v in logged)) / np.sqrt(sum(v["weight_norm"] ** 2 for v in logged))
+            assert u["update ratio"] == f"{combined:.3e}" and (u["weight norm"], u["update norm"]) == ("", "")
+            continue
+        step, logged = logged_updates(root / "cnn", u["layer"], u["weight"])[-1]
+        assert step == 6
+        assert u["weight norm"] == f"{logged['weight_norm']:.3e}" == f"{np.linalg.norm(final[u['layer']][u['weight']]):.3e}"
+        assert u["update norm"] == f"{logged['update_norm']:.3e}" and u["update ratio"] == f"{logged['update_ratio']:.3e}"
+        assert 0 < logged["update_ratio"] < 1
+
+
+def test_summary_of_a_weights_run_at_its_first_event_has_no_update_table(weights_logdir):
+    # The first log event has nothing to compare with: weight tensors, no update records.
+    root, _ = weights_logdir
+    status, out, _ = run_cli("summary", root, "--step", "3")
+    assert status == 0 and "run cnn  (step 2)" in out
+    assert ("conv", "weight/kernel") in {(r["layer"], r["tensor"]) for r in table_rows(out, "cnn")}
+    assert "weight updates" not in out
+
+
+def test_a_run_without_weights_exports_and_summarises_as_before(logdir, tmp_path):
+    status, out, _ = run_cli("summary", logdir)
+    assert status == 0 and "weight updates" not in out
+    assert run_cli("export", logdir, "--output", tmp_path / "out.csv")[0] == 0
+    assert next(csv.reader((tmp_path / "out.csv").open())) == cli.csv_header() == cli.csv_header(updates=False)
+    assert not set(records.UPDATE_FIELDS) & set(cli.csv_header())
+    status, out, _ = run_cli("export", logdir, "--format", "json")
+    assert set(json.loads(out)) == {"format_version", "series", "routing_maps"}
+
+
+def test_export_csv_of_a_weights_run_puts_each_update_on_its_weight_row(weights_logdir, tmp_path):
+    root, final = weights_logdir
+    target = tmp_path / "out.csv"
+    status, _, err = run_cli("export", root, "--output", target)
+    assert (status, err) == (0, "")
+    rows = list(csv.DictReader(target.open()))
+    assert list(rows[0]) == cli.csv_header(updates=True) == cli.csv_header() + list(records.UPDATE_FIELDS)
+    # Tensors: 3 per layer, and 2 per weight of conv, bn and dense; 3 steps each.
+    assert len(rows) == (4 * 3 + 2 * 6) * 3
+    log = eventdata.load(root / "cnn")
+    for layer, weights in WEIGHTS.items():
+        for weight in weights:
+            by_step = {r["step"]: r for r in rows if (r["layer"], r["tensor"]) == (layer, f"weight/{weight}")}
+            assert sorted(by_step) == ["2", "4", "6"] and by_step["2"]["role"] == "weight"
+            assert all(by_step["2"][name] == "" for name in records.UPDATE_FIELDS)  # the first event
+            for step, logged in logged_updates(root / "cnn", layer, weight):
+                row = by_step[str(step)]
+                assert {name: float(row[name]) for name in records.UPDATE_FIELDS} == logged
+                assert logged["interval"] == 2
+            stats = eventdata.stats(log, layer, f"weight/{weight}")
+            assert float(by_step["6"]["sum"]) == stats["sum"] == pytest.approx(final[layer][weight].sum(), rel=1e-6, abs=1e-9)
+            assert int(by_step["6"]["count"]) == final[layer][weight].size
+    others = [r for r in rows if r["role"] != "weight"]
+    assert others and all(r[name] == "" for r in others for name in records.UPDATE_FIELDS)
+
+
+def test_export_json_of_a_weights_run_has_the_update_series_of_each_layer(weights_logdir):
+    root, _ = weights_logdir
+    status, out, _ = run_cli("export", root, "--format", "json")
+    assert status == 0
+    data = json.loads(out)
+    assert [(u["run"], u["layer"], [w["weight"] for w in u["weights"]]) for u in data["updates"]] == [
+        ("cnn", layer, weights) for layer, weights in WEIGHTS.items()
+    ]
+    for body in data["updates"]:
+        assert body["steps"] == [4, 6]
+        logged = {w: logged_updates(root / "cnn", body["layer"], w) for w in WEIGHTS[body["layer"]]}
+        for w in body["weights"]:
+            assert w["steps"] == [step for step, _ in logged[w["weight"]]] == [4, 6]
+            for name in records.UPDATE_FIELDS:
+                assert w[name] == [v[name] for _, v in logged[w["weight"]]]
+        for i in range(2):
+            updates = [v[i][1] for v in logged.values()]
+            combined = np.sqrt(sum(v["update_norm"] ** 2 for v in updates)) / np.sqrt(sum(v["weight_norm"] ** 2 for v in updates))
+            assert body["update_ratio"][i] == pytest.approx(combined, rel=1e-15)
+    weight_series = [s for s in data["series"] if s["role"] in records.WEIGHT_ROLES]
+    assert {(s["layer"], s["tensor"], s["weight"]) for s in weight_series} == {
+        (layer, f"{role}/{weight}", weight) for layer, weights in WEIGHTS.items() for weight in weights
+        for role in records.WEIGHT_ROLES
+    }
+    assert all("weight" not in s for s in data["series"] if s["role"] not in records.WEIGHT_ROLES)
+
+
 @pytest.mark.parametrize(
     "args, status, message",
     [
