@@ -94,3 +94,18 @@ def test_routing_map_bench_measures_bytes_and_time(tmp_path):
     (row,) = run_smoke(tmp_path, "bench_routing_map.py")
     assert row["log_event_s"] > 0 and row["log_event_with_map_s"] > 0
     assert 0 < row["largest_map_bytes"] <= 64 * 1024 + 512 < row["event_bytes"] + 64 * 1024
+
+
+def test_weights_bench_compares_with_and_without_on_each_backend(tmp_path):
+    pytest.importorskip("tensorflow")
+    rows = run_smoke(tmp_path, "bench_weights.py", "--backends", "tensorflow")
+    assert [(r["backend"], r["layers"]) for r in rows] == [("tensorflow", "pool"), ("tensorflow", "all")]
+    pool, every = rows
+    # Pooling layers have no weights: the option adds no tensor and holds nothing.
+    assert pool["weights"] == 0 and pool["tensors_with"] == pool["tensors_without"] and pool["update_bytes_held"] == 0
+    # The tiny CNN with all 7 layers: kernel and bias of 3 convs and the head, 2 tensors each.
+    assert every["weights"] == 8 and every["tensors_with"] == every["tensors_without"] + 16
+    assert every["update_bytes_held"] == 4 * every["weight_values"] > 0
+    for row in rows:
+        assert row["event_with_s"] > 0 and row["event_without_s"] > 0 and row["train_step_s"] > 0
+        assert row["updates_with_s"] >= 0 and row["pass_with_s"] > 0
