@@ -274,14 +274,24 @@ def summaries(items, buckets=records.HISTOGRAM_BUCKETS, workers=None):
 
     The kernel releases the GIL; the largest arrays go first.
     """
+    return _in_threads(lambda values, divisor: summary(values, divisor, buckets), items, workers)
+
+
+def update_sums_of(pairs, workers=None):
+    """`update_sums(current, previous)` of each pair, using `workers` threads (the largest first)."""
+    return _in_threads(update_sums, pairs, workers)
+
+
+def _in_threads(function, items, workers=None):
+    """`[function(*item) for item in items]`, on up to `workers` threads, the largest first arrays first."""
     items = list(items)
     workers = workers or min(len(items), _usable_cpus())
     if workers <= 1:
-        return [summary(values, divisor, buckets) for values, divisor in items]
+        return [function(*item) for item in items]
     order = sorted(range(len(items)), key=lambda i: -np.size(items[i][0]))
     results = [None] * len(items)
     with concurrent.futures.ThreadPoolExecutor(workers) as pool:
-        futures = {pool.submit(summary, items[i][0], items[i][1], buckets): i for i in order}
+        futures = {pool.submit(function, *items[i]): i for i in order}
         for future, i in futures.items():
             results[i] = future.result()
     return results

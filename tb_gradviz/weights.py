@@ -59,12 +59,11 @@ class Updates:
     event, in the weight's dtype (float16 and bfloat16 widened to float32):
     as much memory as the recorded weights themselves (ResNet50's figure:
     bench/RESULTS.md, section 9), and never more, since each copy is
-    overwritten in place. On the
-    host, because frameworks update weights in place (TensorFlow's XLA train
-    step) or free their buffers (JAX donates them), and so that the norms
-    are summed in float64; an accelerator sends the weights once per log
-    event. `kernels.update_sums` reads each weight and rewrites its copy in
-    one pass.
+    overwritten in place. On the host, because frameworks update weights in
+    place (TensorFlow's XLA train step) or free their buffers (JAX donates
+    them), and so that the norms are summed in float64; an accelerator sends
+    the weights once per log event. `kernels.update_sums` reads each weight
+    and rewrites its copy in one pass.
     """
 
     def __init__(self):
@@ -76,7 +75,7 @@ class Updates:
         A weight's first log event gives no record (there is nothing to
         compare with); it takes the copy the next one compares with.
         """
-        result = []
+        measured = []  # (plan, name, interval, current, copy)
         for plan in plans:
             for name, variable in plan.weights:
                 current = np.asarray(keras.ops.convert_to_numpy(variable))
@@ -86,20 +85,29 @@ class Updates:
                 if kept is None or kept[2].shape != current.shape or kept[2].dtype != current.dtype:
                     self._previous[id(variable)] = (variable, step, np.array(current, order="C"))
                     continue
-                weight_squares, update_squares = _update_sums(current, kept[2])
                 self._previous[id(variable)] = (variable, step, kept[2])
-                vector = records.update_vector(np.sqrt(weight_squares), np.sqrt(update_squares), step - kept[1])
-                content = dict(plan.content, weight=name, tensor=records.weight_tensor_name(records.WEIGHT, name))
-                result += events.update_records(plan.chosen.path, name, vector, content)
+                measured.append((plan, name, step - kept[1], current, kept[2]))
+        sums = _update_sums([(current, copy) for *_, current, copy in measured])
+        result = []
+        for (plan, name, interval, _, _), (weight_squares, update_squares) in zip(measured, sums):
+            vector = records.update_vector(np.sqrt(weight_squares), np.sqrt(update_squares), interval)
+            content = dict(plan.content, weight=name, tensor=records.weight_tensor_name(records.WEIGHT, name))
+            result += events.update_records(plan.chosen.path, name, vector, content)
         return result
 
 
-def _update_sums(current, previous):
-    """`records.update_sums`, fused by `kernels` when numba is there; `previous` then holds `current`."""
+def _update_sums(pairs):
+    """`records.update_sums` of each `(current, copy)`, then `copy[...] = current`.
+
+    With numba (every extra installs it) `kernels` fuses the two and runs the
+    weights on one thread per CPU.
+    """
     if assemble.numba_available():
         from tb_gradviz import kernels
 
-        return kernels.update_sums(current, previous)
-    sums = records.update_sums(current, previous)
-    previous[...] = current
-    return sums
+        return kernels.update_sums_of(pairs)
+    result = []
+    for current, copy in pairs:
+        result.append(records.update_sums(current, copy))
+        copy[...] = current
+    return result
