@@ -185,6 +185,22 @@ def numba_available():
     return True
 
 
+def host_weights(plans, arrays):
+    """`{id(variable): array}` of the weights among the values of the plan tensors (in plan order).
+
+    The pass has brought them to the host for their statistics; the update
+    records (`weights.Updates`) read the same arrays instead of reading the
+    weights again.
+    """
+    arrays = iter(arrays)
+    result = {}
+    for plan in plans:
+        values = [next(arrays) for _ in plan.tensors]
+        weights = [a for t, a in zip(plan.tensors, values) if t.role == records.WEIGHT]
+        result.update((id(variable), a) for (_, variable), a in zip(plan.weights, weights))
+    return result
+
+
 def host_records(plans, arrays, divisor, routing_counts, skipped, units, maps=(), map_settings=None):
     """Returns `run`'s result from the captured tensors, summarised on the host.
 

@@ -205,12 +205,14 @@ class GradVizCallback(keras.callbacks.Callback):
             collective_ops = getattr(self._capture, "collective_ops", None)
             if collective_ops is not None and collective_ops(x, y, sample_weight):
                 self._capture.run(x, y, sample_weight)
+                self._capture.take_host_weights()
             return
         written, skipped = self._capture.run(x, y, sample_weight)
+        host_weights = self._capture.take_host_weights()
         capture.warn_skipped(skipped)
         step = self._step() if step is None else _check_step(step)
         if self._updates is not None:
-            written += self._updates.records(self._capture.plans, step)
+            written += self._updates.records(self._capture.plans, step, host_weights)
         self._log.write(step, written)
         if self.stop_on_nonfinite:
             nonfinite = [tag for tag, values, _ in written if records.stats_has_nonfinite(tag, values)]

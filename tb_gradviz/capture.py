@@ -116,6 +116,20 @@ class ProbePass:
         self.plans = None  # the LayerPlans, known once the pass has run
         self.map_settings = None  # routing_map.Settings, or None for no routing maps
         self.weights = {}  # path -> [(name, variable)] recorded (`weights.chosen_weights`)
+        # The recorded weights' values on the host after a run with host statistics,
+        # `{id(variable): array}` (`assemble.host_weights`); empty otherwise.
+        self.host_weights = {}
+
+    def take_host_weights(self):
+        """Returns `host_weights` and lets go of them.
+
+        They alias the weights' own buffers (no copy on a CPU), so they are
+        not kept past the log event: TensorFlow copies a variable it updates
+        while another reference to its buffer lives, and JAX cannot reuse a
+        donated buffer.
+        """
+        taken, self.host_weights = self.host_weights, {}
+        return taken
 
     def weights_of(self, path):
         """The `(name, variable)`s the layer at `path` records (none without `weights=True`)."""

@@ -277,11 +277,6 @@ def summaries(items, buckets=records.HISTOGRAM_BUCKETS, workers=None):
     return _in_threads(lambda values, divisor: summary(values, divisor, buckets), items, workers)
 
 
-def update_sums_of(pairs, workers=None):
-    """`update_sums(current, previous)` of each pair, using `workers` threads (the largest first)."""
-    return _in_threads(update_sums, pairs, workers)
-
-
 def _in_threads(function, items, workers=None):
     """`[function(*item) for item in items]`, on up to `workers` threads, the largest first arrays first."""
     items = list(items)

@@ -69,45 +69,46 @@ class Updates:
     def __init__(self):
         self._previous = {}  # id(variable) -> (variable, step, host copy)
 
-    def records(self, plans, step):
+    def records(self, plans, step, host_values=None):
         """Returns the update records (`records.UPDATE_FIELDS`) of the plans' weights at `step`.
 
         A weight's first log event gives no record (there is nothing to
         compare with); it takes the copy the next one compares with.
+
+        Args:
+          plans: the pass's `LayerPlan`s.
+          step: the log event's step.
+          host_values: `{id(variable): numpy array}` of weights the pass
+            already brought to the host (`ProbePass.host_weights`); the
+            others are read here.
         """
-        measured = []  # (plan, name, interval, current, copy)
+        host_values = host_values or {}
+        result = []
         for plan in plans:
             for name, variable in plan.weights:
-                current = np.asarray(keras.ops.convert_to_numpy(variable))
+                current = host_values.get(id(variable))
+                if current is None:
+                    current = np.asarray(keras.ops.convert_to_numpy(variable))
                 if current.dtype not in (np.float32, np.float64):
                     current = current.astype(np.float32)
                 kept = self._previous.get(id(variable))
                 if kept is None or kept[2].shape != current.shape or kept[2].dtype != current.dtype:
                     self._previous[id(variable)] = (variable, step, np.array(current, order="C"))
                     continue
+                weight_squares, update_squares = _update_sums(current, kept[2])
                 self._previous[id(variable)] = (variable, step, kept[2])
-                measured.append((plan, name, step - kept[1], current, kept[2]))
-        sums = _update_sums([(current, copy) for *_, current, copy in measured])
-        result = []
-        for (plan, name, interval, _, _), (weight_squares, update_squares) in zip(measured, sums):
-            vector = records.update_vector(np.sqrt(weight_squares), np.sqrt(update_squares), interval)
-            content = dict(plan.content, weight=name, tensor=records.weight_tensor_name(records.WEIGHT, name))
-            result += events.update_records(plan.chosen.path, name, vector, content)
+                vector = records.update_vector(np.sqrt(weight_squares), np.sqrt(update_squares), step - kept[1])
+                content = dict(plan.content, weight=name, tensor=records.weight_tensor_name(records.WEIGHT, name))
+                result += events.update_records(plan.chosen.path, name, vector, content)
         return result
 
 
-def _update_sums(pairs):
-    """`records.update_sums` of each `(current, copy)`, then `copy[...] = current`.
-
-    With numba (every extra installs it) `kernels` fuses the two and runs the
-    weights on one thread per CPU.
-    """
+def _update_sums(current, copy):
+    """`records.update_sums(current, copy)`, fused by `kernels` when numba is there; `copy` then holds `current`."""
     if assemble.numba_available():
         from tb_gradviz import kernels
 
-        return kernels.update_sums_of(pairs)
-    result = []
-    for current, copy in pairs:
-        result.append(records.update_sums(current, copy))
-        copy[...] = current
-    return result
+        return kernels.update_sums(current, copy)
+    sums = records.update_sums(current, copy)
+    copy[...] = current
+    return sums

@@ -361,11 +361,11 @@ def test_without_numba_the_callback_warns_once_and_writes_the_same_records(tmp_p
         " keras.layers.Flatten(), keras.layers.Dense(1)])\n"
         "m.compile('sgd', 'mse')\n"
         "x, y = np.random.default_rng(0).normal(size=(4, 6, 6, 2)).astype('float32'), np.ones((4, 1), 'float32')\n"
-        "cb = tb_gradviz.GradVizCallback(sys.argv[2], (x, y), layers=['conv', 'pool'])\n"
+        "cb = tb_gradviz.GradVizCallback(sys.argv[2], (x, y), layers=['conv', 'pool'], weights=True)\n"
         "cb.set_model(m)\n"
         "with warnings.catch_warnings(record=True) as caught:\n"
         "    warnings.simplefilter('always')\n"
-        "    cb.log_now(step=1); cb.log_now(step=2)\n"
+        "    cb.log_now(step=1); m.train_on_batch(x, y); cb.log_now(step=2)\n"
         "print([str(w.message) for w in caught if 'numba' in str(w.message)])\n"
     )
     env = dict(os.environ, KERAS_BACKEND=BACKEND)
@@ -381,6 +381,7 @@ def test_without_numba_the_callback_warns_once_and_writes_the_same_records(tmp_p
     assert f'pip install "tb_gradviz[{extra}]"' in outputs["blocked"]
     blocked, installed = eventdata.load(tmp_path / "blocked"), eventdata.load(tmp_path / "installed")
     assert eventdata.tensor_tags(blocked) == eventdata.tensor_tags(installed)
+    assert records.update_tag("conv", "kernel") in eventdata.tensor_tags(installed)  # weights=True: the update sums too
     for tag in eventdata.tensor_tags(installed):
         for (step_a, a), (step_b, b) in zip(eventdata.values(blocked, tag), eventdata.values(installed, tag)):
             assert step_a == step_b

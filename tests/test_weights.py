@@ -211,3 +211,24 @@ def test_a_bad_weights_argument_says_what_was_received(tmp_path):
     x, y = data(2)
     with pytest.raises(TypeError, match="weights must be True or False; received 'yes'"):
         GradVizCallback(tmp_path, (x, y), weights="yes")
+
+
+def test_update_records_are_the_same_from_the_passs_host_arrays_and_from_the_variables():
+    # Host statistics hand the weights' host arrays on; device statistics leave Updates to read the variables.
+    model = conv_bn_model(seed=5, learning_rate=0.01)
+    x, y = data(8, seed=5)
+    chosen = selection.select_layers(model, CHOSEN)
+    probes = {s: capture.new_capture(model, chosen, statistics=s, weights=True) for s in ("host", "device")}
+    trackers = {s: weights.Updates() for s in probes}
+    written = {s: [] for s in probes}
+    for step in (1, 2):
+        for statistics, probe in probes.items():
+            probe.run(x, y)
+            host = probe.take_host_weights()
+            assert (len(host) == 6) == (statistics == "host") and probe.host_weights == {}
+            written[statistics] = trackers[statistics].records(probe.plans, step, host)
+        model.train_on_batch(x, y)
+    assert [tag for tag, _, _ in written["host"]] == [tag for tag, _, _ in written["device"]]
+    assert len(written["host"]) == 6
+    for (tag, a, _), (_, b, _) in zip(written["host"], written["device"]):
+        np.testing.assert_array_equal(a, b, err_msg=tag)

@@ -79,9 +79,9 @@ class LayerCapture(capture.ProbePass):
             tensors += [*layer_activations, *input_grads, *output_grads, *weights, *weight_grads]
         counts = [tuple(np.nan if c is None else int(c) for c in layer) for layer in routing_counts]
         if self.statistics == "host":
-            return assemble.host_records(
-                self.plans, [_host(t) for t in tensors], divisor, counts, self._skipped, units, maps, self.map_settings
-            )
+            arrays = [_host(t) for t in tensors]
+            self.host_weights = assemble.host_weights(self.plans, arrays)
+            return assemble.host_records(self.plans, arrays, divisor, counts, self._skipped, units, maps, self.map_settings)
         return assemble.device_records(
             self.plans, self._device_rows(tensors, divisor), counts, self._skipped, units, maps, self.map_settings
         )

@@ -75,6 +75,7 @@ class LayerCapture(capture.ProbePass):
         slices = outputs[self._maps_start :]
         maps = [assemble.host_map(slices[i : i + 3]) for i in range(0, len(slices), 3)]
         if self.statistics == "host":
+            self.host_weights = assemble.host_weights(self.plans, [outputs[item] for item in self._items])
             scale = float(outputs[self._routing_start - 1]) if any(self._divided_items) else None
             summaries = assemble.host_summaries(
                 [(values, scale if divided else None) for values, divided in zip(outputs, self._divided_items)]

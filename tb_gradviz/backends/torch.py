@@ -101,9 +101,9 @@ class LayerCapture(capture.ProbePass):
                 v.assign(value)
         skipped = [c.path for c in self.chosen if not recordings[c.path].outputs]
         if self.statistics == "host":
-            return assemble.host_records(
-                self.plans, [_host(t) for t in tensors], scale, routing_counts, skipped, units, maps, self.map_settings
-            )
+            arrays = [_host(t) for t in tensors]
+            self.host_weights = assemble.host_weights(self.plans, arrays)
+            return assemble.host_records(self.plans, arrays, scale, routing_counts, skipped, units, maps, self.map_settings)
         return assemble.device_records(
             self.plans, self._device_rows(tensors, scale), routing_counts, skipped, units, maps, self.map_settings
         )
