@@ -9,7 +9,7 @@ Imports neither TensorFlow nor Keras.
 import logging
 import threading
 
-from tb_gradviz import metadata
+from tb_gradviz import metadata, records
 
 logger = logging.getLogger(__name__)
 
@@ -61,6 +61,17 @@ def layer_index(run, time_series_by_tag, skip_warning):
         else:
             layer["tensors"][content["tensor"]] = (tag, content, time_series)
     return {name: layer for name, layer in layers.items() if layer["tensors"]}
+
+
+def weight_updates(layer):
+    """A layer's `updates` (of a `layer_index` entry) in the order of its weights (their tensors' `index`)."""
+    indexes = {
+        content.get("weight"): content["index"]
+        for _, content, _ in layer["tensors"].values()
+        if content["role"] == records.WEIGHT
+    }
+    updates = layer.get("updates", {})
+    return {weight: updates[weight] for weight in sorted(updates, key=lambda w: (indexes.get(w, len(indexes)), w))}
 
 
 def parse_content(time_series, run, tag, skip_warning):

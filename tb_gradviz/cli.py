@@ -216,9 +216,9 @@ def _summary(args):
             continue
         print(f"run {run['run']}  (step {snapshot['step']})")
         print(_table(summary_rows(snapshot, run["layers"])))
-        updates = update_rows(snapshot, run["layers"])
+        updates = update_rows(snapshot)
         if updates:
-            print("\nweight updates  (|w - w_previous| / |w| since the previous log event; ~1e-3 is the usual size)")
+            print("\nweight updates  (|w - w_previous| / |w| since the previous log event; size: per step, against the usual ~1e-3)")
             print(_table(updates, UPDATE_COLUMNS))
         print()
         printed += 1
@@ -268,41 +268,39 @@ def summary_rows(snapshot, layers):
     return rows
 
 
-UPDATE_COLUMNS = ("layer", "weight", "step", "interval", "weight norm", "update norm", "update ratio")
+UPDATE_COLUMNS = ("layer", "weight", "step", "interval", "weight norm", "update norm", "update ratio", "size")
 LAYER_UPDATE = "(layer)"  # the weight column of a layer's combined row
 
 
-def update_rows(snapshot, layers):
+def update_rows(snapshot):
     """Rows of the weight-update table of one run at one step: per layer, its weights and their combination.
 
     A layer's combined row (weight `LAYER_UPDATE`) is the server's
     `update_ratio` of the layer, its weights taken as one vector; its
-    weights follow in the layer's order (kernel before bias). Empty when no
-    layer has update records (`weights=True` logs them from its second log
-    event on).
+    weights follow in the layer's order (kernel before bias), as `/step`
+    gives them. `size` is the server's verdict on the ratio per step
+    (`health.update_size`). Empty when no layer has update records
+    (`weights=True` logs them from its second log event on).
 
-    Args: as `summary_rows`.
+    Args:
+      snapshot: the `/step` body.
     """
-    order = {layer["layer"]: layer.get("weights", []) for layer in layers}
     rows = []
     for layer in snapshot["layers"]:
         updates = layer.get("updates") or {}
         if not updates:
             continue
-        known = order.get(layer["layer"], [])
-        rank = {weight: known.index(weight) if weight in known else len(known) for weight in updates}
-        updates = dict(sorted(updates.items(), key=lambda item: (rank[item[0]], item[0])))
         steps = sorted({u["step"] for u in updates.values()})
         intervals = sorted({u["interval"] for u in updates.values()})
         rows.append(
             (layer["layer"], LAYER_UPDATE, ",".join(map(str, steps)), ",".join(map(_interval, intervals)), "", "",
-             _scientific(layer["update_ratio"]))
+             _scientific(layer["update_ratio"]), layer["update_size"] or "-")
         )
         for weight, update in updates.items():
             rows.append(
                 (layer["layer"], weight, str(update["step"]), _interval(update["interval"]),
                  _scientific(update["weight_norm"]), _scientific(update["update_norm"]),
-                 _scientific(update["update_ratio"]))
+                 _scientific(update["update_ratio"]), update["size"] or "-")
             )
     return rows
 

@@ -8,7 +8,7 @@ TensorFlow nor Keras.
 
 import numpy as np
 
-from tb_gradviz import health, records, routing_map
+from tb_gradviz import catalog, health, records, routing_map
 
 LOG_EDGES = records.LOG_EDGES.tolist()
 
@@ -165,7 +165,7 @@ def _layer_at(name, layer, series_by_kind, limit):
         if row is not None:
             units_at = dict(records.decode_units(series.values[row]), step=int(series.steps[row]))
     updates_at = {}
-    for weight, (tag, _, _) in layer.get("updates", {}).items():
+    for weight, (tag, _, _) in catalog.weight_updates(layer).items():
         series = series_by_kind["updates"][tag]
         row = series.index_at_or_before(step)
         if row is not None:

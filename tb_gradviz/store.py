@@ -276,19 +276,13 @@ class RunStore:
         Raises:
           NotFoundError: no such layer, or it has no update records.
         """
-        found = self.layers().get(layer, {})
-        updates = found.get("updates")
-        if not updates:
+        found = self.layers().get(layer)
+        if not found or not found["updates"]:
             raise errors.NotFoundError(
                 f"no update records of layer {layer!r} in run {self.run!r} (logged without weights=True, "
                 "a layer without trainable weights, or a single log event)"
             )
-        order = sorted(found["tensors"].values(), key=lambda t: t[1]["index"])
-        ranked = [t[1].get("weight") for t in order if t[1]["role"] == records.WEIGHT]
-        return {
-            weight: updates[weight]
-            for weight in sorted(updates, key=lambda w: (ranked.index(w) if w in ranked else len(ranked), w))
-        }
+        return catalog.weight_updates(found)
 
     # Reading.
 

@@ -20,6 +20,7 @@ import pytest
 
 import eventdata
 from tb_gradviz import cli
+from tb_gradviz import health
 from tb_gradviz import records
 
 REPO = Path(__file__).resolve().parent.parent
@@ -183,12 +184,14 @@ def test_summary_of_a_weights_run_lists_weight_tensors_and_the_update_ratios_at_
             # The layer's weights as one vector: |all updates| / |all weights|.
             combined = np.sqrt(sum(v["update_norm"] ** 2 for v in logged)) / np.sqrt(sum(v["weight_norm"] ** 2 for v in logged))
             assert u["update ratio"] == f"{combined:.3e}" and (u["weight norm"], u["update norm"]) == ("", "")
+            assert u["size"] == (health.update_size(combined, 2) or "-")
             continue
         step, logged = logged_updates(root / "cnn", u["layer"], u["weight"])[-1]
         assert step == 6
         assert u["weight norm"] == f"{logged['weight_norm']:.3e}" == f"{np.linalg.norm(final[u['layer']][u['weight']]):.3e}"
         assert u["update norm"] == f"{logged['update_norm']:.3e}" and u["update ratio"] == f"{logged['update_ratio']:.3e}"
         assert 0 < logged["update_ratio"] < 1
+        assert u["size"] == health.update_size(logged["update_ratio"], logged["interval"])  # the server's verdict
 
 
 def test_summary_of_a_weights_run_at_its_first_event_has_no_update_table(weights_logdir):
