@@ -232,3 +232,39 @@ def test_update_records_are_the_same_from_the_passs_host_arrays_and_from_the_var
     assert len(written["host"]) == 6
     for (tag, a, _), (_, b, _) in zip(written["host"], written["device"]):
         np.testing.assert_array_equal(a, b, err_msg=tag)
+
+
+def test_tensorboards_own_histograms_dashboard_serves_the_weight_histograms(tmp_path):
+    from tensorboard.backend import application
+    from tensorboard.backend.event_processing import data_provider, plugin_event_multiplexer
+    from tensorboard.plugins import base_plugin
+    from tensorboard.plugins.histogram import histograms_plugin
+    from werkzeug import test as werkzeug_test
+
+    model = conv_bn_model(seed=6)
+    x, y = data(8, seed=6)
+    model.fit(x, y, batch_size=8, epochs=1, verbose=0, callbacks=[GradVizCallback(tmp_path / "run", (x, y), layers=CHOSEN, weights=True)])
+
+    multiplexer = plugin_event_multiplexer.EventMultiplexer(tensor_size_guidance={"histograms": 0})
+    multiplexer.AddRunsFromDirectory(str(tmp_path))
+    multiplexer.Reload()
+    provider = data_provider.MultiplexerDataProvider(multiplexer, str(tmp_path))
+    context = base_plugin.TBContext(logdir=str(tmp_path), data_provider=provider)
+    app = application.TensorBoardWSGI([histograms_plugin.HistogramsPlugin(context)], data_provider=provider)
+    client = werkzeug_test.Client(app)
+
+    tags = client.get("/data/plugin/histograms/tags").json["run"]
+    log = eventdata.load(tmp_path / "run")
+    for layer, names in (("conv", ("kernel", "bias")), ("bn", ("gamma", "beta")), ("dense", ("kernel", "bias"))):
+        for role in ("weight", "weight_gradient"):
+            for name in names:
+                tag = records.histogram_tag(layer, f"{role}/{name}")
+                assert tags[tag]["description"] == f"<p>tb_gradviz: {role}/{name} of {layer}</p>"  # rendered Markdown
+                response = client.get("/data/plugin/histograms/histograms", query_string={"run": "run", "tag": tag})
+                assert response.status_code == 200
+                ((_, step, buckets),) = response.json
+                assert step == 1
+                np.testing.assert_array_equal(np.array(buckets), eventdata.histogram(log, layer, f"{role}/{name}"))
+                if role == "weight":  # the weights as the step left them (SGD(0) leaves them as built)
+                    expected = numpy(getattr(model.get_layer(layer), name)).astype(np.float64)
+                    np.testing.assert_array_equal(np.array(buckets), records.linear_histogram(expected))
