@@ -206,6 +206,35 @@ def test_multi_input_add_and_subclassed_models(tmp_path):
     assert np.isnan(routing["tied_windows"])
 
 
+def test_a_layers_input_gradient_is_the_gradient_through_that_layer_alone(tmp_path):
+    # h feeds the Dense "a" and, around it, the Add: d loss / d h sums both
+    # paths, but a's input gradient is the part that flows back through a.
+    keras.utils.set_random_seed(0)
+    inputs = keras.Input((6,))
+    pre, a, add, head = (layers.Dense(6, name="pre"), layers.Dense(6, name="a"), layers.Add(name="add"),
+                         layers.Dense(1, name="head"))
+    h = pre(inputs)
+    model = keras.Model(inputs, head(add([h, a(h)])))
+    model.compile(keras.optimizers.SGD(0.0), "mse")
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=(5, 6)).astype("float32"), rng.normal(size=(5, 1)).astype("float32")
+    fit_once(model, x, y, tmp_path, layers=["pre", "a", "add"])
+
+    mse = keras.losses.MeanSquaredError()
+    h = numpy(pre(x))
+    through_a = gradients(lambda v: mse(y, head(add([keras.ops.convert_to_tensor(h), a(v)]))), h)[1]
+    total = gradients(lambda v: mse(y, head(add([v, a(v)]))), h)[1]
+    at_sum = gradients(lambda s: mse(y, head(s)), numpy(add([h, a(h)])))[1]
+    log = eventdata.load(tmp_path)
+    eventdata.assert_record_matches(log, "a", "input_gradient", through_a, rel=1e-5)
+    eventdata.assert_record_matches(log, "a", "output_gradient", at_sum, rel=1e-5)
+    eventdata.assert_record_matches(log, "add", "input_gradient_0", at_sum, rel=1e-5)
+    eventdata.assert_record_matches(log, "pre", "output_gradient", total, rel=1e-5)
+    # The two paths differ, so the test tells them apart.
+    np.testing.assert_allclose(total, through_a + at_sum, rtol=1e-5, atol=1e-7)
+    assert float(np.abs(total - through_a).sum()) > 0.1 * float(np.abs(total).sum())
+
+
 def test_nan_and_inf_are_counted_and_kept_out_of_the_histogram(tmp_path):
     # Average pooling carries NaN and Inf through on every backend (TensorFlow's
     # CPU max pool drops a NaN from its window; JAX and PyTorch propagate it).

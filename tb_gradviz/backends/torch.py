@@ -1,9 +1,13 @@
 """The probe pass on Keras' PyTorch backend: one eager pass and `torch.autograd.grad`.
 
-Each chosen layer's wrapped `call` adds a zero tensor that requires grad to
-its input and to its output; `torch.autograd.grad` of the loss w.r.t. those
-zeros gives the gradient w.r.t. the layer's input (through this layer only)
-and output, without touching any parameter's `.grad`, and frees the graph.
+Each chosen layer's wrapped `call` hands the layer a view of its input and
+the model a view of its output (`_own_node`); `torch.autograd.grad` of the
+loss w.r.t. those views gives the gradient w.r.t. the layer's input (through
+this layer only: the layer is the view's one consumer) and output, without
+touching any parameter's `.grad`, and frees the graph. A view copies nothing,
+where adding a zero tensor that requires grad (what the JAX pass does)
+allocated and added every captured tensor once more in eager PyTorch
+(bench/RESULTS.md, section 6).
 The state the forward pass changes (BatchNorm moving statistics, seed
 generators, metrics) is saved before and written back after, and so is
 PyTorch's global random state, which Dropout without a seed draws from.
@@ -46,15 +50,15 @@ class LayerCapture(capture.ProbePass):
         scale = capture.loss_scale(model)
         state = list(model.non_trainable_variables) + list(model.metrics_variables)
         saved = [v.value.detach().clone() for v in state]
-        zeros = {c.path: [] for c in self.chosen}
+        nodes = {c.path: [] for c in self.chosen}
 
         def wraps(path):
-            def add_zero(t):
-                zero = torch.zeros_like(t, requires_grad=True)
-                zeros[path].append(zero)
-                return t + zero
+            def own_node(t):
+                node = _own_node(t)
+                nodes[path].append(node)
+                return node
 
-            return add_zero, add_zero
+            return own_node, own_node
 
         try:
             with _kept_random_state(), torch.enable_grad():
@@ -65,8 +69,8 @@ class LayerCapture(capture.ProbePass):
                     # gradients underflow (or overflow) exactly as in training.
                     loss = loss * scale
                 called = [c for c in self.chosen if recordings[c.path].outputs]
-                # The weights' gradients come from the same backward pass, after the zeros'.
-                sources = [z for c in called for z in zeros[c.path]]
+                # The weights' gradients come from the same backward pass, after the views'.
+                sources = [node for c in called for node in nodes[c.path]]
                 sources += [v.value for c in called for _, v in self.weights_of(c.path)]
                 gradients = torch.autograd.grad(loss, sources, allow_unused=True)
                 gradients = iter(torch.zeros_like(z) if g is None else g for z, g in zip(sources, gradients))
@@ -128,6 +132,17 @@ class LayerCapture(capture.ProbePass):
         if self._loss is not None:
             return self._loss(y, y_pred, sample_weight=sample_weight)
         return self.model.compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=self.training)
+
+
+def _own_node(t):
+    """A tensor equal to `t`, at a node of the autograd graph of its own.
+
+    Its one consumer is the layer it is handed to (or, for an output, the
+    model), so the gradient w.r.t. it is the gradient through that consumer
+    alone. A tensor outside the graph (the model's input) becomes a leaf
+    that requires grad, sharing `t`'s memory.
+    """
+    return t.view_as(t) if t.requires_grad else t.detach().requires_grad_()
 
 
 @contextlib.contextmanager
