@@ -17,11 +17,11 @@ channels, the routing map's slices); `assemble` turns it all into records.
 How the tensors are caught: while the pass runs, each chosen layer's `call` is
 swapped for a wrapper that hands its floating inputs through `wrap_input`
 and its floating outputs through `wrap_output`. On TensorFlow the input wrap
-is `tf.identity`, on JAX and PyTorch it adds a zero tensor; either way the
-gradient at the wrapped input is the one that flows through this layer only
-(not the sum over every consumer of that tensor), and the gradient of the
-loss w.r.t. the added zeros is the gradient w.r.t. the layer's input and
-output. A probe `keras.Model` built from `layer.output` would not reach
+is `tf.identity`, on JAX it adds a zero tensor, on PyTorch it takes a view;
+either way the gradient at the wrapped input is the one that flows through
+this layer only (not the sum over every consumer of that tensor), and the
+gradient of the loss w.r.t. the added zeros (the views) is the gradient
+w.r.t. the layer's input and output. A probe `keras.Model` built from `layer.output` would not reach
 layers of a nested model; the wrapper does.
 """
 
