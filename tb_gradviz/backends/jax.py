@@ -1,10 +1,12 @@
 """The probe pass on Keras' JAX backend: one jitted `jax.value_and_grad`, traced once.
 
-The pass is a pure function of the model's variables, the probe batch, and
-one zero tensor per floating input and output of each chosen layer: the
-wrapped `call` adds the zero to its input and to its output, and the gradient
-of the loss w.r.t. those zeros is the gradient w.r.t. the layer's input
-(through this layer only) and output. The model runs through
+The pass is a pure function of the model's variables and the probe batch.
+Inside it, the wrapped `call` of each chosen layer adds a zero tensor to each
+floating input and output, and the gradient of the loss w.r.t. those zeros
+is the gradient w.r.t. the layer's input (through this layer only) and
+output. The zeros are made inside the jitted function: constants XLA can
+fold, and no buffers as large as every captured tensor kept between log
+events (as arguments, they were). The model runs through
 `model.stateless_call`, so the state it would change (BatchNorm moving
 statistics, seed generators, metrics) comes back as new values, which are
 dropped: training state is untouched by construction.
@@ -67,7 +69,7 @@ class LayerCapture(capture.ProbePass):
         if self._pass is None:
             self._plan(state, x, y, sample_weight, scale)
         activations, gradients, weight_gradients, routing_counts, units, maps = self._pass(
-            self._zeros, state, x, y, sample_weight, scale
+            state, x, y, sample_weight, scale
         )
         maps = [assemble.host_map(slices, divisor) for slices in maps]
         self.devices = sorted(str(d) for d in jax.tree_util.tree_leaves(activations)[0].devices())
@@ -124,7 +126,7 @@ class LayerCapture(capture.ProbePass):
         called = [(c, ins, outs) for c, (ins, outs) in zip(self.chosen, layer_shapes) if outs]
         self._called = [c for c, _, _ in called]
         self._skipped = [c.path for c, (_, outs) in zip(self.chosen, layer_shapes) if not outs]
-        self._zeros = [[jnp.zeros(shape, dtype) for shape, dtype in ins + outs] for _, ins, outs in called]
+        self._zero_specs = [ins + outs for _, ins, outs in called]
         device = str(jax.devices()[0].platform)
         # Where each recorded weight is in `model.trainable_variables`, per called layer.
         position = {id(v): i for i, v in enumerate(self.model.trainable_variables)}
@@ -161,8 +163,9 @@ class LayerCapture(capture.ProbePass):
             loss = loss * scale.astype(loss.dtype)
         return loss
 
-    def _pass_fn(self, zeros, state, x, y, sample_weight, scale):
+    def _pass_fn(self, state, x, y, sample_weight, scale):
         self.tracing_count += 1
+        zeros = [[jnp.zeros(shape, dtype) for shape, dtype in specs] for specs in self._zero_specs]
 
         recorded = [i for indices in self._weight_indices for i in indices]
 
