@@ -118,7 +118,12 @@ def test_winners_and_gradients_match_a_hand_written_reference_and_gradient_tape(
         assert row["winner"] == [r * width + q for r, q in winners]
         assert row["tied"] == tied
         np.testing.assert_array_equal(row["input"], plane.ravel())
-        np.testing.assert_array_equal(row["input_gradient"], input_gradient[2, :, :, c].ravel())
+        # Where the gradient goes is exact; a position that wins overlapping windows sums their
+        # gradients, and the order of that sum differs between TensorFlow's graph and eager
+        # kernels on some CPUs (one float32 ulp seen on 3x3/2 pools: AMD EPYC, oneDNN on).
+        expected = input_gradient[2, :, :, c].ravel()
+        np.testing.assert_array_equal(np.flatnonzero(row["input_gradient"]), np.flatnonzero(expected))
+        np.testing.assert_allclose(row["input_gradient"], expected, rtol=5e-7, atol=0)  # a few ulps
         np.testing.assert_array_equal(row["output_gradient"], output_gradient[2].reshape(-1, output_gradient.shape[-1])[:, c])
     assert case == "global max" or any(any(row["tied"]) for row in rows)  # ReLU zeros tie whole windows
     assert array.nbytes <= routing_map.MAX_VALUES * 4
