@@ -8,6 +8,7 @@ touching any parameter's `.grad`, and frees the graph. A view copies nothing,
 where adding a zero tensor that requires grad (what the JAX pass does)
 allocated and added every captured tensor once more in eager PyTorch
 (bench/RESULTS.md, section 6).
+
 The state the forward pass changes (BatchNorm moving statistics, seed
 generators, metrics) is saved before and written back after, and so is
 PyTorch's global random state, which Dropout without a seed draws from.
