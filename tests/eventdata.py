@@ -61,6 +61,7 @@ def assert_record_matches(log, layer, tensor, array, rel=1e-6, abs=1e-12):
     for field in ("count", "zeros", "nan", "pos_inf", "neg_inf"):
         assert logged[field] == expected[field], (tensor, field)
     for field in ("min", "max", "mean", "std", "sum"):
-        assert logged[field] == pytest.approx(expected[field], rel=rel, abs=abs), (tensor, field)
+        # float(): pytest 9.2 takes Python numbers only, and a tolerance may come as a numpy float32.
+        assert logged[field] == pytest.approx(expected[field], rel=float(rel), abs=float(abs)), (tensor, field)
     counts = histogram(log, layer, tensor)[:, 2]
     assert counts.sum() == expected["count"] - expected["nan"] - expected["pos_inf"] - expected["neg_inf"]
