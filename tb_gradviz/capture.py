@@ -21,8 +21,8 @@ is `tf.identity`, on JAX it adds a zero tensor, on PyTorch it takes a view;
 either way the gradient at the wrapped input is the one that flows through
 this layer only (not the sum over every consumer of that tensor), and the
 gradient of the loss w.r.t. the added zeros (the views) is the gradient
-w.r.t. the layer's input and output. A probe `keras.Model` built from `layer.output` would not reach
-layers of a nested model; the wrapper does.
+w.r.t. the layer's input and output. A probe `keras.Model` built from
+`layer.output` would not reach layers of a nested model; the wrapper does.
 """
 
 import contextlib

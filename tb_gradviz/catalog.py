@@ -66,11 +66,11 @@ def layer_index(run, time_series_by_tag, skip_warning):
 def weight_updates(layer):
     """A layer's `updates` (of a `layer_index` entry) in the order of its weights (their tensors' `index`)."""
     indexes = {
-        content.get("weight"): content["index"]
+        content["weight"]: content["index"]
         for _, content, _ in layer["tensors"].values()
         if content["role"] == records.WEIGHT
     }
-    updates = layer.get("updates", {})
+    updates = layer["updates"]
     return {weight: updates[weight] for weight in sorted(updates, key=lambda w: (indexes.get(w, len(indexes)), w))}
 
 

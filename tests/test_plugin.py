@@ -133,16 +133,20 @@ def logdir(tmp_path_factory):
     return root
 
 
-def make_app(logdir, samples_per_plugin=None, frontend_dir=None):
-    """Loads `logdir` with the Python multiplexer and returns (client, multiplexer)."""
+def make_app(logdir, samples_per_plugin=None, frontend_dir=None, other_plugins=()):
+    """Loads `logdir` with the Python multiplexer and returns (client, multiplexer).
+
+    The app serves GradViz and `other_plugins` (TensorBoard plugin classes,
+    made with the same context).
+    """
     guidance = {"gradviz": 0, "histograms": 0} if samples_per_plugin is None else samples_per_plugin
     multiplexer = plugin_event_multiplexer.EventMultiplexer(tensor_size_guidance=guidance)
     multiplexer.AddRunsFromDirectory(str(logdir))
     multiplexer.Reload()
     provider = data_provider.MultiplexerDataProvider(multiplexer, str(logdir))
     context = base_plugin.TBContext(logdir=str(logdir), data_provider=provider)
-    gradviz = plugin.GradVizPlugin(context, frontend_dir=frontend_dir)
-    app = application.TensorBoardWSGI([gradviz], data_provider=provider)
+    plugins = [plugin.GradVizPlugin(context, frontend_dir=frontend_dir)] + [cls(context) for cls in other_plugins]
+    app = application.TensorBoardWSGI(plugins, data_provider=provider)
     return werkzeug_test.Client(app), multiplexer
 
 

@@ -235,23 +235,15 @@ def test_update_records_are_the_same_from_the_passs_host_arrays_and_from_the_var
 
 
 def test_tensorboards_own_histograms_dashboard_serves_the_weight_histograms(tmp_path):
-    from tensorboard.backend import application
-    from tensorboard.backend.event_processing import data_provider, plugin_event_multiplexer
-    from tensorboard.plugins import base_plugin
     from tensorboard.plugins.histogram import histograms_plugin
-    from werkzeug import test as werkzeug_test
+
+    from test_plugin import make_app
 
     model = conv_bn_model(seed=6)
     x, y = data(8, seed=6)
     model.fit(x, y, batch_size=8, epochs=1, verbose=0, callbacks=[GradVizCallback(tmp_path / "run", (x, y), layers=CHOSEN, weights=True)])
 
-    multiplexer = plugin_event_multiplexer.EventMultiplexer(tensor_size_guidance={"histograms": 0})
-    multiplexer.AddRunsFromDirectory(str(tmp_path))
-    multiplexer.Reload()
-    provider = data_provider.MultiplexerDataProvider(multiplexer, str(tmp_path))
-    context = base_plugin.TBContext(logdir=str(tmp_path), data_provider=provider)
-    app = application.TensorBoardWSGI([histograms_plugin.HistogramsPlugin(context)], data_provider=provider)
-    client = werkzeug_test.Client(app)
+    client, _ = make_app(tmp_path, other_plugins=[histograms_plugin.HistogramsPlugin])
 
     tags = client.get("/data/plugin/histograms/tags").json["run"]
     log = eventdata.load(tmp_path / "run")
