@@ -35,7 +35,7 @@ def measure(args):
     x, y = common.batch(args.batch, args.image_size, args.seed)
     model.train_on_batch(x, y)  # compiles the train step
     rows = []
-    from tb_gradviz import capture, selection
+    from tb_gradviz.capture import probe, selection
 
     for spec, statistics in [(s, t) for s in args.layers.split(",") for t in args.statistics.split(",")]:
         layers = None if spec == "pool" else (lambda layer: True)
@@ -44,7 +44,7 @@ def measure(args):
             cb.set_model(model)
             if statistics != "default":
                 chosen = selection.select_layers(model, cb.layers)
-                cb._capture = capture.new_capture(model, chosen, statistics=statistics)
+                cb._capture = probe.new_capture(model, chosen, statistics=statistics)
             first = common.seconds(cb.log_now)
             train, events = [], []
             for _ in range(args.repeats):

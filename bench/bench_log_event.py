@@ -31,7 +31,7 @@ import tensorflow as tf  # noqa: E402
 
 import summary_variants  # noqa: E402
 import tb_gradviz  # noqa: E402
-from tb_gradviz import selection  # noqa: E402
+from tb_gradviz.capture import selection  # noqa: E402
 
 
 def layer_spec(model, spec):

@@ -1,6 +1,6 @@
 """Latency and memory of the GradViz plugin in a real TensorBoard, for both loaders.
 
-Writes (or reuses) a synthetic logdir of L layers x S steps (`tb_gradviz.synthetic`,
+Writes (or reuses) a synthetic logdir of L layers x S steps (`synthetic`,
 real format, numpy only), then for each loader (`--load_fast=false`: the
 Python multiplexer; `--load_fast=true`: the Rust data server) starts
 `tensorboard` on 127.0.0.1 with `--samples_per_plugin=gradviz=0,histograms=0`
@@ -37,9 +37,11 @@ import urllib.parse
 import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+# The synthetic logdirs are a test helper, not part of the installed package.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests"))
 import common  # noqa: E402
 
-from tb_gradviz import synthetic  # noqa: E402
+import synthetic  # noqa: E402
 
 RUN = "synthetic"
 CHROMIUM = "/usr/bin/chromium"

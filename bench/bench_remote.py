@@ -37,12 +37,15 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+# The synthetic logdirs are a test helper, not part of the installed package.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests"))
 import common  # noqa: E402
 
 import numpy as np  # noqa: E402
 
 import tb_gradviz  # noqa: E402
-from tb_gradviz import events, synthetic  # noqa: E402
+from tb_gradviz.format import events  # noqa: E402
+import synthetic  # noqa: E402
 
 # A writer from before remote log directories has no storage layer (and would
 # write "s3://..." into a local folder named "s3:"): time its local target only.

@@ -20,7 +20,7 @@ def _record_seconds(probe, x, repeats):
     """Median time of `routing_map.record` over the mapped layers, on slices shaped like the pass's."""
     import numpy as np
 
-    from tb_gradviz import routing_map
+    from tb_gradviz.format import routing_map
 
     settings, times = probe.map_settings, []
     mapped = [plan for plan in probe.plans if plan.map_cut is not None]
@@ -48,7 +48,8 @@ def main():
     if args.smoke:
         args.model, args.image_size, args.batch, args.repeats = "cnn", 32, 4, 2
 
-    from tb_gradviz import GradVizCallback, events
+    from tb_gradviz import GradVizCallback
+    from tb_gradviz.format import events
 
     model = common.build_model(args.model, args.image_size, args.seed)
     x, y = common.batch(args.batch, args.image_size, args.seed)

@@ -29,14 +29,14 @@ import common  # noqa: E402  (sets TF_CPP_MIN_LOG_LEVEL before TensorFlow loads)
 
 import numpy as np  # noqa: E402
 
-from tb_gradviz import events  # noqa: E402
-from tb_gradviz import records  # noqa: E402
-from tb_gradviz import kernels  # noqa: E402
+from tb_gradviz.format import events  # noqa: E402
+from tb_gradviz.format import records  # noqa: E402
+from tb_gradviz.capture import kernels  # noqa: E402
 
 _COMPILE_SNIPPET = """
 import time
 import numpy as np
-from tb_gradviz import kernels
+from tb_gradviz.capture import kernels
 start = time.perf_counter()
 kernels.summary(np.ones(10, np.float32))
 middle = time.perf_counter()
@@ -93,25 +93,25 @@ def crc_row(args):
 def event_row(args):
     from bench_log_event import layer_spec  # the same layer choices as the log-event bench
 
-    from tb_gradviz import capture, selection
+    from tb_gradviz.capture import probe, selection
 
     model = common.build_model(args.model, args.image_size, args.seed)
     x, y = common.batch(args.batch, args.image_size, args.seed)
     model.train_on_batch(x, y)
     layers, n_layers = layer_spec(model, args.layers)
-    probe = capture.new_capture(model, selection.select_layers(model, layers))
+    pass_ = probe.new_capture(model, selection.select_layers(model, layers))
     log = events.EventLog(tempfile.mkdtemp())
-    probe.run(x, y)  # traces
+    pass_.run(x, y)  # traces
     rows = []
     for _ in range(args.repeats):
         step = common.seconds(lambda: model.train_on_batch(x, y))
         with model.distribute_strategy.scope():
-            outputs, pass_s = timed(lambda: probe._probe(x, y, None))
+            outputs, pass_s = timed(lambda: pass_._probe(x, y, None))
         arrays, asarray_s = timed(lambda: [np.asarray(t) for t in outputs])
-        items = [(values, None) for values in arrays[: probe._routing_start]]
+        items = [(values, None) for values in arrays[: pass_._routing_start]]
         one_thread_s = common.seconds(lambda: kernels.summaries(items, workers=1))
         all_threads_s = common.seconds(lambda: kernels.summaries(items))
-        written, run_s = timed(lambda: probe.run(x, y)[0])
+        written, run_s = timed(lambda: pass_.run(x, y)[0])
         write_s = common.seconds(lambda: log.write(len(rows), written))
         rows.append(dict(train_step_s=step, pass_s=pass_s, asarray_s=asarray_s, one_thread_s=one_thread_s,
                          all_threads_s=all_threads_s, run_s=run_s, write_s=write_s))

@@ -76,7 +76,7 @@ def measure(args):
     import keras
 
     import tb_gradviz
-    from tb_gradviz import assemble
+    from tb_gradviz.capture import assemble
 
     spent = {part: 0.0 for part in PARTS}
     assemble.host_summaries = timed(assemble.host_summaries, spent, "statistics")

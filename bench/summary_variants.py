@@ -22,10 +22,10 @@ and returns `(histograms [R, k, 3], stats [R, STATS_LENGTH])`.
 import numpy as np
 import tensorflow as tf
 
-from tb_gradviz.backends import tensorflow as tf_capture
-from tb_gradviz.backends import tf_statistics
-from tb_gradviz import records
-from tb_gradviz import kernels
+from tb_gradviz.capture.backends import tensorflow as tf_capture
+from tb_gradviz.capture.backends import tf_statistics
+from tb_gradviz.format import records
+from tb_gradviz.capture import kernels
 
 
 def _previous_tensor_summary(t, buckets, divisor):

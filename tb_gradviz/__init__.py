@@ -11,7 +11,7 @@ __all__ = ["GradVizCallback", "__version__"]
 
 def __getattr__(name):
     if name == "GradVizCallback":
-        from tb_gradviz.callback import GradVizCallback
+        from tb_gradviz.capture.callback import GradVizCallback
 
         return GradVizCallback
     raise AttributeError(f"module 'tb_gradviz' has no attribute {name!r}")

@@ -18,7 +18,8 @@ import os
 import sys
 import time
 
-from tb_gradviz import health, records, storage
+from tb_gradviz.board import health
+from tb_gradviz.format import records, storage
 
 EXIT_USAGE = 2
 EXIT_NO_DATA = 1
@@ -165,7 +166,7 @@ def _open_logdir(logdir):
     from tensorboard.backend.event_processing import data_provider, event_accumulator, plugin_event_multiplexer
     from tensorboard.plugins import base_plugin
 
-    from tb_gradviz import plugin
+    from tb_gradviz.board import plugin
 
     multiplexer = plugin_event_multiplexer.EventMultiplexer(size_guidance={event_accumulator.TENSORS: 0})
     multiplexer.AddRunsFromDirectory(logdir)

@@ -17,7 +17,7 @@ import numpy as np
 from tensorboard.compat.proto import event_pb2, summary_pb2
 from tensorboard.summary.writer.event_file_writer import EventFileWriter
 
-from tb_gradviz.callback import GradVizCallback
+from tb_gradviz.capture.callback import GradVizCallback
 
 PATTERNS = ("horizontal stripes", "vertical stripes", "disc", "checkerboard")
 

@@ -4,8 +4,8 @@ import pytest
 from tensorboard.backend.event_processing import event_accumulator
 from tensorboard.util import tensor_util
 
-from tb_gradviz import records
-from tb_gradviz import metadata
+from tb_gradviz.format import records
+from tb_gradviz.format import metadata
 
 
 def load(logdir):

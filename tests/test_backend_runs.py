@@ -15,7 +15,7 @@ import pytest
 
 import eventdata
 from test_plugin import get_json, make_app
-from tb_gradviz import records
+from tb_gradviz.format import records
 
 pytestmark = pytest.mark.slow
 

@@ -18,7 +18,7 @@ import eventdata  # noqa: E402
 from autodiff import BACKEND, gradients, numpy  # noqa: E402
 from values import awkward_rows  # noqa: E402
 from tb_gradviz import GradVizCallback  # noqa: E402
-from tb_gradviz import records, routing_map  # noqa: E402
+from tb_gradviz.format import records, routing_map  # noqa: E402
 
 layers = keras.layers
 
@@ -459,9 +459,9 @@ def test_under_keras_distribution_the_probe_runs_on_one_device_with_the_same_rec
 def test_device_statistics_equal_the_numpy_definition(dtype, divisor):
     import importlib
 
-    from tb_gradviz import assemble
+    from tb_gradviz.capture import assemble
 
-    backend = importlib.import_module(f"tb_gradviz.backends.{BACKEND}")
+    backend = importlib.import_module(f"tb_gradviz.capture.backends.{BACKEND}")
     rng = np.random.default_rng(5)
     with np.errstate(over="ignore"):  # float16: 3e38 and 1e6 become inf, as intended
         rows = [r.astype(dtype) for r in awkward_rows(rng, 4 * 9 * 9)]
@@ -493,7 +493,7 @@ def test_device_statistics_equal_the_numpy_definition(dtype, divisor):
 def test_host_and_device_statistics_give_the_same_records():
     # On a CPU the tensors go to the host kernel; on an accelerator the
     # backend's own ops summarise them. Both paths run here, on the CPU.
-    from tb_gradviz import capture, selection
+    from tb_gradviz.capture import probe, selection
 
     keras.utils.set_random_seed(3)
     model = keras.Sequential(
@@ -504,8 +504,8 @@ def test_host_and_device_statistics_give_the_same_records():
     rng = np.random.default_rng(3)
     x, y = rng.random((4, 8, 8, 3), "float32"), rng.random((4, 2), "float32")
     chosen = selection.select_layers(model, ["*"])
-    host, _ = capture.new_capture(model, chosen, statistics="host").run(x, y)
-    device, _ = capture.new_capture(model, chosen, statistics="device").run(x, y)
+    host, _ = probe.new_capture(model, chosen, statistics="host").run(x, y)
+    device, _ = probe.new_capture(model, chosen, statistics="device").run(x, y)
     assert [tag for tag, _, _ in host] == [tag for tag, _, _ in device]
     summed = [records.STATS_FIELDS.index(f) for f in ("mean", "std", "sum")]
     for (tag, a, _), (_, b, _) in zip(host, device):

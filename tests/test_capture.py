@@ -9,7 +9,7 @@ keras = pytest.importorskip("keras")
 import eventdata  # noqa: E402
 from values import assert_same_stats, awkward_rows  # noqa: E402
 from tb_gradviz import GradVizCallback  # noqa: E402
-from tb_gradviz import records  # noqa: E402
+from tb_gradviz.format import records  # noqa: E402
 
 layers = keras.layers
 
@@ -211,7 +211,7 @@ def test_resnet50_nested_in_sequential_logs_its_two_pooling_layers(tmp_path):
 @pytest.mark.parametrize("dtype", ["float32", "float16", "float64"])
 @pytest.mark.parametrize("divisor", [None, 1024.0])
 def test_group_summary_rows_equal_the_numpy_definition(dtype, divisor):
-    from tb_gradviz.backends import tf_statistics
+    from tb_gradviz.capture.backends import tf_statistics
 
     rng = np.random.default_rng(5)
     with np.errstate(over="ignore"):  # float16: 3e38 and 1e6 become inf, as intended
@@ -242,7 +242,7 @@ def test_float32_values_are_far_enough_from_the_magnitude_edges_for_a_float64_lo
     # an edge to stay well away from one (in relative terms), see _LOG_NUDGE.
     from decimal import Decimal, getcontext
 
-    from tb_gradviz.backends import tf_statistics
+    from tb_gradviz.capture.backends import tf_statistics
 
     getcontext().prec = 50
     closest = Decimal(1)
@@ -259,7 +259,7 @@ def test_float32_values_are_far_enough_from_the_magnitude_edges_for_a_float64_lo
 
 def test_float32_subnormals_count_as_zeros_on_device():
     # TensorFlow's CPU kernels flush float32 subnormals to zero (docs/FORMAT.md).
-    from tb_gradviz.backends import tf_statistics
+    from tb_gradviz.capture.backends import tf_statistics
 
     values = tf.constant([1e-45, -1e-40, 0.0, 1.0], tf.float32)
     with tf.device("/CPU:0"):
@@ -284,8 +284,8 @@ def chain_model_and_batch(seed):
 def test_a_chain_summarises_each_shared_gradient_once_with_the_same_records(monkeypatch):
     # conv -> bn -> relu -> pool -> flat -> dense: each layer's input gradient is
     # the previous layer's output gradient, bit for bit.
-    from tb_gradviz import selection
-    from tb_gradviz.backends import tensorflow as capture
+    from tb_gradviz.capture import selection
+    from tb_gradviz.capture.backends import tensorflow as capture
 
     model, x, y = chain_model_and_batch(0)
     chosen = selection.select_layers(model, ["*"])
@@ -304,8 +304,8 @@ def test_a_chain_summarises_each_shared_gradient_once_with_the_same_records(monk
 
 
 def test_an_unknown_statistics_path_is_refused():
-    from tb_gradviz import selection
-    from tb_gradviz.backends import tensorflow as capture
+    from tb_gradviz.capture import selection
+    from tb_gradviz.capture.backends import tensorflow as capture
 
     model = keras.Sequential([keras.Input((4,)), layers.Dense(2, name="dense")])
     with pytest.raises(ValueError, match=r"statistics must be one of \('host', 'device'\) or None; received 'gpu'"):
@@ -314,8 +314,8 @@ def test_an_unknown_statistics_path_is_refused():
 
 def test_a_gradient_tensor_shared_by_two_inputs_is_summarised_once():
     # Backprop hands Add's output gradient, the same tensor, to both inputs.
-    from tb_gradviz import selection
-    from tb_gradviz.backends import tensorflow as capture
+    from tb_gradviz.capture import selection
+    from tb_gradviz.capture.backends import tensorflow as capture
 
     keras.utils.set_random_seed(4)
     inputs = keras.Input((6,))

@@ -20,8 +20,8 @@ import pytest
 
 import eventdata
 from tb_gradviz import cli
-from tb_gradviz import health
-from tb_gradviz import records
+from tb_gradviz.board import health
+from tb_gradviz.format import records
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -17,7 +17,7 @@ import pytest
 pytest.importorskip("tensorflow")
 
 import eventdata  # noqa: E402
-from tb_gradviz import records  # noqa: E402
+from tb_gradviz.format import records  # noqa: E402
 
 SCRIPT = os.path.join(os.path.dirname(__file__), "distributed_fit.py")
 TIMEOUT = 240  # seconds; a run takes ~10-30 s on 2 cores

@@ -16,9 +16,9 @@ import pytest
 
 import eventdata
 from tbserver import get_json, running_tensorboard
-from tb_gradviz import events
-from tb_gradviz import records
-from tb_gradviz import synthetic
+from tb_gradviz.format import events
+from tb_gradviz.format import records
+import synthetic
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 

@@ -14,7 +14,7 @@ import urllib.parse
 import pytest
 
 from tbserver import get_json, running_tensorboard
-from tb_gradviz import synthetic
+import synthetic
 
 pytestmark = pytest.mark.slow
 
@@ -132,7 +132,7 @@ def test_steps_appended_to_an_open_event_file_are_served_after_a_reload(tmp_path
     """TensorBoard reading while training writes: the same file grows, the plugin follows."""
     import numpy as np
 
-    from tb_gradviz import events
+    from tb_gradviz.format import events
 
     logdir = tmp_path / "logs"
     rng = np.random.default_rng(0)

@@ -23,7 +23,7 @@ import time
 import pytest
 
 from tbserver import get_json, running_tensorboard
-from tb_gradviz import synthetic
+import synthetic
 from test_e2e_browser import PLUGIN_FRAME, _runs_loaded, browser, gradviz_page, keep_screenshot  # noqa: F401 (fixture)
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]

@@ -25,7 +25,7 @@ from tensorboard.plugins import base_plugin
 from werkzeug import test as werkzeug_test
 
 import small_runs
-from tb_gradviz import plugin
+from tb_gradviz.board import plugin
 
 TESTS = Path(__file__).resolve().parent / "frontend"
 PREFIX = "/data/plugin/gradviz/"

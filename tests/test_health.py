@@ -11,7 +11,9 @@ import pytest  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import eventdata  # noqa: E402
-from tb_gradviz import GradVizCallback, cli, health, records  # noqa: E402
+from tb_gradviz import GradVizCallback, cli  # noqa: E402
+from tb_gradviz.board import health  # noqa: E402
+from tb_gradviz.format import records  # noqa: E402
 
 layers = keras.layers
 

@@ -6,8 +6,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from tb_gradviz import records
-from tb_gradviz import kernels
+from tb_gradviz.format import records
+from tb_gradviz.capture import kernels
 
 SUMMED = [records.STATS_FIELDS.index(f) for f in ("mean", "std", "sum")]
 EXACT = np.setdiff1d(np.arange(records.STATS_LENGTH), SUMMED)

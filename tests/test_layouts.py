@@ -18,7 +18,9 @@ from tensorboard.backend.event_processing import data_provider, plugin_event_mul
 from tensorboard.plugins import base_plugin
 
 import eventdata
-from tb_gradviz import cli, plugin, records
+from tb_gradviz import cli
+from tb_gradviz.board import plugin
+from tb_gradviz.format import records
 
 LAYOUTS = pathlib.Path(__file__).parent / "data" / "layouts"
 LAYOUT_DIRS = sorted(LAYOUTS.glob("layout*"))

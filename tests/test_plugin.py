@@ -26,9 +26,11 @@ from werkzeug import test as werkzeug_test
 import eventdata
 import tbserver
 
-from tb_gradviz import events
-from tb_gradviz import records
-from tb_gradviz import metadata, plugin, synthetic
+from tb_gradviz.format import events
+from tb_gradviz.format import records
+from tb_gradviz.format import metadata
+from tb_gradviz.board import plugin
+import synthetic
 
 PREFIX = "/data/plugin/gradviz"
 ROUTES = ("/runs", "/series", "/routing", "/step")
@@ -167,7 +169,7 @@ def get_json(client, path, **query):
 
 def test_plugin_import_loads_neither_tensorflow_nor_keras():
     code = (
-        "import sys, tb_gradviz.plugin\n"
+        "import sys, tb_gradviz.board.plugin\n"
         "loaded = [m for m in ('tensorflow', 'keras', 'tf_keras') if m in sys.modules]\n"
         "assert not loaded, loaded\n"
     )
@@ -215,10 +217,10 @@ def test_runs_skips_malformed_and_foreign_metadata(client):
 def test_skipped_newer_and_unknown_metadata_is_logged_once_per_reason(logdir, caplog):
     # Issue 11: series were skipped silently; TensorBoard's own plugins log it.
     client = make_app(logdir)[0]
-    with caplog.at_level("WARNING", logger="tb_gradviz.catalog"):
+    with caplog.at_level("WARNING", logger="tb_gradviz.board.catalog"):
         get_json(client, "/runs")
         get_json(client, "/runs")
-    messages = sorted(record.getMessage() for record in caplog.records if record.name == "tb_gradviz.catalog")
+    messages = sorted(record.getMessage() for record in caplog.records if record.name == "tb_gradviz.board.catalog")
     assert len(messages) == 2, messages
     newer, unreadable = messages
     assert "a newer metadata version" in newer and "'gradviz/future/activation/stats'" in newer

@@ -21,7 +21,8 @@ import numpy as np
 import pytest
 
 import eventdata
-from tb_gradviz import events, storage, synthetic
+from tb_gradviz.format import events, storage
+import synthetic
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 PREFIX = "/data/plugin/gradviz"
@@ -261,11 +262,11 @@ def test_a_missing_bucket_keeps_the_events_locally_and_uploads_them_once_it_exis
     s3, tmp_path, caplog, fast_retries
 ):
     server, endpoint, client = s3
-    caplog.set_level(logging.WARNING, logger="tb_gradviz.storage")
+    caplog.set_level(logging.WARNING, logger="tb_gradviz.format.storage")
     history = tiny_fit(lambda x, y: [callback("s3://not-yet-made/run", x, y)], steps=4)
     assert len(history.history["loss"]) == 1  # training went on
 
-    warnings = [r.getMessage() for r in caplog.records if r.name == "tb_gradviz.storage"]
+    warnings = [r.getMessage() for r in caplog.records if r.name == "tb_gradviz.format.storage"]
     failures = [m for m in warnings if "cannot write to s3://not-yet-made/run" in m]
     assert len(failures) == 1, warnings  # said once, not at every retry
     assert "NoSuchBucket" in failures[0] and "Training goes on" in failures[0]
@@ -295,7 +296,7 @@ def test_a_store_that_goes_away_mid_fit_gets_the_events_when_it_is_back(aws_env,
     keras = pytest.importorskip("keras")
     import boto3
 
-    caplog.set_level(logging.WARNING, logger="tb_gradviz.storage")
+    caplog.set_level(logging.WARNING, logger="tb_gradviz.format.storage")
     with s3_server() as (server, endpoint):
         port = int(endpoint.rsplit(":", 1)[1])
         # boto3's own endpoint variable this time (TensorBoard's S3_ENDPOINT unset).
@@ -322,7 +323,7 @@ def test_a_store_that_goes_away_mid_fit_gets_the_events_when_it_is_back(aws_env,
             )
             # The writer closed at train end once everything was up.
             assert len(keys(boto3.client("s3"), "flaky")) == 1
-            warnings = [r.getMessage() for r in caplog.records if r.name == "tb_gradviz.storage"]
+            warnings = [r.getMessage() for r in caplog.records if r.name == "tb_gradviz.format.storage"]
             assert sum("cannot write to s3://flaky/exp/run" in m for m in warnings) == 1, warnings
             assert any("answers again" in m for m in warnings), warnings
             assert not any("are not in" in m for m in warnings), warnings
@@ -398,7 +399,8 @@ def test_gs_without_tensorflow_or_gcsfs_names_what_to_install(monkeypatch):
 WRITER = """
 import os, signal, sys
 import numpy as np
-from tb_gradviz import events, synthetic
+from tb_gradviz.format import events
+import synthetic
 log = events.EventLog(sys.argv[1])
 rng = np.random.default_rng(0)
 for step in (1, 2, 3):

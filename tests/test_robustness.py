@@ -11,7 +11,7 @@ keras = pytest.importorskip("keras")
 
 import eventdata  # noqa: E402
 from tb_gradviz import GradVizCallback  # noqa: E402
-from tb_gradviz import records  # noqa: E402
+from tb_gradviz.format import records  # noqa: E402
 
 layers = keras.layers
 

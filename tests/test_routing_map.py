@@ -12,7 +12,8 @@ import pytest  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import eventdata  # noqa: E402
-from tb_gradviz import GradVizCallback, cli, records, routing_map  # noqa: E402
+from tb_gradviz import GradVizCallback, cli  # noqa: E402
+from tb_gradviz.format import records, routing_map  # noqa: E402
 
 layers = keras.layers
 

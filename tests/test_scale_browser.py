@@ -16,7 +16,7 @@ import time
 import pytest
 
 from tbserver import get_json, running_tensorboard
-from tb_gradviz import synthetic
+import synthetic
 from test_e2e_browser import PLUGIN_FRAME, PageProblems, browser  # noqa: F401 (fixture)
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]

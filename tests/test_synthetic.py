@@ -7,9 +7,9 @@ from tensorboard.backend.event_processing import event_file_loader, plugin_event
 from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import masked_crc32c
 
 import eventdata
-from tb_gradviz import events
-from tb_gradviz import records
-from tb_gradviz import synthetic
+from tb_gradviz.format import events
+from tb_gradviz.format import records
+import synthetic
 
 
 def test_record_checksums_match_tensorboards():

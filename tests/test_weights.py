@@ -13,7 +13,8 @@ keras = pytest.importorskip("keras")
 import eventdata  # noqa: E402
 from autodiff import gradients, numpy  # noqa: E402
 from tb_gradviz import GradVizCallback  # noqa: E402
-from tb_gradviz import capture, records, selection, weights  # noqa: E402
+from tb_gradviz.capture import probe, selection, weights  # noqa: E402
+from tb_gradviz.format import records  # noqa: E402
 
 layers = keras.layers
 CHOSEN = ["conv", "bn", "pool", "dense"]
@@ -192,8 +193,8 @@ def test_host_and_device_statistics_give_the_same_weight_records():
     model = conv_bn_model(seed=4)
     x, y = data(4, seed=4)
     chosen = selection.select_layers(model, CHOSEN)
-    host, _ = capture.new_capture(model, chosen, statistics="host", weights=True).run(x, y)
-    device, _ = capture.new_capture(model, chosen, statistics="device", weights=True).run(x, y)
+    host, _ = probe.new_capture(model, chosen, statistics="host", weights=True).run(x, y)
+    device, _ = probe.new_capture(model, chosen, statistics="device", weights=True).run(x, y)
     assert [tag for tag, _, _ in host] == [tag for tag, _, _ in device]
     weight_tags = [tag for tag, _, _ in host if "/weight" in tag]
     assert len(weight_tags) == 6 * 2 * 2  # six weights, two roles, histogram and stats
@@ -218,15 +219,15 @@ def test_update_records_are_the_same_from_the_passs_host_arrays_and_from_the_var
     model = conv_bn_model(seed=5, learning_rate=0.01)
     x, y = data(8, seed=5)
     chosen = selection.select_layers(model, CHOSEN)
-    probes = {s: capture.new_capture(model, chosen, statistics=s, weights=True) for s in ("host", "device")}
+    probes = {s: probe.new_capture(model, chosen, statistics=s, weights=True) for s in ("host", "device")}
     trackers = {s: weights.Updates() for s in probes}
     written = {s: [] for s in probes}
     for step in (1, 2):
-        for statistics, probe in probes.items():
-            probe.run(x, y)
-            host = probe.take_host_weights()
-            assert (len(host) == 6) == (statistics == "host") and probe.host_weights == {}
-            written[statistics] = trackers[statistics].records(probe.plans, step, host)
+        for statistics, pass_ in probes.items():
+            pass_.run(x, y)
+            host = pass_.take_host_weights()
+            assert (len(host) == 6) == (statistics == "host") and pass_.host_weights == {}
+            written[statistics] = trackers[statistics].records(pass_.plans, step, host)
         model.train_on_batch(x, y)
     assert [tag for tag, _, _ in written["host"]] == [tag for tag, _, _ in written["device"]]
     assert len(written["host"]) == 6

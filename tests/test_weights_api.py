@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from test_plugin import PREFIX, get_json, make_app
-from tb_gradviz import events, records
+from tb_gradviz.format import events, records
 
 CONTENT = {"layer_index": 0, "layer_class": "Conv2D", "layer_dtype": "float32", "pooling": None, "backend": "torch"}
 # weight -> (values, gradient); the update records at steps 2 and 4: (weight_norm, update_norm, interval)

@@ -18,7 +18,7 @@ import pytest
 import eventdata
 import small_runs
 from tbserver import get_json, running_tensorboard
-from tb_gradviz import records
+from tb_gradviz.format import records
 from test_e2e_browser import PLUGIN_FRAME, _runs_loaded, browser, gradviz_page, keep_screenshot  # noqa: F401 (fixture)
 from test_flow_browser import UPDATE_PANEL, _check_points, _read_chart, _step
 

@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from tb_gradviz import records
+from tb_gradviz.format import records
 
 
 def awkward_rows(rng, size):

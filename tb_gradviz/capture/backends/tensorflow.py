@@ -2,7 +2,7 @@
 
 It runs the model forward on the probe batch, takes the loss, and
 backpropagates with a `tf.GradientTape` to the input and output of every
-chosen layer (see `tb_gradviz.capture` for how they are caught). Where the
+chosen layer (see `tb_gradviz.capture.probe` for how they are caught). Where the
 statistics are computed depends on where the model runs (`default_statistics`):
 on a CPU the function returns the tensors and `kernels` summarises each in two
 fused passes; on an accelerator `tf_statistics.group_summary` summarises them
@@ -13,9 +13,9 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from tb_gradviz import assemble, capture
-from tb_gradviz import records
-from tb_gradviz.backends import tf_statistics
+from tb_gradviz.capture import assemble, probe
+from tb_gradviz.format import records
+from tb_gradviz.capture.backends import tf_statistics
 
 
 def default_statistics():
@@ -39,10 +39,10 @@ def _identity_wraps(path):
     return tf.identity, None
 
 
-class LayerCapture(capture.ProbePass):
+class LayerCapture(probe.ProbePass):
     """One compiled forward+backward pass that measures the chosen layers.
 
-    Args: as `capture.new_capture`. `statistics="device"` summarises with
+    Args: as `probe.new_capture`. `statistics="device"` summarises with
     TensorFlow ops inside the function (`tf_statistics.group_summary`),
     `"host"` returns the tensors to `kernels`; both give the same records.
 
@@ -161,7 +161,7 @@ class LayerCapture(capture.ProbePass):
         state = self._state_components()
         saved = [tf.identity(v.read_value()) for v in state]
         scale = self._loss_scale()
-        with capture.recording_calls(self.chosen, _is_float, _identity_wraps) as recordings, tf.GradientTape() as tape:
+        with probe.recording_calls(self.chosen, _is_float, _identity_wraps) as recordings, tf.GradientTape() as tape:
             for t in keras.tree.flatten(x):
                 if _is_float(t):
                     tape.watch(t)
@@ -194,7 +194,7 @@ class LayerCapture(capture.ProbePass):
             input_grads = [next(g) for _ in rec.inputs]
             output_grads = [next(g) for _ in rec.outputs]
             weights = self.weights_of(c.path)
-            plan = capture.layer_plan(
+            plan = probe.layer_plan(
                 c, rec, lambda t: (t.shape.as_list(), t.dtype.name), scale is not None, device=device,
                 map_settings=self.map_settings, weights=weights,
             )
@@ -223,9 +223,9 @@ class LayerCapture(capture.ProbePass):
                     )
                 )
             if plan.units_axis is not None:
-                units.append(capture.dead_channels(plan, rec.outputs))
+                units.append(probe.dead_channels(plan, rec.outputs))
             if plan.map_cut is not None:
-                x, gi, go = capture.map_slices(plan, rec.inputs, input_grads, output_grads, self.map_settings.example)
+                x, gi, go = probe.map_slices(plan, rec.inputs, input_grads, output_grads, self.map_settings.example)
                 if scale is not None:  # unscaled here: the host sees only these slices
                     gi, go = (tf.cast(g, tf.float32) / tf.cast(scale, tf.float32) for g in (gi, go))
                 maps += [x, gi, go]
@@ -328,7 +328,7 @@ def routing_summary(original_call, inputs, input_gradient, output_gradient, pool
         pooled = original_call(inputs)
     routes = tape.gradient(pooled, inputs)
     if pooling["type"] == "max":
-        tied = capture.tied_windows(inputs, pooling)
+        tied = probe.tied_windows(inputs, pooling)
     else:
         tied = tf.constant(np.nan, tf.float64)
     return tf.stack(

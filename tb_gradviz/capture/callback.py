@@ -6,13 +6,13 @@ import sys
 import keras
 import numpy as np
 
-from tb_gradviz import capture
-from tb_gradviz import events
-from tb_gradviz import records
-from tb_gradviz import routing_map as routing_map_module
-from tb_gradviz import selection
-from tb_gradviz import storage
-from tb_gradviz import weights as weights_module
+from tb_gradviz.capture import probe
+from tb_gradviz.format import events
+from tb_gradviz.format import records
+from tb_gradviz.format import routing_map as routing_map_module
+from tb_gradviz.capture import selection
+from tb_gradviz.format import storage
+from tb_gradviz.capture import weights as weights_module
 
 
 class GradVizCallback(keras.callbacks.Callback):
@@ -166,7 +166,7 @@ class GradVizCallback(keras.callbacks.Callback):
                         f"routing_map_example must be below the probe batch's size, {examples}; "
                         f"received {self.routing_map.example}"
                     )
-            self._capture = capture.new_capture(
+            self._capture = probe.new_capture(
                 self.model, chosen, loss=self.loss, training=self.training, routing_map=self.routing_map,
                 weights=self.weights,
             )
@@ -209,7 +209,7 @@ class GradVizCallback(keras.callbacks.Callback):
             return
         written, skipped = self._capture.run(x, y, sample_weight)
         host_weights = self._capture.take_host_weights()
-        capture.warn_skipped(skipped)
+        probe.warn_skipped(skipped)
         step = self._step() if step is None else _check_step(step)
         if self._updates is not None:
             written += self._updates.records(self._capture.plans, step, host_weights)

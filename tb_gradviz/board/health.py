@@ -32,7 +32,7 @@ at 0 is a saturated sigmoid but a healthy ReLU.
 
 import math
 
-from tb_gradviz import records
+from tb_gradviz.format import records
 
 FLAGS = ("nonfinite", "vanishing", "exploding", "dead")
 DEFAULT_RATIO = 1000.0

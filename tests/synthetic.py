@@ -20,8 +20,8 @@ import time
 import numpy as np
 from tensorboard.compat.proto import event_pb2
 
-from tb_gradviz import events
-from tb_gradviz import records
+from tb_gradviz.format import events
+from tb_gradviz.format import records
 
 _POOL_2X2 = {
     "type": "max",

@@ -3,7 +3,7 @@
 Each backend's pass takes the gradient of the probe loss w.r.t. the chosen
 layers' trainable weights in the same backward pass as the activation
 gradients, and summarises the weights and their gradients like any other
-tensor (`capture.layer_plan` plans them). What is the same on every backend
+tensor (`probe.layer_plan` plans them). What is the same on every backend
 lives here, in `keras.ops`: which layer records which weight
 (`chosen_weights`), and the update size since the previous log event
 (`Updates`).
@@ -12,9 +12,9 @@ lives here, in `keras.ops`: which layer records which weight
 import keras
 import numpy as np
 
-from tb_gradviz import assemble
-from tb_gradviz import events
-from tb_gradviz import records
+from tb_gradviz.capture import assemble
+from tb_gradviz.format import events
+from tb_gradviz.format import records
 
 
 def chosen_weights(chosen):
@@ -106,7 +106,7 @@ class Updates:
 def _update_sums(current, copy):
     """`records.update_sums(current, copy)`, fused by `kernels` when numba is there; `copy` then holds `current`."""
     if assemble.numba_available():
-        from tb_gradviz import kernels
+        from tb_gradviz.capture import kernels
 
         return kernels.update_sums(current, copy)
     sums = records.update_sums(current, copy)

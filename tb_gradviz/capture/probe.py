@@ -1,7 +1,7 @@
 """The capture interface: one probe pass per log event, whatever Keras runs on.
 
 `new_capture(model, chosen, ...)` returns the pass for the Keras backend in
-use, from `tb_gradviz.backends` (only that backend is imported):
+use, from `tb_gradviz.capture.backends` (only that backend is imported):
 
 * `backends.tensorflow`: a `tf.function` traced once, `tf.GradientTape`;
 * `backends.jax`: one jitted `jax.value_and_grad` over `model.stateless_call`;
@@ -34,10 +34,10 @@ from dataclasses import dataclass, field
 import keras
 import numpy as np
 
-from tb_gradviz import records
-from tb_gradviz import routing_map
-from tb_gradviz import weights as weights_module
-from tb_gradviz.selection import pooling_description
+from tb_gradviz.format import records
+from tb_gradviz.format import routing_map
+from tb_gradviz.capture import weights as weights_module
+from tb_gradviz.capture.selection import pooling_description
 
 BACKENDS = ("tensorflow", "jax", "torch")
 
@@ -67,7 +67,7 @@ def new_capture(model, chosen, loss=None, training=True, statistics=None, routin
             f"tb_gradviz captures on the Keras backends {', '.join(BACKENDS)}; "
             f"Keras runs on {name!r} (set KERAS_BACKEND to one of those)"
         )
-    module = importlib.import_module(f"tb_gradviz.backends.{name}")
+    module = importlib.import_module(f"tb_gradviz.capture.backends.{name}")
     probe = module.LayerCapture(model, chosen, loss=loss, training=training, statistics=statistics)
     probe.map_settings = routing_map
     probe.weights = weights_module.chosen_weights(probe.chosen) if weights else {}

@@ -16,9 +16,9 @@ import google_crc32c
 import numpy as np
 from tensorboard.compat.proto import event_pb2, summary_pb2, tensor_pb2, tensor_shape_pb2, types_pb2
 
-from tb_gradviz import metadata
-from tb_gradviz import storage
-from tb_gradviz.records import (
+from tb_gradviz.format import metadata
+from tb_gradviz.format import storage
+from tb_gradviz.format.records import (
     histogram_tag,
     log_edges_description,
     routing_map_tag,

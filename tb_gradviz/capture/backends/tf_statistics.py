@@ -10,8 +10,8 @@ against the numpy definition and the host kernel).
 import numpy as np
 import tensorflow as tf
 
-from tb_gradviz import assemble
-from tb_gradviz import records
+from tb_gradviz.capture import assemble
+from tb_gradviz.format import records
 
 # Magnitude bins from a float64 log: bin = floor(2 log10 |x|) + 25, clipped to
 # [0, MAGNITUDE_BINS - 1]. Exact for every float32 value (float16 and bfloat16

@@ -17,7 +17,8 @@ from tensorboard import errors
 from tensorboard.data import provider
 from tensorboard.plugins.histogram import metadata as histogram_metadata
 
-from tb_gradviz import catalog, metadata, records
+from tb_gradviz.board import catalog
+from tb_gradviz.format import metadata, records
 
 # Ask the provider for every point it holds: it has already downsampled to
 # `--samples_per_plugin` at load time, and a second, random downsampling here

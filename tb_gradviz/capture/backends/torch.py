@@ -20,8 +20,8 @@ import keras
 import numpy as np
 import torch
 
-from tb_gradviz import assemble, capture
-from tb_gradviz import records
+from tb_gradviz.capture import assemble, probe
+from tb_gradviz.format import records
 
 
 def _is_float(t):
@@ -33,8 +33,8 @@ def default_statistics():
     return "host" if keras.ops.ones(()).device.type == "cpu" else "device"
 
 
-class LayerCapture(capture.ProbePass):
-    """The probe pass of `model` on PyTorch. Args: as `capture.new_capture`.
+class LayerCapture(probe.ProbePass):
+    """The probe pass of `model` on PyTorch. Args: as `probe.new_capture`.
 
     `statistics="host"`: the pass hands the tensors to `kernels` on the host.
     `"device"`: float64 ops summarise them where they are, a group of
@@ -48,7 +48,7 @@ class LayerCapture(capture.ProbePass):
     def run(self, x, y, sample_weight=None):
         """Runs the pass; returns `(step_records, skipped_paths)` (see `assemble.step_records`)."""
         model = self.model
-        scale = capture.loss_scale(model)
+        scale = probe.loss_scale(model)
         state = list(model.non_trainable_variables) + list(model.metrics_variables)
         saved = [v.value.detach().clone() for v in state]
         nodes = {c.path: [] for c in self.chosen}
@@ -63,7 +63,7 @@ class LayerCapture(capture.ProbePass):
 
         try:
             with _kept_random_state(), torch.enable_grad():
-                with capture.recording_calls(self.chosen, _is_float, wraps) as recordings:
+                with probe.recording_calls(self.chosen, _is_float, wraps) as recordings:
                     loss = self._loss_value(x, y, sample_weight)
                 if scale is not None:
                     # Backpropagate what train_step backpropagates, so float16
@@ -84,7 +84,7 @@ class LayerCapture(capture.ProbePass):
                 for c, (input_grads, output_grads) in zip(called, layer_gradients):
                     rec = recordings[c.path]
                     weights = self.weights_of(c.path)
-                    plan = capture.layer_plan(
+                    plan = probe.layer_plan(
                         c, rec, lambda t: (list(t.shape), str(t.dtype).removeprefix("torch.")), scale is not None, device,
                         map_settings=self.map_settings, weights=weights,
                     )
@@ -94,9 +94,9 @@ class LayerCapture(capture.ProbePass):
                     if plan.has_routing:
                         routing_counts.append(_routing_counts(c.layer.call, rec.inputs[0], plan.pooling))
                     if plan.units_axis is not None:
-                        units.append(capture.dead_channels(plan, [t.detach() for t in rec.outputs]))
+                        units.append(probe.dead_channels(plan, [t.detach() for t in rec.outputs]))
                     if plan.map_cut is not None:
-                        slices = capture.map_slices(
+                        slices = probe.map_slices(
                             plan, [rec.inputs[0].detach()], input_grads, output_grads, self.map_settings.example
                         )
                         maps.append(assemble.host_map(slices, scale))
@@ -210,7 +210,7 @@ def _routing_counts(original_call, inputs, pooling):
     pooled = original_call(inputs)
     (routes,) = torch.autograd.grad(pooled.sum(), inputs)
     with torch.no_grad():
-        tied = capture.tied_windows(inputs.detach(), pooling) if pooling["type"] == "max" else np.nan
+        tied = probe.tied_windows(inputs.detach(), pooling) if pooling["type"] == "max" else np.nan
         tied = np.nan if isinstance(tied, float) else int(tied)
         return inputs.numel(), int(torch.count_nonzero(routes > 0)), pooled.numel(), tied
 

@@ -8,7 +8,8 @@ TensorFlow nor Keras.
 
 import numpy as np
 
-from tb_gradviz import catalog, health, records, routing_map
+from tb_gradviz.board import catalog, health
+from tb_gradviz.format import records, routing_map
 
 LOG_EDGES = records.LOG_EDGES.tolist()
 

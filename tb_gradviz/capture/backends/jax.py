@@ -21,8 +21,8 @@ import jax.numpy as jnp
 import keras
 import numpy as np
 
-from tb_gradviz import assemble, capture
-from tb_gradviz import records
+from tb_gradviz.capture import assemble, probe
+from tb_gradviz.format import records
 
 
 def _is_float(t):
@@ -34,8 +34,8 @@ def default_statistics():
     return "host" if jax.default_backend() == "cpu" else "device"
 
 
-class LayerCapture(capture.ProbePass):
-    """The probe pass of `model` on JAX. Args: as `capture.new_capture`.
+class LayerCapture(probe.ProbePass):
+    """The probe pass of `model` on JAX. Args: as `probe.new_capture`.
 
     `statistics="host"`: the pass returns the tensors and `kernels` summarises
     them. `"device"`: a second jitted function, in float64, summarises them
@@ -58,7 +58,7 @@ class LayerCapture(capture.ProbePass):
             [v.value for v in model.non_trainable_variables],
             [v.value for v in model.metrics_variables],
         )
-        divisor = capture.loss_scale(model)
+        divisor = probe.loss_scale(model)
         # An array argument, not a constant baked into the trace: the scale changes.
         scale = None if divisor is None else jnp.float32(divisor)
         if keras.distribution.distribution() is not None:
@@ -108,7 +108,7 @@ class LayerCapture(capture.ProbePass):
         """Finds which layers run and the shapes of their tensors; builds the jitted pass."""
 
         def forward(state, x, y, sample_weight, scale):
-            with capture.recording_calls(self.chosen, _is_float, lambda path: (_same, None)) as recordings:
+            with probe.recording_calls(self.chosen, _is_float, lambda path: (_same, None)) as recordings:
                 self._loss_value(state, x, y, sample_weight, scale)
             return [
                 ([(t.shape, t.dtype) for t in recordings[c.path].inputs], [(t.shape, t.dtype) for t in recordings[c.path].outputs])
@@ -133,8 +133,8 @@ class LayerCapture(capture.ProbePass):
         self._weight_indices = [[position[id(v)] for _, v in self.weights_of(c.path)] for c in self._called]
         self.plans = []
         for c, ins, outs in called:
-            recording = capture.Recording(inputs=list(ins), outputs=list(outs))
-            plan = capture.layer_plan(
+            recording = probe.Recording(inputs=list(ins), outputs=list(outs))
+            plan = probe.layer_plan(
                 c, recording, lambda spec: (list(spec[0]), jnp.dtype(spec[1]).name), scale is not None, device=device,
                 map_settings=self.map_settings, weights=self.weights_of(c.path),
             )
@@ -181,7 +181,7 @@ class LayerCapture(capture.ProbePass):
                 add = (lambda t: t + next(by_path[path])) if path in by_path else _same
                 return add, add
 
-            with capture.recording_calls(self._called, _is_float, wraps) as recordings:
+            with probe.recording_calls(self._called, _is_float, wraps) as recordings:
                 loss = self._loss_value((trainable, *state[1:]), x, y, sample_weight, scale)
             activations = [recordings[c.path].outputs for c in self._called]
             pool_inputs = [recordings[c.path].inputs[0] if p.has_routing else None for c, p in zip(self._called, self.plans)]
@@ -200,10 +200,10 @@ class LayerCapture(capture.ProbePass):
         for c, plan, pool_input in zip(self._called, self.plans, pool_inputs):
             if plan.has_routing:
                 routing_counts.append(_routing_counts(c.layer.call, pool_input, plan.pooling))
-        units = [capture.dead_channels(p, a) for p, a in zip(self.plans, activations) if p.units_axis is not None]
+        units = [probe.dead_channels(p, a) for p, a in zip(self.plans, activations) if p.units_axis is not None]
         example = self.map_settings.example if self.map_settings is not None else 0
         maps = [
-            capture.map_slices(p, [x], g[0], g[1], example)
+            probe.map_slices(p, [x], g[0], g[1], example)
             for p, x, g in zip(self.plans, pool_inputs, gradients)
             if p.map_cut is not None
         ]
@@ -282,7 +282,7 @@ def _routing_counts(original_call, inputs, pooling):
     """
     pooled, pullback = jax.vjp(original_call, inputs)
     (routes,) = pullback(jnp.ones_like(pooled))
-    tied = capture.tied_windows(inputs, pooling) if pooling["type"] == "max" else None
+    tied = probe.tied_windows(inputs, pooling) if pooling["type"] == "max" else None
     if isinstance(tied, float):  # adaptive pooling: windows vary
         tied = None
     return inputs.size, jnp.count_nonzero(routes > 0), pooled.size, tied

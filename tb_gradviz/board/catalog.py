@@ -9,7 +9,7 @@ Imports neither TensorFlow nor Keras.
 import logging
 import threading
 
-from tb_gradviz import metadata, records
+from tb_gradviz.format import metadata, records
 
 logger = logging.getLogger(__name__)
 

@@ -8,7 +8,7 @@ are built by `responses`. The HTTP API is described in docs/API.md, the
 records it reads in docs/FORMAT.md.
 """
 
-import importlib.util
+import importlib.resources
 import os
 import re
 
@@ -20,7 +20,8 @@ from tensorboard.backend import http_util
 from tensorboard.plugins import base_plugin
 from tensorboard.plugins.histogram import metadata as histogram_metadata
 
-from tb_gradviz import health, metadata, records, responses, store
+from tb_gradviz.board import health, responses, store
+from tb_gradviz.format import metadata, records
 
 _JSON = "application/json"
 _ALLOWED_METHODS = ("GET", "HEAD")
@@ -55,20 +56,12 @@ class _MethodNotAllowedError(errors.PublicError):
 
 
 def _frontend_dir():
-    """Returns the folder of the `tb_gradviz.frontend` package, or None.
+    """Returns the folder of the installed `tb_gradviz.board.frontend` package.
 
-    pyproject maps the top-level `frontend/` folder to this package: an
-    editable install resolves it there, a wheel puts it under `tb_gradviz/`.
-    The paths after it cover a source checkout that is not installed.
+    pyproject installs the top-level `frontend/` folder as this package, in
+    a wheel and in an editable install alike.
     """
-    try:
-        spec = importlib.util.find_spec("tb_gradviz.frontend")
-    except ImportError:
-        spec = None
-    candidates = list(spec.submodule_search_locations or []) if spec else []
-    here = os.path.dirname(os.path.abspath(__file__))
-    candidates += [os.path.join(here, "frontend"), os.path.join(os.path.dirname(here), "frontend")]
-    return next((path for path in candidates if os.path.isdir(path)), None)
+    return str(importlib.resources.files("tb_gradviz.board.frontend"))
 
 
 def _static_file(root, relative):
@@ -155,7 +148,7 @@ class GradVizPlugin(base_plugin.TBPlugin):
         Args:
           context: a `base_plugin.TBContext`; only `data_provider` is used.
           frontend_dir: the folder of the static files; defaults to the
-            installed `tb_gradviz.frontend` package (tests pass their own).
+            installed `tb_gradviz.board.frontend` package (tests pass their own).
         """
         self._data_provider = context.data_provider
         self._frontend_dir = frontend_dir if frontend_dir is not None else _frontend_dir()

@@ -13,9 +13,9 @@ import warnings
 import keras
 import numpy as np
 
-from tb_gradviz import events
-from tb_gradviz import records
-from tb_gradviz import routing_map
+from tb_gradviz.format import events
+from tb_gradviz.format import records
+from tb_gradviz.format import routing_map
 
 
 def host_map(slices, divisor=None):
@@ -152,7 +152,7 @@ def host_summaries(items):
     ~20 passes (a warning says once which extra to install).
     """
     if numba_available():
-        from tb_gradviz import kernels
+        from tb_gradviz.capture import kernels
 
         return kernels.summaries(items)
     result = []

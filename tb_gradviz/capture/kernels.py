@@ -25,7 +25,7 @@ import os
 import numba
 import numpy as np
 
-from tb_gradviz import records
+from tb_gradviz.format import records
 
 _MAGNITUDE_BINS = records.MAGNITUDE_BINS
 _SUM = {"reassoc", "nsz", "contract"}  # fastmath flags for the loops that only add
