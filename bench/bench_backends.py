@@ -37,7 +37,9 @@ def measure(args):
     rows = []
     from tb_gradviz.capture import probe, selection
 
-    for spec, statistics in [(s, t) for s in args.layers.split(",") for t in args.statistics.split(",")]:
+    for spec, statistics in [
+        (s, t) for s in args.layers.split(",") for t in args.statistics.split(",")
+    ]:
         layers = None if spec == "pool" else (lambda layer: True)
         with tempfile.TemporaryDirectory() as log_dir:
             cb = tb_gradviz.GradVizCallback(log_dir, probe_data=(x, y), layers=layers)
@@ -53,21 +55,37 @@ def measure(args):
                 after = common.seconds(lambda: model.train_on_batch(x, y))
                 train.append((before + after) / 2)
             cb.on_train_end()
-        rows.append({
-            "backend": keras.backend.backend(), "model": args.model, "layers": spec, "statistics": cb._capture.statistics,
-            "n_layers": len(cb.chosen_layers), "tensors": sum(len(p.tensors) for p in cb._capture.plans),
-            "batch": args.batch, "image_size": args.image_size,
-            "train_step_s": common.median(train), "log_event_s": common.median(events),
-            "ratio": common.median([e / t for e, t in zip(events, train)]), "first_event_s": first,
-        })
+        rows.append(
+            {
+                "backend": keras.backend.backend(),
+                "model": args.model,
+                "layers": spec,
+                "statistics": cb._capture.statistics,
+                "n_layers": len(cb.chosen_layers),
+                "tensors": sum(len(p.tensors) for p in cb._capture.plans),
+                "batch": args.batch,
+                "image_size": args.image_size,
+                "train_step_s": common.median(train),
+                "log_event_s": common.median(events),
+                "ratio": common.median([e / t for e, t in zip(events, train)]),
+                "first_event_s": first,
+            }
+        )
     return rows
 
 
 COLUMNS = [
-    ("backend", "backend", "{}"), ("model", "model", "{}"), ("layers", "layers", "{}"), ("statistics", "stats", "{}"),
+    ("backend", "backend", "{}"),
+    ("model", "model", "{}"),
+    ("layers", "layers", "{}"),
+    ("statistics", "stats", "{}"),
     ("n_layers", "n", "{}"),
-    ("tensors", "tensors", "{}"), ("batch", "batch", "{}"), ("train_step_s", "train step s", "{:.3f}"),
-    ("log_event_s", "log event s", "{:.3f}"), ("ratio", "event/step", "{:.2f}"), ("first_event_s", "1st event s", "{:.1f}"),
+    ("tensors", "tensors", "{}"),
+    ("batch", "batch", "{}"),
+    ("train_step_s", "train step s", "{:.3f}"),
+    ("log_event_s", "log event s", "{:.3f}"),
+    ("ratio", "event/step", "{:.2f}"),
+    ("first_event_s", "1st event s", "{:.1f}"),
 ]
 
 
@@ -77,9 +95,14 @@ def main():
     p.add_argument("--model", choices=["cnn", "resnet50"], default="resnet50")
     p.add_argument("--image-size", type=int, default=64)
     p.add_argument("--batch", type=int, default=16)
-    p.add_argument("--layers", default="pool,all", help="comma list of pool (the default choice) and all")
-    p.add_argument("--statistics", default="default",
-                   help="comma list of default (host on a CPU), host, device (forced: a device's statistics on this CPU)")
+    p.add_argument(
+        "--layers", default="pool,all", help="comma list of pool (the default choice) and all"
+    )
+    p.add_argument(
+        "--statistics",
+        default="default",
+        help="comma list of default (host on a CPU), host, device (forced: a device's statistics on this CPU)",
+    )
     p.add_argument("--repeats", type=int, default=7)
     p.add_argument("--child", action="store_true", help=argparse_hidden())
     args = p.parse_args()
@@ -92,17 +115,43 @@ def main():
     for backend in args.backends.split(","):
         if backend not in BACKENDS:
             p.error(f"--backends: unknown backend {backend!r}; known: {', '.join(BACKENDS)}")
-        command = [sys.executable, os.path.abspath(__file__), "--child", "--model", args.model, "--image-size",
-                   str(args.image_size), "--batch", str(args.batch), "--layers", args.layers,
-                   "--repeats", str(args.repeats), "--seed", str(args.seed), "--statistics", args.statistics]
-        result = subprocess.run(command, env=dict(os.environ, KERAS_BACKEND=backend), capture_output=True, text=True)
+        command = [
+            sys.executable,
+            os.path.abspath(__file__),
+            "--child",
+            "--model",
+            args.model,
+            "--image-size",
+            str(args.image_size),
+            "--batch",
+            str(args.batch),
+            "--layers",
+            args.layers,
+            "--repeats",
+            str(args.repeats),
+            "--seed",
+            str(args.seed),
+            "--statistics",
+            args.statistics,
+        ]
+        result = subprocess.run(
+            command, env=dict(os.environ, KERAS_BACKEND=backend), capture_output=True, text=True
+        )
         found = [line for line in result.stdout.splitlines() if line.startswith("ROWS ")]
         if result.returncode != 0 or not found:
-            sys.exit(f"{backend}: the measurement failed\n{result.stdout[-2000:]}\n{result.stderr[-4000:]}")
+            sys.exit(
+                f"{backend}: the measurement failed\n{result.stdout[-2000:]}\n{result.stderr[-4000:]}"
+            )
         rows += json.loads(found[-1][5:])
         cases = len(args.layers.split(",")) * len(args.statistics.split(","))
-        common.print_table(f"{backend}: log event vs train step ({args.repeats} repeats, medians)", rows[-cases:], COLUMNS)
-    common.print_table(f"all backends: log event vs train step ({args.repeats} repeats, medians)", rows, COLUMNS)
+        common.print_table(
+            f"{backend}: log event vs train step ({args.repeats} repeats, medians)",
+            rows[-cases:],
+            COLUMNS,
+        )
+    common.print_table(
+        f"all backends: log event vs train step ({args.repeats} repeats, medians)", rows, COLUMNS
+    )
     for row in rows:
         print("RESULT", {k: (round(v, 4) if isinstance(v, float) else v) for k, v in row.items()})
     common.write_json(args.json, {"script": "bench_backends", "args": vars(args), "rows": rows})

@@ -19,23 +19,25 @@ import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
-
 import keras  # noqa: E402
-
 import summary_variants  # noqa: E402
+
 import tb_gradviz  # noqa: E402
 
 
 def event_file_size(log_dir):
-    return sum(os.path.getsize(p) for p in glob.glob(os.path.join(log_dir, "events.out.tfevents.*")))
+    return sum(
+        os.path.getsize(p) for p in glob.glob(os.path.join(log_dir, "events.out.tfevents.*"))
+    )
 
 
 def measure(args, layers, log_root):
     model = common.build_model(args.model, args.image_size, args.seed)
     x, y = common.batch(args.batch, args.image_size, args.seed)
     log_dir = os.path.join(log_root, f"gradviz_{layers}")
-    callback = tb_gradviz.GradVizCallback(log_dir, probe_data=(x, y),
-                                          layers=None if layers == "pool" else (lambda layer: True))
+    callback = tb_gradviz.GradVizCallback(
+        log_dir, probe_data=(x, y), layers=None if layers == "pool" else (lambda layer: True)
+    )
     callback.set_model(model)
     sizes = [0]
     for _ in range(args.events):
@@ -49,9 +51,16 @@ def measure(args, layers, log_root):
     per_event = common.median(growth)
     # The routing record (7 values) is small; it is counted with the tensors of its layer.
     return {
-        "model": args.model, "layers": layers, "n_layers": len(callback.chosen_layers), "tensors": tensors,
-        "routing_records": routing, "events": args.events, "first_event_bytes": sizes[1],
-        "bytes_per_event": per_event, "growth_min": min(growth), "growth_max": max(growth),
+        "model": args.model,
+        "layers": layers,
+        "n_layers": len(callback.chosen_layers),
+        "tensors": tensors,
+        "routing_records": routing,
+        "events": args.events,
+        "first_event_bytes": sizes[1],
+        "bytes_per_event": per_event,
+        "growth_min": min(growth),
+        "growth_max": max(growth),
         "bytes_per_tensor_per_event": per_event / tensors,
         "first_event_bytes_per_tensor": sizes[1] / tensors,
         "run_100_events_mb": (sizes[1] + 99 * per_event) / 1e6,
@@ -63,11 +72,23 @@ def keras_tensorboard(args, log_root):
     model = common.build_model(args.model, args.image_size, args.seed)
     x, y = common.batch(args.batch, args.image_size, args.seed)
     log_dir = os.path.join(log_root, "keras_tb")
-    callback = keras.callbacks.TensorBoard(log_dir, histogram_freq=1, write_graph=False, update_freq="epoch")
+    callback = keras.callbacks.TensorBoard(
+        log_dir, histogram_freq=1, write_graph=False, update_freq="epoch"
+    )
     sizes = []
     for epoch in range(3):
-        model.fit(x, y, batch_size=args.batch, epochs=epoch + 1, initial_epoch=epoch, verbose=0, callbacks=[callback])
-        sizes.append(sum(os.path.getsize(p) for p in glob.glob(os.path.join(log_dir, "train", "events.*"))))
+        model.fit(
+            x,
+            y,
+            batch_size=args.batch,
+            epochs=epoch + 1,
+            initial_epoch=epoch,
+            verbose=0,
+            callbacks=[callback],
+        )
+        sizes.append(
+            sum(os.path.getsize(p) for p in glob.glob(os.path.join(log_dir, "train", "events.*")))
+        )
     return sizes[2] - sizes[1]
 
 
@@ -78,8 +99,12 @@ def main():
     p.add_argument("--batch", type=int, default=16)
     p.add_argument("--layers", default="pool,all", help="comma list of pool, all")
     p.add_argument("--events", type=int, default=6)
-    p.add_argument("--summary", default="current", choices=sorted(summary_variants.VARIANTS),
-                   help="the records are identical for current and fast; fast traces and runs sooner")
+    p.add_argument(
+        "--summary",
+        default="current",
+        choices=sorted(summary_variants.VARIANTS),
+        help="the records are identical for current and fast; fast traces and runs sooner",
+    )
     args = p.parse_args()
     if args.smoke:
         args.model, args.image_size, args.batch, args.events, args.layers = "cnn", 16, 4, 3, "all"
@@ -90,12 +115,22 @@ def main():
         keras_bytes = keras_tensorboard(args, log_root)
     for row in rows:
         row["keras_tensorboard_bytes_per_epoch"] = keras_bytes
-    common.print_table(f"bytes on disk ({args.events} events each; growth after the first is exact per event)", rows, [
-        ("model", "model", "{}"), ("layers", "layers", "{}"), ("n_layers", "n", "{}"), ("tensors", "tensors", "{}"),
-        ("first_event_bytes", "1st event B", "{:,}"), ("bytes_per_event", "per event B", "{:,.0f}"),
-        ("bytes_per_tensor_per_event", "B/tensor/event", "{:,.0f}"),
-        ("first_event_bytes_per_tensor", "1st B/tensor", "{:,.0f}"), ("run_100_events_mb", "100 events MB", "{:.2f}"),
-        ("keras_tensorboard_bytes_per_epoch", "Keras TB hist B/epoch", "{:,}")])
+    common.print_table(
+        f"bytes on disk ({args.events} events each; growth after the first is exact per event)",
+        rows,
+        [
+            ("model", "model", "{}"),
+            ("layers", "layers", "{}"),
+            ("n_layers", "n", "{}"),
+            ("tensors", "tensors", "{}"),
+            ("first_event_bytes", "1st event B", "{:,}"),
+            ("bytes_per_event", "per event B", "{:,.0f}"),
+            ("bytes_per_tensor_per_event", "B/tensor/event", "{:,.0f}"),
+            ("first_event_bytes_per_tensor", "1st B/tensor", "{:,.0f}"),
+            ("run_100_events_mb", "100 events MB", "{:.2f}"),
+            ("keras_tensorboard_bytes_per_epoch", "Keras TB hist B/epoch", "{:,}"),
+        ],
+    )
     for row in rows:
         print("RESULT", {k: (round(v, 4) if isinstance(v, float) else v) for k, v in row.items()})
     common.write_json(args.json, {"script": "bench_disk", "args": vars(args), "rows": rows})

@@ -19,8 +19,8 @@ import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
-
 import summary_variants  # noqa: E402
+
 import tb_gradviz  # noqa: E402
 
 
@@ -42,14 +42,19 @@ def main():
     model = common.build_model(args.model, args.image_size, args.seed)
     x, y = common.batch(args.batch * args.steps, args.image_size, args.seed)
     with tempfile.TemporaryDirectory() as log_dir:
-        callback = tb_gradviz.GradVizCallback(log_dir, probe_data=(x[: args.batch], y[: args.batch]),
-                                              layers=None if args.layers == "pool" else (lambda layer: True))
+        callback = tb_gradviz.GradVizCallback(
+            log_dir,
+            probe_data=(x[: args.batch], y[: args.batch]),
+            layers=None if args.layers == "pool" else (lambda layer: True),
+        )
         event_seconds = []
         log_now = callback.log_now
         callback.log_now = lambda: event_seconds.append(common.seconds(log_now))
 
         def fit(callbacks):
-            model.fit(x, y, batch_size=args.batch, epochs=1, shuffle=False, verbose=0, callbacks=callbacks)
+            model.fit(
+                x, y, batch_size=args.batch, epochs=1, shuffle=False, verbose=0, callbacks=callbacks
+            )
 
         first_without = common.seconds(lambda: fit([]))
         first_with = common.seconds(lambda: fit([callback]))
@@ -66,21 +71,41 @@ def main():
             pairs.append((with_cb, without))
     ratios = [w / wo for w, wo in pairs]
     row = {
-        "model": args.model, "layers": args.layers, "summary": args.summary, "steps_per_epoch": args.steps,
-        "batch": args.batch, "fit_with_s": common.median([w for w, _ in pairs]),
-        "fit_without_s": common.median([wo for _, wo in pairs]), "overhead_pct": (common.median(ratios) - 1) * 100,
-        "overhead_pct_min": (min(ratios) - 1) * 100, "overhead_pct_max": (max(ratios) - 1) * 100,
-        "first_fit_without_s": first_without, "first_fit_with_s": first_with,
-        "log_events": len(event_seconds), "log_event_s": common.median(event_seconds),
+        "model": args.model,
+        "layers": args.layers,
+        "summary": args.summary,
+        "steps_per_epoch": args.steps,
+        "batch": args.batch,
+        "fit_with_s": common.median([w for w, _ in pairs]),
+        "fit_without_s": common.median([wo for _, wo in pairs]),
+        "overhead_pct": (common.median(ratios) - 1) * 100,
+        "overhead_pct_min": (min(ratios) - 1) * 100,
+        "overhead_pct_max": (max(ratios) - 1) * 100,
+        "first_fit_without_s": first_without,
+        "first_fit_with_s": first_with,
+        "log_events": len(event_seconds),
+        "log_event_s": common.median(event_seconds),
         "log_event_share_pct": sum(event_seconds) / sum(w for w, _ in pairs) * 100,
     }
-    common.print_table(f"fit, one epoch, callback at its default frequency ({args.repeats} pairs, medians)", [row], [
-        ("model", "model", "{}"), ("layers", "layers", "{}"), ("steps_per_epoch", "steps", "{}"), ("batch", "batch", "{}"),
-        ("fit_without_s", "without s", "{:.2f}"), ("fit_with_s", "with s", "{:.2f}"),
-        ("overhead_pct", "overhead %", "{:+.2f}"), ("overhead_pct_min", "min %", "{:+.2f}"),
-        ("overhead_pct_max", "max %", "{:+.2f}"), ("first_fit_without_s", "1st without s", "{:.1f}"),
-        ("first_fit_with_s", "1st with s", "{:.1f}"), ("log_event_s", "event s", "{:.3f}"),
-        ("log_event_share_pct", "events % of fit", "{:.2f}")])
+    common.print_table(
+        f"fit, one epoch, callback at its default frequency ({args.repeats} pairs, medians)",
+        [row],
+        [
+            ("model", "model", "{}"),
+            ("layers", "layers", "{}"),
+            ("steps_per_epoch", "steps", "{}"),
+            ("batch", "batch", "{}"),
+            ("fit_without_s", "without s", "{:.2f}"),
+            ("fit_with_s", "with s", "{:.2f}"),
+            ("overhead_pct", "overhead %", "{:+.2f}"),
+            ("overhead_pct_min", "min %", "{:+.2f}"),
+            ("overhead_pct_max", "max %", "{:+.2f}"),
+            ("first_fit_without_s", "1st without s", "{:.1f}"),
+            ("first_fit_with_s", "1st with s", "{:.1f}"),
+            ("log_event_s", "event s", "{:.3f}"),
+            ("log_event_share_pct", "events % of fit", "{:.2f}"),
+        ],
+    )
     print("RESULT", {k: (round(v, 4) if isinstance(v, float) else v) for k, v in row.items()})
     common.write_json(args.json, {"script": "bench_fit", "args": vars(args), "rows": [row]})
 

@@ -24,12 +24,11 @@ import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402  (sets TF_CPP_MIN_LOG_LEVEL before TensorFlow loads)
-
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
+import summary_variants  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-import summary_variants  # noqa: E402
 import tb_gradviz  # noqa: E402
 from tb_gradviz.capture import selection  # noqa: E402
 
@@ -59,7 +58,10 @@ class HandWrittenBaseline:
         self.timed = layers[::step][:sample] if sample else layers
         self.scale = len(layers) / len(self.timed)
         self.probes = [
-            keras.Model(model.inputs, [keras.tree.flatten(layer.input), keras.tree.flatten(layer.output), model.outputs])
+            keras.Model(
+                model.inputs,
+                [keras.tree.flatten(layer.input), keras.tree.flatten(layer.output), model.outputs],
+            )
             for layer in self.timed
         ]
 
@@ -90,15 +92,20 @@ def measure_case(args, model_name, spec, batch_size, variants, log_root):
     callbacks, trace_s = {}, {}
     for name in variants:
         summary_variants.use(name)  # the variant is picked up when the pass is traced
-        cb = tb_gradviz.GradVizCallback(os.path.join(log_root, f"{model_name}_{spec}_{batch_size}_{name}"),
-                                        probe_data=(x, y), layers=layers_arg)
+        cb = tb_gradviz.GradVizCallback(
+            os.path.join(log_root, f"{model_name}_{spec}_{batch_size}_{name}"),
+            probe_data=(x, y),
+            layers=layers_arg,
+        )
         cb.set_model(model)
         trace_s[name] = common.seconds(cb.log_now)  # first event: trace + compile + run
         callbacks[name] = cb
     summary_variants.use("current")
     baseline = None
     if args.baseline_sample != 0:
-        baseline = HandWrittenBaseline(model, chosen_layers(model, layers_arg), args.baseline_sample)
+        baseline = HandWrittenBaseline(
+            model, chosen_layers(model, layers_arg), args.baseline_sample
+        )
         baseline(x, y)  # warm-up (eager kernels, probe models)
 
     train, logs, base = [], {name: [] for name in variants}, []
@@ -117,7 +124,11 @@ def measure_case(args, model_name, spec, batch_size, variants, log_root):
     rows = []
     for name in variants:
         row = {
-            "model": model_name, "layers": spec, "n_layers": n_layers, "batch": batch_size, "summary": name,
+            "model": model_name,
+            "layers": spec,
+            "n_layers": n_layers,
+            "batch": batch_size,
+            "summary": name,
             "tensors": sum(len(p.tensors) for p in callbacks[name]._capture.plans),
             "train_step_s": common.median(train),
             "log_event_s": common.median(logs[name]),
@@ -125,20 +136,31 @@ def measure_case(args, model_name, spec, batch_size, variants, log_root):
             "first_event_s": trace_s[name],
         }
         if base:
-            row.update(baseline_s=common.median(base), baseline_ratio=common.median([b / t for b, t in zip(base, train)]),
-                       baseline_layers_timed=len(baseline.timed),
-                       speedup_vs_baseline=common.median([b / l for b, l in zip(base, logs[name])]))
+            row.update(
+                baseline_s=common.median(base),
+                baseline_ratio=common.median([b / t for b, t in zip(base, train)]),
+                baseline_layers_timed=len(baseline.timed),
+                speedup_vs_baseline=common.median([b / l for b, l in zip(base, logs[name])]),
+            )
         rows.append(row)
     return rows
 
 
 COLUMNS = [
-    ("model", "model", "{}"), ("layers", "layers", "{}"), ("n_layers", "n", "{}"), ("tensors", "tensors", "{}"),
-    ("batch", "batch", "{}"), ("summary", "summary", "{}"),
-    ("train_step_s", "train step s", "{:.3f}"), ("log_event_s", "log event s", "{:.3f}"),
-    ("ratio", "event/step", "{:.2f}"), ("first_event_s", "1st event s", "{:.1f}"),
-    ("baseline_s", "baseline s", "{:.2f}"), ("baseline_ratio", "baseline/step", "{:.1f}"),
-    ("baseline_layers_timed", "bl timed", "{}"), ("speedup_vs_baseline", "speedup", "{:.1f}x"),
+    ("model", "model", "{}"),
+    ("layers", "layers", "{}"),
+    ("n_layers", "n", "{}"),
+    ("tensors", "tensors", "{}"),
+    ("batch", "batch", "{}"),
+    ("summary", "summary", "{}"),
+    ("train_step_s", "train step s", "{:.3f}"),
+    ("log_event_s", "log event s", "{:.3f}"),
+    ("ratio", "event/step", "{:.2f}"),
+    ("first_event_s", "1st event s", "{:.1f}"),
+    ("baseline_s", "baseline s", "{:.2f}"),
+    ("baseline_ratio", "baseline/step", "{:.1f}"),
+    ("baseline_layers_timed", "bl timed", "{}"),
+    ("speedup_vs_baseline", "speedup", "{:.1f}x"),
 ]
 
 
@@ -147,25 +169,49 @@ def main():
     p.add_argument("--model", choices=["cnn", "resnet50"], default="resnet50")
     p.add_argument("--image-size", type=int, default=None, help="default: 64 (resnet50), 32 (cnn)")
     p.add_argument("--batch", type=int, default=16)
-    p.add_argument("--layers", default="pool", help="pool (default choice), all, or a number of evenly spaced layers")
-    p.add_argument("--summary", default="current", help=f"comma list of {sorted(summary_variants.VARIANTS)}")
+    p.add_argument(
+        "--layers",
+        default="pool",
+        help="pool (default choice), all, or a number of evenly spaced layers",
+    )
+    p.add_argument(
+        "--summary", default="current", help=f"comma list of {sorted(summary_variants.VARIANTS)}"
+    )
     p.add_argument("--repeats", type=int, default=7)
-    p.add_argument("--baseline-sample", type=int, default=16,
-                   help="time the hand-written baseline on at most this many layers and scale (0: no baseline)")
-    p.add_argument("--scaling", choices=["layers", "batch"], help="sweep layer count (1, 10, 50, all) or batch (4..32)")
+    p.add_argument(
+        "--baseline-sample",
+        type=int,
+        default=16,
+        help="time the hand-written baseline on at most this many layers and scale (0: no baseline)",
+    )
+    p.add_argument(
+        "--scaling",
+        choices=["layers", "batch"],
+        help="sweep layer count (1, 10, 50, all) or batch (4..32)",
+    )
     args = p.parse_args()
     if args.smoke:
-        args.model, args.image_size, args.batch, args.repeats, args.baseline_sample = "cnn", 16, 4, 2, 2
+        args.model, args.image_size, args.batch, args.repeats, args.baseline_sample = (
+            "cnn",
+            16,
+            4,
+            2,
+            2,
+        )
     args.image_size = args.image_size or (64 if args.model == "resnet50" else 32)
     variants = args.summary.split(",")
     for name in variants:
         if name not in summary_variants.VARIANTS:
-            p.error(f"--summary: unknown variant {name!r}; known: {sorted(summary_variants.VARIANTS)}")
+            p.error(
+                f"--summary: unknown variant {name!r}; known: {sorted(summary_variants.VARIANTS)}"
+            )
         if name != "null":
             summary_variants.check_exact(name)  # a faster variant must give the same records
 
     if args.scaling == "layers":
-        cases = [(n, args.batch) for n in (["1", "3", "all"] if args.smoke else ["1", "10", "50", "all"])]
+        cases = [
+            (n, args.batch) for n in (["1", "3", "all"] if args.smoke else ["1", "10", "50", "all"])
+        ]
     elif args.scaling == "batch":
         cases = [(args.layers, b) for b in ([2, 4] if args.smoke else [4, 8, 16, 32])]
     else:
@@ -174,11 +220,20 @@ def main():
     with tempfile.TemporaryDirectory() as log_root:
         for spec, batch_size in cases:
             rows += measure_case(args, args.model, spec, batch_size, variants, log_root)
-            common.print_table(f"log event vs train step ({args.repeats} repeats, medians)", rows[-len(variants):], COLUMNS)
-    common.print_table(f"all cases: log event vs train step ({args.repeats} repeats, medians)", rows, COLUMNS)
+            common.print_table(
+                f"log event vs train step ({args.repeats} repeats, medians)",
+                rows[-len(variants) :],
+                COLUMNS,
+            )
+    common.print_table(
+        f"all cases: log event vs train step ({args.repeats} repeats, medians)", rows, COLUMNS
+    )
     for row in rows:
         print("RESULT", {k: (round(v, 4) if isinstance(v, float) else v) for k, v in row.items()})
-    common.write_json(args.json, {"script": "bench_log_event", "args": {k: v for k, v in vars(args).items()}, "rows": rows})
+    common.write_json(
+        args.json,
+        {"script": "bench_log_event", "args": {k: v for k, v in vars(args).items()}, "rows": rows},
+    )
 
 
 if __name__ == "__main__":

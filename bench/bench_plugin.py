@@ -38,15 +38,23 @@ import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 # The synthetic logdirs are a test helper, not part of the installed package.
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests"))
+sys.path.insert(
+    0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests")
+)
 import common  # noqa: E402
-
 import synthetic  # noqa: E402
 
 RUN = "synthetic"
 CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 PLUGIN_FRAME = 'iframe[src*="plugin_entry.html?name=gradviz"]'
 TENSORS = ("activation", "input_gradient", "output_gradient")
 
@@ -59,7 +67,9 @@ def write_logdir(root, layers, steps, seed):
         start = time.perf_counter()
         synthetic.write_run(logdir / RUN, layers=layers, steps=steps, seed=seed)
         done.write_text("")
-        print(f"wrote {layers} layers x {steps} steps to {logdir} in {time.perf_counter() - start:.1f} s")
+        print(
+            f"wrote {layers} layers x {steps} steps to {logdir} in {time.perf_counter() - start:.1f} s"
+        )
     return logdir
 
 
@@ -106,11 +116,27 @@ class RssSampler(threading.Thread):
 @contextlib.contextmanager
 def tensorboard(logdir, load_fast, log_path):
     port = free_port()
-    command = [sys.executable, "-m", "tensorboard.main", "--logdir", str(logdir), "--host", "127.0.0.1",
-               "--port", str(port), "--samples_per_plugin", "gradviz=0,histograms=0", f"--load_fast={load_fast}"]
+    command = [
+        sys.executable,
+        "-m",
+        "tensorboard.main",
+        "--logdir",
+        str(logdir),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--samples_per_plugin",
+        "gradviz=0,histograms=0",
+        f"--load_fast={load_fast}",
+    ]
     with open(log_path, "wb") as log:
-        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
-                                   env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+        process = subprocess.Popen(
+            command,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"),
+        )
     sampler = RssSampler(process.pid)
     sampler.start()
     try:
@@ -132,20 +158,27 @@ def route(base, name, **params):
 
 def layer_view_urls(base, layer):
     """The requests the frontend makes to show one layer (frontend/index.js)."""
-    return ([route(base, "runs")] + [route(base, "series", run=RUN, layer=layer, tensor=t) for t in TENSORS]
-            + [route(base, "routing", run=RUN, layer=layer), route(base, "step", run=RUN)])
+    return (
+        [route(base, "runs")]
+        + [route(base, "series", run=RUN, layer=layer, tensor=t) for t in TENSORS]
+        + [route(base, "routing", run=RUN, layer=layer), route(base, "step", run=RUN)]
+    )
 
 
 def wait_until(predicate, process, log_path, timeout):
     deadline = time.perf_counter() + timeout
     while True:
         if process.poll() is not None:
-            raise RuntimeError(f"tensorboard exited with {process.returncode}:\n{pathlib.Path(log_path).read_text()}")
+            raise RuntimeError(
+                f"tensorboard exited with {process.returncode}:\n{pathlib.Path(log_path).read_text()}"
+            )
         with contextlib.suppress(OSError, ValueError):
             if predicate():
                 return time.perf_counter()
         if time.perf_counter() > deadline:
-            raise RuntimeError(f"not ready within {timeout} s:\n{pathlib.Path(log_path).read_text()[-3000:]}")
+            raise RuntimeError(
+                f"not ready within {timeout} s:\n{pathlib.Path(log_path).read_text()[-3000:]}"
+            )
         time.sleep(0.05)
 
 
@@ -164,14 +197,23 @@ def complete_view(base, layer, steps):
         bodies.append(json.loads(body))
     runs, *series, routing, step = bodies
     layers = runs["runs"][0]["layers"] if runs["runs"] else []
-    return (len(layers) > 0 and layers[0]["max_step"] == steps and all(len(s["steps"]) == steps for s in series)
-            and len(routing["steps"]) == steps and step["step"] == steps)
+    return (
+        len(layers) > 0
+        and layers[0]["max_step"] == steps
+        and all(len(s["steps"]) == steps for s in series)
+        and len(routing["steps"]) == steps
+        and step["step"] == steps
+    )
 
 
 def all_loaded(base, layers, steps):
     _, status, body = get(route(base, "runs"))
     runs = json.loads(body)["runs"] if status == 200 else []
-    return bool(runs) and len(runs[0]["layers"]) == layers and all(l["max_step"] == steps for l in runs[0]["layers"])
+    return (
+        bool(runs)
+        and len(runs[0]["layers"]) == layers
+        and all(l["max_step"] == steps for l in runs[0]["layers"])
+    )
 
 
 def browser_view(base, steps, timeout_s):
@@ -179,7 +221,9 @@ def browser_view(base, steps, timeout_s):
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+        browser = playwright.chromium.launch(
+            executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS
+        )
         try:
             page = browser.new_page(viewport={"width": 1600, "height": 1000})
             page.set_default_timeout(timeout_s * 1000)
@@ -187,7 +231,9 @@ def browser_view(base, steps, timeout_s):
             page.goto(f"{base}/#gradviz")
             frame = page.frame_locator(PLUGIN_FRAME)
             for tensor in TENSORS:
-                frame.locator(f'.panel[data-tensor="{tensor}"][data-step="{steps}"] svg.histogram rect.bar').first.wait_for()
+                frame.locator(
+                    f'.panel[data-tensor="{tensor}"][data-step="{steps}"] svg.histogram rect.bar'
+                ).first.wait_for()
             view = time.perf_counter() - start
             frame.locator("table.layer-grid tbody tr").first.wait_for()
             grid = time.perf_counter() - start
@@ -209,22 +255,42 @@ def latencies(urls, repeats=1):
 
 def measure_loader(args, logdir, load_fast, layer_names, workdir):
     log_path = pathlib.Path(workdir) / f"tensorboard_{load_fast}.log"
-    row = {"loader": "python (--load_fast=false)" if load_fast == "false" else "rust (--load_fast=true)"}
+    row = {
+        "loader": "python (--load_fast=false)"
+        if load_fast == "false"
+        else "rust (--load_fast=true)"
+    }
     with tensorboard(logdir, load_fast, log_path) as (base, process, sampler, started):
         t_enabled = wait_until(lambda: enabled(base), process, log_path, args.timeout)
         # What a user opening the tab at once sees: keep asking for the first layer's view until it is complete.
-        t_view = wait_until(lambda: complete_view(base, layer_names[0], args.steps), process, log_path, args.timeout)
-        t_ready = wait_until(lambda: all_loaded(base, args.layers, args.steps), process, log_path, args.timeout)
-        row.update(start_to_enabled_s=t_enabled - started, start_to_first_view_s=t_view - started,
-                   start_to_all_loaded_s=t_ready - started)
+        t_view = wait_until(
+            lambda: complete_view(base, layer_names[0], args.steps), process, log_path, args.timeout
+        )
+        t_ready = wait_until(
+            lambda: all_loaded(base, args.layers, args.steps), process, log_path, args.timeout
+        )
+        row.update(
+            start_to_enabled_s=t_enabled - started,
+            start_to_first_view_s=t_view - started,
+            start_to_all_loaded_s=t_ready - started,
+        )
         if args.browser:
-            row["browser_layer_view_s"], row["browser_grid_s"] = browser_view(base, args.steps, args.timeout)
+            row["browser_layer_view_s"], row["browser_grid_s"] = browser_view(
+                base, args.steps, args.timeout
+            )
         # Cold: each tag's first request (the browser above read only layer 0; skip it).
         others = layer_names[1:]
-        series_urls = [route(base, "series", run=RUN, layer=l, tensor=t) for l in others for t in TENSORS]
+        series_urls = [
+            route(base, "series", run=RUN, layer=l, tensor=t) for l in others for t in TENSORS
+        ]
         routing_urls = [route(base, "routing", run=RUN, layer=l) for l in others]
         step_urls = [route(base, "step", run=RUN, step=s) for s in (args.steps, args.steps // 2, 1)]
-        routes = {"runs": [route(base, "runs")], "series": series_urls, "routing": routing_urls, "step": step_urls}
+        routes = {
+            "runs": [route(base, "runs")],
+            "series": series_urls,
+            "routing": routing_urls,
+            "step": step_urls,
+        }
         for name, urls in routes.items():
             cold = latencies(urls)
             warm = latencies(urls, repeats=max(1, args.warm_requests // len(urls)))
@@ -244,11 +310,17 @@ def measure_loader(args, logdir, load_fast, layer_names, workdir):
     return row
 
 
-COLUMNS_START = [("loader", "loader", "{}"), ("start_to_enabled_s", "enabled s", "{:.1f}"),
-                 ("start_to_first_view_s", "1st view (HTTP) s", "{:.1f}"), ("start_to_all_loaded_s", "all loaded s", "{:.1f}"),
-                 ("browser_layer_view_s", "browser view s", "{:.2f}"), ("browser_grid_s", "browser grid s", "{:.2f}"),
-                 ("layer_view_requests_warm_p50_ms", "view reqs ms", "{:.0f}"),
-                 ("peak_rss_mb", "peak RSS MB", "{:.0f}"), ("peak_rss_children_mb", "of which children", "{:.0f}")]
+COLUMNS_START = [
+    ("loader", "loader", "{}"),
+    ("start_to_enabled_s", "enabled s", "{:.1f}"),
+    ("start_to_first_view_s", "1st view (HTTP) s", "{:.1f}"),
+    ("start_to_all_loaded_s", "all loaded s", "{:.1f}"),
+    ("browser_layer_view_s", "browser view s", "{:.2f}"),
+    ("browser_grid_s", "browser grid s", "{:.2f}"),
+    ("layer_view_requests_warm_p50_ms", "view reqs ms", "{:.0f}"),
+    ("peak_rss_mb", "peak RSS MB", "{:.0f}"),
+    ("peak_rss_children_mb", "of which children", "{:.0f}"),
+]
 
 
 def main():
@@ -256,9 +328,14 @@ def main():
     p.add_argument("--layers", type=int, default=50)
     p.add_argument("--steps", type=int, default=500)
     p.add_argument("--loaders", default="false,true", help="--load_fast values to measure")
-    p.add_argument("--cache", default=os.path.join(tempfile.gettempdir(), "tb_gradviz_bench"),
-                   help="where the synthetic logdir is written once and reused")
-    p.add_argument("--warm-requests", type=int, default=150, help="about this many warm requests per route")
+    p.add_argument(
+        "--cache",
+        default=os.path.join(tempfile.gettempdir(), "tb_gradviz_bench"),
+        help="where the synthetic logdir is written once and reused",
+    )
+    p.add_argument(
+        "--warm-requests", type=int, default=150, help="about this many warm requests per route"
+    )
     p.add_argument("--views", type=int, default=10, help="whole layer views timed")
     p.add_argument("--no-browser", dest="browser", action="store_false")
     p.add_argument("--timeout", type=float, default=300)
@@ -277,12 +354,28 @@ def main():
     for row in rows:
         for name in ("runs", "series", "routing", "step"):
             for kind in ("cold", "warm"):
-                route_rows.append({"loader": row["loader"], "route": f"/{name}", "cache": kind,
-                                   "p50": row[f"{name}_{kind}_p50_ms"], "p95": row[f"{name}_{kind}_p95_ms"],
-                                   "n": row[f"{name}_{kind}_n"]})
-    common.print_table(f"{title}: route latency, ms", route_rows,
-                       [("loader", "loader", "{}"), ("route", "route", "{}"), ("cache", "cache", "{}"),
-                        ("p50", "p50 ms", "{:.1f}"), ("p95", "p95 ms", "{:.1f}"), ("n", "requests", "{}")])
+                route_rows.append(
+                    {
+                        "loader": row["loader"],
+                        "route": f"/{name}",
+                        "cache": kind,
+                        "p50": row[f"{name}_{kind}_p50_ms"],
+                        "p95": row[f"{name}_{kind}_p95_ms"],
+                        "n": row[f"{name}_{kind}_n"],
+                    }
+                )
+    common.print_table(
+        f"{title}: route latency, ms",
+        route_rows,
+        [
+            ("loader", "loader", "{}"),
+            ("route", "route", "{}"),
+            ("cache", "cache", "{}"),
+            ("p50", "p50 ms", "{:.1f}"),
+            ("p95", "p95 ms", "{:.1f}"),
+            ("n", "requests", "{}"),
+        ],
+    )
     for row in rows:
         print("RESULT", {k: (round(v, 3) if isinstance(v, float) else v) for k, v in row.items()})
     common.write_json(args.json, {"script": "bench_plugin", "args": vars(args), "rows": rows})

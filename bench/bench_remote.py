@@ -38,14 +38,15 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 # The synthetic logdirs are a test helper, not part of the installed package.
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests"))
+sys.path.insert(
+    0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests")
+)
 import common  # noqa: E402
-
 import numpy as np  # noqa: E402
+import synthetic  # noqa: E402
 
 import tb_gradviz  # noqa: E402
 from tb_gradviz.format import events  # noqa: E402
-import synthetic  # noqa: E402
 
 # A writer from before remote log directories has no storage layer (and would
 # write "s3://..." into a local folder named "s3:"): time its local target only.
@@ -70,15 +71,22 @@ def s3_endpoint():
         import moto.server  # noqa: F401
     except ImportError:
         return None, None
-    for name, value in {"AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench",
-                        "AWS_DEFAULT_REGION": "us-east-1", "AWS_EC2_METADATA_DISABLED": "true"}.items():
+    for name, value in {
+        "AWS_ACCESS_KEY_ID": "bench",
+        "AWS_SECRET_ACCESS_KEY": "bench",
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "AWS_EC2_METADATA_DISABLED": "true",
+    }.items():
         os.environ[name] = value
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     endpoint = f"http://127.0.0.1:{port}"
-    process = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     os.environ["S3_ENDPOINT"] = os.environ["AWS_ENDPOINT_URL"] = endpoint
     client = boto3.client("s3", endpoint_url=endpoint)
     deadline = time.monotonic() + 60
@@ -124,39 +132,64 @@ def run_once(target, log_dir, records, n_events, wait_for_store):
 def measure(args, layers, endpoint, root):
     records = event_records(layers, args.seed)
     # Local first, always: its file size gives the bytes of an event.
-    targets = ["local"] + [t for t in args.targets.split(",") if REMOTE and (t == "file_url" or endpoint and t == "s3")]
-    samples = {t: {"write": [], "visible": [], "close": [], "uploaded": [], "uploaded_visible": [], "bytes": 0} for t in targets}
+    targets = ["local"] + [
+        t for t in args.targets.split(",") if REMOTE and (t == "file_url" or endpoint and t == "s3")
+    ]
+    samples = {
+        t: {
+            "write": [],
+            "visible": [],
+            "close": [],
+            "uploaded": [],
+            "uploaded_visible": [],
+            "bytes": 0,
+        }
+        for t in targets
+    }
     for repeat in range(args.repeats):
         for target in targets:
             name = f"{layers}_{repeat}"
-            log_dir = {"local": os.path.join(root, "local", name),
-                       "file_url": "file://" + os.path.join(root, "file_url", name),
-                       "s3": f"s3://bench/{name}"}[target]
+            log_dir = {
+                "local": os.path.join(root, "local", name),
+                "file_url": "file://" + os.path.join(root, "file_url", name),
+                "s3": f"s3://bench/{name}",
+            }[target]
             write_s, _, close_s, uploaded = run_once(target, log_dir, records, args.events, False)
             samples[target]["write"] += write_s
             samples[target]["close"].append(close_s)
             samples[target]["uploaded"].append(uploaded)
             if target == "s3":
-                _, visible_s, _, uploaded = run_once(target, f"s3://bench/{name}_visible", records, args.events, True)
+                _, visible_s, _, uploaded = run_once(
+                    target, f"s3://bench/{name}_visible", records, args.events, True
+                )
                 samples[target]["visible"] += visible_s
                 samples[target]["uploaded_visible"].append(uploaded)
             if target == "local":
                 folder = os.path.join(root, "local", name)
-                samples[target]["bytes"] = sum(os.path.getsize(os.path.join(folder, f)) for f in os.listdir(folder))
+                samples[target]["bytes"] = sum(
+                    os.path.getsize(os.path.join(folder, f)) for f in os.listdir(folder)
+                )
     rows = []
     bytes_per_run = samples["local"]["bytes"]
     for target in targets:
         s = samples[target]
         row = {
-            "target": target, "layers": layers, "events": args.events, "repeats": args.repeats,
+            "target": target,
+            "layers": layers,
+            "events": args.events,
+            "repeats": args.repeats,
             "event_kb": bytes_per_run / args.events / 1e3,
-            "write_ms": 1e3 * common.median(s["write"]), "write_p95_ms": 1e3 * common.percentile(s["write"], 95),
+            "write_ms": 1e3 * common.median(s["write"]),
+            "write_p95_ms": 1e3 * common.percentile(s["write"], 95),
             "write_mb_s": bytes_per_run / args.events / common.median(s["write"]) / 1e6,
             "close_ms": 1e3 * common.median(s["close"]),
             "visible_ms": 1e3 * common.median(s["visible"]) if s["visible"] else None,
-            "uploaded_per_event_kb": common.median(s["uploaded"]) / args.events / 1e3 if target == "s3" else None,
+            "uploaded_per_event_kb": common.median(s["uploaded"]) / args.events / 1e3
+            if target == "s3"
+            else None,
             "uploaded_visible_per_event_kb": (
-                common.median(s["uploaded_visible"]) / args.events / 1e3 if target == "s3" else None),
+                common.median(s["uploaded_visible"]) / args.events / 1e3 if target == "s3" else None
+            ),
         }
         rows.append(row)
     return rows
@@ -164,32 +197,56 @@ def measure(args, layers, endpoint, root):
 
 def main():
     p = common.parser(__doc__.split("\n")[0])
-    p.add_argument("--layers", default="2,176", help="comma list of layer counts per event (3 tensors + routing each)")
+    p.add_argument(
+        "--layers",
+        default="2,176",
+        help="comma list of layer counts per event (3 tensors + routing each)",
+    )
     p.add_argument("--events", type=int, default=30, help="log events per run")
     p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--targets", default="file_url,s3", help="comma list of file_url, s3 (local is always timed)")
+    p.add_argument(
+        "--targets",
+        default="file_url,s3",
+        help="comma list of file_url, s3 (local is always timed)",
+    )
     args = p.parse_args()
     if args.smoke:
         args.layers, args.events, args.repeats = "2", 5, 1
     endpoint, server = s3_endpoint() if REMOTE and "s3" in args.targets.split(",") else (None, None)
     root = tempfile.mkdtemp(prefix="bench_remote-")
     try:
-        rows = [row for layers in map(int, args.layers.split(",")) for row in measure(args, layers, endpoint, root)]
+        rows = [
+            row
+            for layers in map(int, args.layers.split(","))
+            for row in measure(args, layers, endpoint, root)
+        ]
     finally:
         shutil.rmtree(root, ignore_errors=True)
         if server is not None:
             server.terminate()
             server.wait(timeout=30)
     writer = "with remote log dirs" if REMOTE else "before remote log dirs"
-    common.print_table(f"event writer, {writer}: {tb_gradviz.__file__}", rows, [
-        ("target", "target", "{}"), ("layers", "layers", "{}"), ("event_kb", "event KB", "{:,.1f}"),
-        ("write_ms", "write ms", "{:.2f}"), ("write_p95_ms", "p95 ms", "{:.2f}"), ("write_mb_s", "MB/s", "{:,.0f}"),
-        ("visible_ms", "in store ms", "{:.1f}"), ("close_ms", "close ms", "{:.1f}"),
-        ("uploaded_per_event_kb", "put KB/event", "{:,.0f}"),
-        ("uploaded_visible_per_event_kb", "put KB/event, waiting", "{:,.0f}")])
+    common.print_table(
+        f"event writer, {writer}: {tb_gradviz.__file__}",
+        rows,
+        [
+            ("target", "target", "{}"),
+            ("layers", "layers", "{}"),
+            ("event_kb", "event KB", "{:,.1f}"),
+            ("write_ms", "write ms", "{:.2f}"),
+            ("write_p95_ms", "p95 ms", "{:.2f}"),
+            ("write_mb_s", "MB/s", "{:,.0f}"),
+            ("visible_ms", "in store ms", "{:.1f}"),
+            ("close_ms", "close ms", "{:.1f}"),
+            ("uploaded_per_event_kb", "put KB/event", "{:,.0f}"),
+            ("uploaded_visible_per_event_kb", "put KB/event, waiting", "{:,.0f}"),
+        ],
+    )
     for row in rows:
         print("RESULT", {k: (round(v, 4) if isinstance(v, float) else v) for k, v in row.items()})
-    common.write_json(args.json, {"script": "bench_remote", "args": vars(args), "writer": writer, "rows": rows})
+    common.write_json(
+        args.json, {"script": "bench_remote", "args": vars(args), "writer": writer, "rows": rows}
+    )
 
 
 if __name__ == "__main__":

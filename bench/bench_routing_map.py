@@ -32,9 +32,14 @@ def _record_seconds(probe, x, repeats):
         x_slice = np.maximum(rng.normal(size=input_shape), 0).astype(np.float32)
         slices.append((x_slice, rng.normal(size=input_shape), rng.normal(size=output_shape)))
     for _ in range(repeats):
-        times.append(common.seconds(lambda: [
-            routing_map.record(plan.pooling, *s, plan.map_cut, settings) for plan, s in zip(mapped, slices)
-        ]))
+        times.append(
+            common.seconds(
+                lambda: [
+                    routing_map.record(plan.pooling, *s, plan.map_cut, settings)
+                    for plan, s in zip(mapped, slices)
+                ]
+            )
+        )
     return common.median(times)
 
 
@@ -69,8 +74,10 @@ def main():
         # The host work the map adds, alone: choosing channels, cropping, finding winners.
         record_s = _record_seconds(callbacks[True]._capture, x, args.repeats)
         maps = [(tag, array, md) for tag, array, md in written if tag.endswith("/routing_map")]
-        map_bytes = {tag: len(events.summary_proto([(tag, array, md)], lambda t: False).SerializeToString())
-                     for tag, array, md in maps}
+        map_bytes = {
+            tag: len(events.summary_proto([(tag, array, md)], lambda t: False).SerializeToString())
+            for tag, array, md in maps
+        }
         event_bytes = len(events.summary_proto(written, lambda t: False).SerializeToString())
         for callback in callbacks.values():
             callback.on_train_end()
@@ -85,7 +92,8 @@ def main():
     ] + [{"what": f"  {tag}", "value": size} for tag, size in map_bytes.items()]
     common.print_table(
         f"{args.model} {args.image_size}px batch {args.batch}, pooling layers, {args.repeats} repeats",
-        rows, [("what", "what", "{}"), ("value", "value", "{:.4g}")],
+        rows,
+        [("what", "what", "{}"), ("value", "value", "{:.4g}")],
     )
     assert all(size <= 64 * 1024 + 512 for size in map_bytes.values()), map_bytes
     row = {
@@ -98,9 +106,17 @@ def main():
         "event_bytes": event_bytes,
     }
     print("RESULT", {k: (round(v, 4) if isinstance(v, float) else v) for k, v in row.items()})
-    common.write_json(args.json, {"script": "bench_routing_map", "args": vars(args), "rows": [row],
-                                  "times": {str(k): v for k, v in times.items()}, "ratios": ratios,
-                                  "map_bytes": map_bytes})
+    common.write_json(
+        args.json,
+        {
+            "script": "bench_routing_map",
+            "args": vars(args),
+            "rows": [row],
+            "times": {str(k): v for k, v in times.items()},
+            "ratios": ratios,
+            "map_bytes": map_bytes,
+        },
+    )
 
 
 if __name__ == "__main__":

@@ -26,12 +26,13 @@ import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402  (sets TF_CPP_MIN_LOG_LEVEL before TensorFlow loads)
-
 import numpy as np  # noqa: E402
 
-from tb_gradviz.format import events  # noqa: E402
-from tb_gradviz.format import records  # noqa: E402
 from tb_gradviz.capture import kernels  # noqa: E402
+from tb_gradviz.format import (
+    events,  # noqa: E402
+    records,  # noqa: E402
+)
 
 _COMPILE_SNIPPET = """
 import time
@@ -53,8 +54,13 @@ def best(fn, repeats):
 
 def compile_seconds(cache_dir):
     """`(float32 kernel, the others)` first-call seconds in a fresh process with numba's cache in `cache_dir`."""
-    output = subprocess.run([sys.executable, "-c", _COMPILE_SNIPPET], capture_output=True, text=True, check=True,
-                            env=dict(os.environ, NUMBA_CACHE_DIR=cache_dir)).stdout
+    output = subprocess.run(
+        [sys.executable, "-c", _COMPILE_SNIPPET],
+        capture_output=True,
+        text=True,
+        check=True,
+        env=dict(os.environ, NUMBA_CACHE_DIR=cache_dir),
+    ).stdout
     return [float(v) for v in output.split()]
 
 
@@ -64,16 +70,23 @@ def kernels_row(args):
     values = np.maximum(rng.standard_normal(shape), 0).astype(np.float32)
     flat = values.reshape(-1)
     one_at_a_time = lambda: kernels._summary(  # noqa: E731
-        flat, 1.0, records.HISTOGRAM_BUCKETS, kernels._OCTAVE_BIN, kernels._OCTAVE_EDGE)
+        flat, 1.0, records.HISTOGRAM_BUCKETS, kernels._OCTAVE_BIN, kernels._OCTAVE_EDGE
+    )
     with tempfile.TemporaryDirectory() as cache:
         cold = compile_seconds(cache)
         warm = compile_seconds(cache)
     return {
-        "part": "kernels", "values": values.size,
-        "numpy_ms": best(lambda: (records.linear_histogram(values), records.stats_vector(values)), args.repeats) * 1e3,
+        "part": "kernels",
+        "values": values.size,
+        "numpy_ms": best(
+            lambda: (records.linear_histogram(values), records.stats_vector(values)), args.repeats
+        )
+        * 1e3,
         "one_value_kernel_ms": best(one_at_a_time, args.repeats) * 1e3,
         "float32_kernel_ms": best(lambda: kernels.summary(values), args.repeats) * 1e3,
-        "compile_float32_s": cold[0], "compile_others_s": cold[1], "cached_load_float32_s": warm[0],
+        "compile_float32_s": cold[0],
+        "compile_others_s": cold[1],
+        "cached_load_float32_s": warm[0],
     }
 
 
@@ -84,9 +97,14 @@ def crc_row(args):
     megabytes = len(data) / (1 << 20)
     assert masked_crc32c(data) == events.masked_crc32c(data)
     return {
-        "part": "crc", "bytes": len(data),
-        "tensorboard_ms_per_mb": best(lambda: masked_crc32c(data), 1 if args.smoke else 3) * 1e3 / megabytes,
-        "google_crc32c_ms_per_mb": best(lambda: events.masked_crc32c(data), args.repeats) * 1e3 / megabytes,
+        "part": "crc",
+        "bytes": len(data),
+        "tensorboard_ms_per_mb": best(lambda: masked_crc32c(data), 1 if args.smoke else 3)
+        * 1e3
+        / megabytes,
+        "google_crc32c_ms_per_mb": best(lambda: events.masked_crc32c(data), args.repeats)
+        * 1e3
+        / megabytes,
     }
 
 
@@ -113,12 +131,28 @@ def event_row(args):
         all_threads_s = common.seconds(lambda: kernels.summaries(items))
         written, run_s = timed(lambda: pass_.run(x, y)[0])
         write_s = common.seconds(lambda: log.write(len(rows), written))
-        rows.append(dict(train_step_s=step, pass_s=pass_s, asarray_s=asarray_s, one_thread_s=one_thread_s,
-                         all_threads_s=all_threads_s, run_s=run_s, write_s=write_s))
+        rows.append(
+            dict(
+                train_step_s=step,
+                pass_s=pass_s,
+                asarray_s=asarray_s,
+                one_thread_s=one_thread_s,
+                all_threads_s=all_threads_s,
+                run_s=run_s,
+                write_s=write_s,
+            )
+        )
     log.close()
-    row = {"part": "event", "model": args.model, "layers": args.layers, "n_layers": n_layers, "batch": args.batch,
-           "items": len(items), "values": int(sum(v.size for v, _ in items)),
-           "bytes_held": int(sum(v.nbytes for v, _ in items))}
+    row = {
+        "part": "event",
+        "model": args.model,
+        "layers": args.layers,
+        "n_layers": n_layers,
+        "batch": args.batch,
+        "items": len(items),
+        "values": int(sum(v.size for v, _ in items)),
+        "bytes_held": int(sum(v.nbytes for v, _ in items)),
+    }
     for key in rows[0]:
         row[key] = common.median([r[key] for r in rows])
     return row

@@ -91,7 +91,10 @@ def measure(args):
             callbacks = {}
             for weights in (False, True):
                 cb = tb_gradviz.GradVizCallback(
-                    os.path.join(log_dir, str(weights)), probe_data=(x, y), layers=layers, weights=weights
+                    os.path.join(log_dir, str(weights)),
+                    probe_data=(x, y),
+                    layers=layers,
+                    weights=weights,
                 )
                 cb.set_model(model)
                 callbacks[weights] = Timed(cb, spent)
@@ -114,19 +117,31 @@ def measure(args):
                 callbacks[weights].callback.on_train_end()
         on, off = callbacks[True].callback, callbacks[False].callback
         row = {
-            "backend": keras.backend.backend(), "model": args.model, "layers": spec, "n_layers": len(on.chosen_layers),
+            "backend": keras.backend.backend(),
+            "model": args.model,
+            "layers": spec,
+            "n_layers": len(on.chosen_layers),
             "tensors_without": sum(len(p.tensors) for p in off._capture.plans),
             "tensors_with": sum(len(p.tensors) for p in on._capture.plans),
             "weights": sum(len(p.weights) for p in on._capture.plans),
-            "weight_values": sum(math.prod(v.shape) for p in on._capture.plans for _, v in p.weights),
-            "update_bytes_held": held, "batch": args.batch, "image_size": args.image_size,
+            "weight_values": sum(
+                math.prod(v.shape) for p in on._capture.plans for _, v in p.weights
+            ),
+            "update_bytes_held": held,
+            "batch": args.batch,
+            "image_size": args.image_size,
             "train_step_s": common.median(train),
-            "event_without_s": common.median(events[False]), "event_with_s": common.median(events[True]),
+            "event_without_s": common.median(events[False]),
+            "event_with_s": common.median(events[True]),
             "ratio_without": common.median([e / t for e, t in zip(events[False], train)]),
             "ratio_with": common.median([e / t for e, t in zip(events[True], train)]),
-            "extra_ratio": common.median([(w - o) / t for w, o, t in zip(events[True], events[False], train)]),
-            "first_event_without_s": first[False], "first_event_with_s": first[True],
-            "second_event_without_s": second[False], "second_event_with_s": second[True],
+            "extra_ratio": common.median(
+                [(w - o) / t for w, o, t in zip(events[True], events[False], train)]
+            ),
+            "first_event_without_s": first[False],
+            "first_event_with_s": first[True],
+            "second_event_without_s": second[False],
+            "second_event_with_s": second[True],
         }
         for part in PARTS + ("pass",):
             for weights, label in ((False, "without"), (True, "with")):
@@ -139,16 +154,30 @@ def measure(args):
 
 
 COLUMNS = [
-    ("backend", "backend", "{}"), ("layers", "layers", "{}"), ("n_layers", "n", "{}"), ("weights", "weights", "{}"),
-    ("tensors_with", "tensors", "{}"), ("train_step_s", "step s", "{:.3f}"),
-    ("event_without_s", "event s", "{:.3f}"), ("event_with_s", "+weights s", "{:.3f}"),
-    ("ratio_without", "event/step", "{:.2f}"), ("ratio_with", "+weights/step", "{:.2f}"),
-    ("extra_ratio", "extra/step", "{:.2f}"), ("first_event_without_s", "1st s", "{:.1f}"),
-    ("first_event_with_s", "1st +w s", "{:.1f}"), ("update_bytes_held", "held MB", "{:.1f}"),
+    ("backend", "backend", "{}"),
+    ("layers", "layers", "{}"),
+    ("n_layers", "n", "{}"),
+    ("weights", "weights", "{}"),
+    ("tensors_with", "tensors", "{}"),
+    ("train_step_s", "step s", "{:.3f}"),
+    ("event_without_s", "event s", "{:.3f}"),
+    ("event_with_s", "+weights s", "{:.3f}"),
+    ("ratio_without", "event/step", "{:.2f}"),
+    ("ratio_with", "+weights/step", "{:.2f}"),
+    ("extra_ratio", "extra/step", "{:.2f}"),
+    ("first_event_without_s", "1st s", "{:.1f}"),
+    ("first_event_with_s", "1st +w s", "{:.1f}"),
+    ("update_bytes_held", "held MB", "{:.1f}"),
 ]
-PART_COLUMNS = [("backend", "backend", "{}"), ("layers", "layers", "{}")] + [
-    (f"{part}_{label}_s", f"{part} {label} s", "{:.3f}") for part in ("pass",) + PARTS for label in ("without", "with")
-] + [(f"{part}_extra_ratio", f"{part} extra/step", "{:.2f}") for part in ("pass",) + PARTS]
+PART_COLUMNS = (
+    [("backend", "backend", "{}"), ("layers", "layers", "{}")]
+    + [
+        (f"{part}_{label}_s", f"{part} {label} s", "{:.3f}")
+        for part in ("pass",) + PARTS
+        for label in ("without", "with")
+    ]
+    + [(f"{part}_extra_ratio", f"{part} extra/step", "{:.2f}") for part in ("pass",) + PARTS]
+)
 
 
 def main():
@@ -157,7 +186,9 @@ def main():
     p.add_argument("--model", choices=["cnn", "resnet50"], default="resnet50")
     p.add_argument("--image-size", type=int, default=64)
     p.add_argument("--batch", type=int, default=16)
-    p.add_argument("--layers", default="pool,all", help="comma list of pool (the default choice) and all")
+    p.add_argument(
+        "--layers", default="pool,all", help="comma list of pool (the default choice) and all"
+    )
     p.add_argument("--repeats", type=int, default=7)
     p.add_argument("--child", action="store_true", help=argparse_hidden())
     args = p.parse_args()
@@ -170,20 +201,46 @@ def main():
     for backend in args.backends.split(","):
         if backend not in BACKENDS:
             p.error(f"--backends: unknown backend {backend!r}; known: {', '.join(BACKENDS)}")
-        command = [sys.executable, os.path.abspath(__file__), "--child", "--model", args.model, "--image-size",
-                   str(args.image_size), "--batch", str(args.batch), "--layers", args.layers,
-                   "--repeats", str(args.repeats), "--seed", str(args.seed)]
-        result = subprocess.run(command, env=dict(os.environ, KERAS_BACKEND=backend), capture_output=True, text=True)
+        command = [
+            sys.executable,
+            os.path.abspath(__file__),
+            "--child",
+            "--model",
+            args.model,
+            "--image-size",
+            str(args.image_size),
+            "--batch",
+            str(args.batch),
+            "--layers",
+            args.layers,
+            "--repeats",
+            str(args.repeats),
+            "--seed",
+            str(args.seed),
+        ]
+        result = subprocess.run(
+            command, env=dict(os.environ, KERAS_BACKEND=backend), capture_output=True, text=True
+        )
         found = [line for line in result.stdout.splitlines() if line.startswith("ROWS ")]
         if result.returncode != 0 or not found:
-            sys.exit(f"{backend}: the measurement failed\n{result.stdout[-2000:]}\n{result.stderr[-4000:]}")
+            sys.exit(
+                f"{backend}: the measurement failed\n{result.stdout[-2000:]}\n{result.stderr[-4000:]}"
+            )
         new = json.loads(found[-1][5:])
         rows += new
-        common.print_table(f"{backend}: weights=True vs without, against a train step ({args.repeats} repeats, medians)",
-                           [dict(r, update_bytes_held=r["update_bytes_held"] / 1e6) for r in new], COLUMNS)
-    common.print_table(f"all backends: weights=True vs without ({args.repeats} repeats, medians)",
-                       [dict(r, update_bytes_held=r["update_bytes_held"] / 1e6) for r in rows], COLUMNS)
-    common.print_table("where the time goes (medians per event; pass = log_now less the parts)", rows, PART_COLUMNS)
+        common.print_table(
+            f"{backend}: weights=True vs without, against a train step ({args.repeats} repeats, medians)",
+            [dict(r, update_bytes_held=r["update_bytes_held"] / 1e6) for r in new],
+            COLUMNS,
+        )
+    common.print_table(
+        f"all backends: weights=True vs without ({args.repeats} repeats, medians)",
+        [dict(r, update_bytes_held=r["update_bytes_held"] / 1e6) for r in rows],
+        COLUMNS,
+    )
+    common.print_table(
+        "where the time goes (medians per event; pass = log_now less the parts)", rows, PART_COLUMNS
+    )
     for row in rows:
         print("RESULT", {k: (round(v, 4) if isinstance(v, float) else v) for k, v in row.items()})
     common.write_json(args.json, {"script": "bench_weights", "args": vars(args), "rows": rows})

@@ -20,7 +20,11 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 def parser(description):
     """An ArgumentParser with the flags every bench script takes."""
     p = argparse.ArgumentParser(description=description)
-    p.add_argument("--smoke", action="store_true", help="tiny sizes, to check the script runs (not a measurement)")
+    p.add_argument(
+        "--smoke",
+        action="store_true",
+        help="tiny sizes, to check the script runs (not a measurement)",
+    )
     p.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     p.add_argument("--seed", type=int, default=0)
     return p
@@ -50,11 +54,23 @@ def percentile(values, q):
 
 def machine():
     """What the numbers were measured on."""
-    info = {"python": platform.python_version(), "cpus": os.cpu_count(), "platform": platform.platform()}
+    info = {
+        "python": platform.python_version(),
+        "cpus": os.cpu_count(),
+        "platform": platform.platform(),
+    }
     # name -> the distributions that may provide it, first found wins
-    distributions = {"tensorflow": ("tensorflow-cpu", "tensorflow"), "keras": ("keras",), "tensorboard": ("tensorboard",),
-                     "numpy": ("numpy",), "numba": ("numba",), "google-crc32c": ("google-crc32c",),
-                     "jax": ("jax",), "jaxlib": ("jaxlib",), "torch": ("torch",)}
+    distributions = {
+        "tensorflow": ("tensorflow-cpu", "tensorflow"),
+        "keras": ("keras",),
+        "tensorboard": ("tensorboard",),
+        "numpy": ("numpy",),
+        "numba": ("numba",),
+        "google-crc32c": ("google-crc32c",),
+        "jax": ("jax",),
+        "jaxlib": ("jaxlib",),
+        "torch": ("torch",),
+    }
     for name, candidates in distributions.items():
         info[name] = None
         for distribution in candidates:
@@ -73,7 +89,9 @@ def print_table(title, rows, columns):
     print(f"\n{title}")
     cells = [[header for _, header, _ in columns]]
     for row in rows:
-        cells.append([("-" if row.get(key) is None else fmt.format(row[key])) for key, _, fmt in columns])
+        cells.append(
+            [("-" if row.get(key) is None else fmt.format(row[key])) for key, _, fmt in columns]
+        )
     widths = [max(len(line[i]) for line in cells) for i in range(len(columns))]
     for n, line in enumerate(cells):
         print("  ".join(cell.rjust(width) for cell, width in zip(line, widths)))
@@ -84,11 +102,16 @@ def print_table(title, rows, columns):
 def write_json(path, payload):
     if path:
         with open(path, "w") as f:
-            json.dump(dict(payload, machine=machine(), date=time.strftime("%Y-%m-%d %H:%M:%S %Z")), f, indent=1)
+            json.dump(
+                dict(payload, machine=machine(), date=time.strftime("%Y-%m-%d %H:%M:%S %Z")),
+                f,
+                indent=1,
+            )
         print(f"\nwrote {path}")
 
 
 # ---------------------------------------------------------------- models
+
 
 def small_cnn(image_size=32, classes=10):
     """A small Functional CNN (two conv + max-pool stages, a global pool, a dense head)."""
@@ -114,7 +137,9 @@ def build_model(name, image_size, seed):
     if name == "cnn":
         model = small_cnn(image_size)
     elif name == "resnet50":
-        model = keras.applications.ResNet50(weights=None, input_shape=(image_size, image_size, 3), classes=10)
+        model = keras.applications.ResNet50(
+            weights=None, input_shape=(image_size, image_size, 3), classes=10
+        )
     else:
         raise ValueError(f"model must be 'cnn' or 'resnet50'; received {name!r}")
     model.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=name == "cnn"))

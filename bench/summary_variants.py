@@ -22,10 +22,10 @@ and returns `(histograms [R, k, 3], stats [R, STATS_LENGTH])`.
 import numpy as np
 import tensorflow as tf
 
+from tb_gradviz.capture import kernels
 from tb_gradviz.capture.backends import tensorflow as tf_capture
 from tb_gradviz.capture.backends import tf_statistics
 from tb_gradviz.format import records
-from tb_gradviz.capture import kernels
 
 
 def _previous_tensor_summary(t, buckets, divisor):
@@ -47,26 +47,45 @@ def _previous_tensor_summary(t, buckets, divisor):
     mean = tf.where(has_values, total / tf.cast(tf.maximum(n, 1), tf.float64), nan)
     std = tf.where(has_values, tf.sqrt(tf.reduce_mean(tf.square(finite - mean))), nan)
     total = tf.where(has_values, total, nan)
-    head = tf.stack([tf.cast(c, tf.float64) for c in (count, zeros, nans, pos_inf, neg_inf)] + [low, high, mean, std, total])
+    head = tf.stack(
+        [tf.cast(c, tf.float64) for c in (count, zeros, nans, pos_inf, neg_inf)]
+        + [low, high, mean, std, total]
+    )
 
     def bincount(indices, length):
-        return tf.math.bincount(tf.cast(indices, tf.int32), minlength=length, maxlength=length, dtype=tf.float64)
+        return tf.math.bincount(
+            tf.cast(indices, tf.int32), minlength=length, maxlength=length, dtype=tf.float64
+        )
 
     nonzero = tf.boolean_mask(finite, tf.not_equal(finite, 0.0))
-    bins = tf.searchsorted(tf.constant(records.LOG_EDGES, tf.float64), tf.abs(nonzero), side="right")
-    stats = tf.concat([head, bincount(tf.boolean_mask(bins, nonzero < 0), records.MAGNITUDE_BINS),
-                       bincount(tf.boolean_mask(bins, nonzero > 0), records.MAGNITUDE_BINS)], 0)
+    bins = tf.searchsorted(
+        tf.constant(records.LOG_EDGES, tf.float64), tf.abs(nonzero), side="right"
+    )
+    stats = tf.concat(
+        [
+            head,
+            bincount(tf.boolean_mask(bins, nonzero < 0), records.MAGNITUDE_BINS),
+            bincount(tf.boolean_mask(bins, nonzero > 0), records.MAGNITUDE_BINS),
+        ],
+        0,
+    )
 
     span = high - low
     spread = tf.logical_and(n > 0, span > 0)
     width = tf.where(spread, tf_statistics.divide(span, tf.constant(buckets, tf.float64)), 1.0)
-    index = tf.clip_by_value(tf.cast(tf.floor((finite - tf.where(spread, low, 0.0)) / width), tf.int64), 0, buckets - 1)
+    index = tf.clip_by_value(
+        tf.cast(tf.floor((finite - tf.where(spread, low, 0.0)) / width), tf.int64), 0, buckets - 1
+    )
     edges = tf.where(spread, low, 0.0) + width * tf.range(buckets + 1, dtype=tf.float64)
     edges = tf.concat([edges[:-1], tf.reshape(tf.where(spread, high, 0.0), [1])], 0)
     spread_histogram = tf.stack([edges[:-1], edges[1:], bincount(index, buckets)], axis=1)
-    first = tf.concat([tf.reshape(tf.cast(n, tf.float64), [1]), tf.zeros([buckets - 1], tf.float64)], 0)
+    first = tf.concat(
+        [tf.reshape(tf.cast(n, tf.float64), [1]), tf.zeros([buckets - 1], tf.float64)], 0
+    )
     single = tf.stack([tf.fill([buckets], low), tf.fill([buckets], low), first], axis=1)
-    histogram = tf.where(spread, spread_histogram, tf.where(n > 0, single, tf.zeros([buckets, 3], tf.float64)))
+    histogram = tf.where(
+        spread, spread_histogram, tf.where(n > 0, single, tf.zeros([buckets, 3], tf.float64))
+    )
     return histogram, stats
 
 
@@ -78,7 +97,9 @@ def previous_group_summary(tensors, divisor=None, buckets=records.HISTOGRAM_BUCK
 def null_group_summary(tensors, divisor=None, buckets=records.HISTOGRAM_BUCKETS):
     """Not a summary: one sum per tensor, so the gradient is still computed."""
     totals = tf.stack([tf.reduce_sum(tf.cast(t, tf.float64)) for t in tensors])
-    return tf.tile(totals[:, None, None], [1, buckets, 3]), tf.tile(totals[:, None], [1, records.STATS_LENGTH])
+    return tf.tile(totals[:, None, None], [1, buckets, 3]), tf.tile(
+        totals[:, None], [1, records.STATS_LENGTH]
+    )
 
 
 _DEFAULT_STATISTICS = tf_capture.default_statistics
@@ -116,10 +137,24 @@ def check_exact(name, seed=0):
     rng = np.random.default_rng(seed)
     a = rng.standard_normal((4, 9, 9, 5)).astype(np.float32)
     a[a < 0.3] = 0
-    a.flat[:10] = [np.nan, np.inf, -np.inf, 1e-13, -2e7, 1e-12, 10**-0.5, np.float32(10**-0.5), -1e6, 3.1622776e-3]
-    groups = [[a, rng.standard_normal(a.shape).astype(np.float32)], [np.zeros(7, np.float32)],
-              [np.full(5, np.nan, np.float32), np.full(5, 2.5, np.float32)],
-              [(rng.standard_normal(1000) * 10.0 ** rng.uniform(-14, 8, 1000)).astype(np.float32)]]
+    a.flat[:10] = [
+        np.nan,
+        np.inf,
+        -np.inf,
+        1e-13,
+        -2e7,
+        1e-12,
+        10**-0.5,
+        np.float32(10**-0.5),
+        -1e6,
+        3.1622776e-3,
+    ]
+    groups = [
+        [a, rng.standard_normal(a.shape).astype(np.float32)],
+        [np.zeros(7, np.float32)],
+        [np.full(5, np.nan, np.float32), np.full(5, 2.5, np.float32)],
+        [(rng.standard_normal(1000) * 10.0 ** rng.uniform(-14, 8, 1000)).astype(np.float32)],
+    ]
     for group in groups:
         histograms, stats = [np.asarray(o) for o in fn([tf.constant(array) for array in group])]
         for r, array in enumerate(group):

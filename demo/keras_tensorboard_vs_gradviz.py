@@ -26,7 +26,9 @@ def _tags(logdir):
     tags = []
     for root, _, files in os.walk(logdir):
         if any(".tfevents." in f for f in files):
-            accumulator = event_accumulator.EventAccumulator(root, size_guidance={event_accumulator.TENSORS: 0})
+            accumulator = event_accumulator.EventAccumulator(
+                root, size_guidance={event_accumulator.TENSORS: 0}
+            )
             accumulator.Reload()
             tags += accumulator.Tags()[event_accumulator.TENSORS]
     return tags
@@ -46,7 +48,10 @@ def compare(logdir):
     )
     model.compile("adam", "mse")
     rng = np.random.default_rng(0)
-    x, y = rng.normal(size=(32, 16, 16, 3)).astype("float32"), rng.normal(size=(32, 2)).astype("float32")
+    x, y = (
+        rng.normal(size=(32, 16, 16, 3)).astype("float32"),
+        rng.normal(size=(32, 2)).astype("float32"),
+    )
     try:
         keras.callbacks.TensorBoard(os.path.join(logdir, "keras"), write_grads=True)
         write_grads_error = None
@@ -59,16 +64,25 @@ def compare(logdir):
         verbose=0,
         callbacks=[
             keras.callbacks.TensorBoard(os.path.join(logdir, "keras"), histogram_freq=1),
-            GradVizCallback(os.path.join(logdir, "gradviz"), (x[:8], y[:8]), layers=["conv", "maxpool", "dense"]),
+            GradVizCallback(
+                os.path.join(logdir, "gradviz"), (x[:8], y[:8]), layers=["conv", "maxpool", "dense"]
+            ),
         ],
     )
-    keras_tags, gradviz_tags = _tags(os.path.join(logdir, "keras")), _tags(os.path.join(logdir, "gradviz"))
+    keras_tags, gradviz_tags = (
+        _tags(os.path.join(logdir, "keras")),
+        _tags(os.path.join(logdir, "gradviz")),
+    )
     table = {}
     for layer in model.layers:
         table[layer.name] = (
             # Keras names weight histograms "<model>/<layer>/<weight>/histogram".
             sorted(t for t in keras_tags if layer.name in t.split("/")[:-1]),
-            sorted(t for t in gradviz_tags if t.startswith(f"gradviz/{layer.name}/") and not t.endswith("/stats")),
+            sorted(
+                t
+                for t in gradviz_tags
+                if t.startswith(f"gradviz/{layer.name}/") and not t.endswith("/stats")
+            ),
         )
     return table, write_grads_error
 
@@ -80,7 +94,9 @@ def main(argv):
     for layer, (keras_tags, gradviz_tags) in table.items():
         print(f"{layer}")
         print(f"  Keras TensorBoard(histogram_freq=1): {', '.join(keras_tags) or 'nothing'}")
-        print(f"  tb_gradviz:                          {', '.join(gradviz_tags) or 'nothing (not chosen)'}")
+        print(
+            f"  tb_gradviz:                          {', '.join(gradviz_tags) or 'nothing (not chosen)'}"
+        )
     print(f"\nLogs in {logdir}")
     return 0
 

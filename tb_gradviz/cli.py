@@ -40,46 +40,99 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser():
-    parser = _Parser(prog="tb-gradviz", description="Activations and gradients of Keras layers, in TensorBoard.")
+    parser = _Parser(
+        prog="tb-gradviz", description="Activations and gradients of Keras layers, in TensorBoard."
+    )
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     commands.required = True
 
-    demo = commands.add_parser("demo", help="train ResNet50 and a small CNN with the callback, then serve TensorBoard")
-    demo.add_argument("--logdir", default="logs/tb_gradviz_demo", help="where the runs go (default: %(default)s)")
-    demo.add_argument("--model", choices=("all", "resnet50", "cnn"), default="all", help="which demo (default: %(default)s)")
-    demo.add_argument("--steps", type=_positive_int, default=None, help="training steps per run (default: 48 ResNet50, 40 CNN; the plain CNNs always 12)")
-    demo.add_argument("--image-size", type=_image_size, default=64, help="ResNet50 input size, >= 32 (default: %(default)s)")
-    demo.add_argument("--batch-size", type=_positive_int, default=16, help="ResNet50 batch size (default: %(default)s)")
-    demo.add_argument("--no-serve", action="store_true", help="write the logs and exit without starting TensorBoard")
+    demo = commands.add_parser(
+        "demo", help="train ResNet50 and a small CNN with the callback, then serve TensorBoard"
+    )
+    demo.add_argument(
+        "--logdir", default="logs/tb_gradviz_demo", help="where the runs go (default: %(default)s)"
+    )
+    demo.add_argument(
+        "--model",
+        choices=("all", "resnet50", "cnn"),
+        default="all",
+        help="which demo (default: %(default)s)",
+    )
+    demo.add_argument(
+        "--steps",
+        type=_positive_int,
+        default=None,
+        help="training steps per run (default: 48 ResNet50, 40 CNN; the plain CNNs always 12)",
+    )
+    demo.add_argument(
+        "--image-size",
+        type=_image_size,
+        default=64,
+        help="ResNet50 input size, >= 32 (default: %(default)s)",
+    )
+    demo.add_argument(
+        "--batch-size",
+        type=_positive_int,
+        default=16,
+        help="ResNet50 batch size (default: %(default)s)",
+    )
+    demo.add_argument(
+        "--no-serve",
+        action="store_true",
+        help="write the logs and exit without starting TensorBoard",
+    )
     demo.add_argument("--host", default="127.0.0.1", help="TensorBoard host (default: %(default)s)")
     demo.add_argument(
-        "--port", type=_port, default=None,
+        "--port",
+        type=_port,
+        default=None,
         help=f"TensorBoard port (default: {DEFAULT_PORT}, TensorBoard's, or a free one when it is busy; 0: a free one)",
     )
-    demo.add_argument("--serve-seconds", type=_positive_float, default=None, help="stop serving after this many seconds")
+    demo.add_argument(
+        "--serve-seconds",
+        type=_positive_float,
+        default=None,
+        help="stop serving after this many seconds",
+    )
 
-    summary = commands.add_parser("summary", help="a table per run and layer at the last (or a chosen) step")
+    summary = commands.add_parser(
+        "summary", help="a table per run and layer at the last (or a chosen) step"
+    )
     summary.add_argument("logdir")
     summary.add_argument("--run", default=None, help="only this run")
-    summary.add_argument("--step", type=_non_negative_int, default=None, help="the latest step <= STEP (default: last)")
+    summary.add_argument(
+        "--step",
+        type=_non_negative_int,
+        default=None,
+        help="the latest step <= STEP (default: last)",
+    )
 
-    export = commands.add_parser("export", help="histograms, statistics and weight updates as CSV or JSON")
+    export = commands.add_parser(
+        "export", help="histograms, statistics and weight updates as CSV or JSON"
+    )
     export.add_argument("logdir")
-    export.add_argument("--format", choices=("csv", "json"), default="csv", help="(default: %(default)s)")
+    export.add_argument(
+        "--format", choices=("csv", "json"), default="csv", help="(default: %(default)s)"
+    )
     export.add_argument("--output", default="-", help="file to write, '-' for stdout (default)")
     export.add_argument("--run", default=None, help="only this run")
 
     check = commands.add_parser(
-        "check", help="training-health flags per run and layer at the last step; exit 1 when a chosen one is raised"
+        "check",
+        help="training-health flags per run and layer at the last step; exit 1 when a chosen one is raised",
     )
     check.add_argument("logdir")
     check.add_argument("--run", default=None, help="only this run")
     check.add_argument(
-        "--fail-on", type=_flags, default=list(health.FLAGS),
+        "--fail-on",
+        type=_flags,
+        default=list(health.FLAGS),
         help=f"the flags that fail the check, comma-separated (default: {','.join(health.FLAGS)})",
     )
     check.add_argument(
-        "--ratio", type=_ratio, default=health.DEFAULT_RATIO,
+        "--ratio",
+        type=_ratio,
+        default=health.DEFAULT_RATIO,
         help="vanishing / exploding: the output-gradient RMS ratio to the reference layer (default: %(default)g)",
     )
     return parser
@@ -101,8 +154,12 @@ def _typed(name, convert, check, allowed):
 
 _positive_int = _typed("positive int", int, lambda v: v > 0, "a positive integer")
 _non_negative_int = _typed("step", int, lambda v: v >= 0, "an integer >= 0")
-_positive_float = _typed("seconds", float, lambda v: v > 0 and math.isfinite(v), "a positive number")
-_image_size = _typed("image size", int, lambda v: v >= 32, "an integer >= 32 (ResNet50's smallest input)")
+_positive_float = _typed(
+    "seconds", float, lambda v: v > 0 and math.isfinite(v), "a positive number"
+)
+_image_size = _typed(
+    "image size", int, lambda v: v >= 32, "an integer >= 32 (ResNet50's smallest input)"
+)
 _port = _typed("port", int, lambda v: 0 <= v <= 65535, "a port number 0-65535")
 _ratio = _typed("ratio", float, lambda v: 1 < v < math.inf, "a finite number above 1")
 
@@ -112,6 +169,8 @@ def _flags(text):
         return health.parse_flags(text)
     except ValueError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
+
+
 DEFAULT_PORT = 6006  # TensorBoard's
 
 
@@ -119,7 +178,9 @@ def main(argv=None):
     """Entry point of the `tb-gradviz` console script; returns the exit status."""
     try:
         args = build_parser().parse_args(argv)
-        return {"demo": _demo, "summary": _summary, "export": _export, "check": _check}[args.command](args)
+        return {"demo": _demo, "summary": _summary, "export": _export, "check": _check}[
+            args.command
+        ](args)
     except CommandError as e:
         print(f"error: {e}", file=sys.stderr)
         return e.code
@@ -152,7 +213,9 @@ def _open_logdir(logdir):
         try:
             found = where.layer.isdir(where.url)
         except Exception as e:  # the store's own error: no bucket, no permission, no network
-            raise CommandError(f"cannot read logdir {logdir!r}: {type(e).__name__}: {e}", EXIT_NO_DATA) from None
+            raise CommandError(
+                f"cannot read logdir {logdir!r}: {type(e).__name__}: {e}", EXIT_NO_DATA
+            ) from None
         if not found:
             raise CommandError(f"logdir {logdir!r} does not exist (nothing is stored under it)")
         logdir = where.url
@@ -163,12 +226,18 @@ def _open_logdir(logdir):
             raise CommandError(f"logdir must be a directory; received {logdir!r}, which is a file")
         logdir = where.local_path
     from tensorboard import context
-    from tensorboard.backend.event_processing import data_provider, event_accumulator, plugin_event_multiplexer
+    from tensorboard.backend.event_processing import (
+        data_provider,
+        event_accumulator,
+        plugin_event_multiplexer,
+    )
     from tensorboard.plugins import base_plugin
 
     from tb_gradviz.board import plugin
 
-    multiplexer = plugin_event_multiplexer.EventMultiplexer(size_guidance={event_accumulator.TENSORS: 0})
+    multiplexer = plugin_event_multiplexer.EventMultiplexer(
+        size_guidance={event_accumulator.TENSORS: 0}
+    )
     multiplexer.AddRunsFromDirectory(logdir)
     multiplexer.Reload()
     provider = data_provider.MultiplexerDataProvider(multiplexer, logdir)
@@ -183,7 +252,9 @@ def _use_tensorboard_without_tensorflow():
     if "tensorflow" not in sys.modules:
         import types
 
-        sys.modules.setdefault("tensorboard.compat.notf", types.ModuleType("tensorboard.compat.notf"))
+        sys.modules.setdefault(
+            "tensorboard.compat.notf", types.ModuleType("tensorboard.compat.notf")
+        )
 
 
 def _runs(gradviz, ctx, experiment, logdir, only_run):
@@ -197,7 +268,10 @@ def _runs(gradviz, ctx, experiment, logdir, only_run):
         names = [r["run"] for r in runs]
         runs = [r for r in runs if r["run"] == only_run]
         if not runs:
-            raise CommandError(f"no run {only_run!r} with tb_gradviz data; runs are: {', '.join(names)}", EXIT_NO_DATA)
+            raise CommandError(
+                f"no run {only_run!r} with tb_gradviz data; runs are: {', '.join(names)}",
+                EXIT_NO_DATA,
+            )
     return runs
 
 
@@ -219,7 +293,9 @@ def _summary(args):
         print(_table(summary_rows(snapshot, run["layers"])))
         updates = update_rows(snapshot)
         if updates:
-            print("\nweight updates  (|w - w_previous| / |w| since the previous log event; size: per step, against the usual ~1e-3)")
+            print(
+                "\nweight updates  (|w - w_previous| / |w| since the previous log event; size: per step, against the usual ~1e-3)"
+            )
             print(_table(updates, UPDATE_COLUMNS))
         print()
         printed += 1
@@ -229,7 +305,18 @@ def _summary(args):
 
 
 SUMMARY_COLUMNS = (
-    "layer", "tensor", "step", "shape", "zeros %", "routed %", "max routed %", "tied", "nan", "inf", "mass", "flags"
+    "layer",
+    "tensor",
+    "step",
+    "shape",
+    "zeros %",
+    "routed %",
+    "max routed %",
+    "tied",
+    "nan",
+    "inf",
+    "mass",
+    "flags",
 )
 
 
@@ -256,9 +343,13 @@ def summary_rows(snapshot, layers):
                     str(record["step"]),
                     "x".join(str(n) for n in shapes.get(tensor, [])) or "?",
                     _percent(stats["zeros"], stats["count"]),
-                    _percent(routed["routed_positions"], routed["input_positions"]) if routed else "",
+                    _percent(routed["routed_positions"], routed["input_positions"])
+                    if routed
+                    else "",
                     # One winner per window: the most a max pool can route to.
-                    _percent(routed["windows"], routed["input_positions"]) if routed and pooling.get("type") == "max" else "",
+                    _percent(routed["windows"], routed["input_positions"])
+                    if routed and pooling.get("type") == "max"
+                    else "",
                     _count(routed["tied_windows"]) if routed else "",
                     str(stats["nan"]),
                     str(stats["pos_inf"] + stats["neg_inf"]),
@@ -269,7 +360,16 @@ def summary_rows(snapshot, layers):
     return rows
 
 
-UPDATE_COLUMNS = ("layer", "weight", "step", "interval", "weight norm", "update norm", "update ratio", "size")
+UPDATE_COLUMNS = (
+    "layer",
+    "weight",
+    "step",
+    "interval",
+    "weight norm",
+    "update norm",
+    "update ratio",
+    "size",
+)
 LAYER_UPDATE = "(layer)"  # the weight column of a layer's combined row
 
 
@@ -294,14 +394,29 @@ def update_rows(snapshot):
         steps = sorted({u["step"] for u in updates.values()})
         intervals = sorted({u["interval"] for u in updates.values()})
         rows.append(
-            (layer["layer"], LAYER_UPDATE, ",".join(map(str, steps)), ",".join(map(_interval, intervals)), "", "",
-             _scientific(layer["update_ratio"]), layer["update_size"] or "-")
+            (
+                layer["layer"],
+                LAYER_UPDATE,
+                ",".join(map(str, steps)),
+                ",".join(map(_interval, intervals)),
+                "",
+                "",
+                _scientific(layer["update_ratio"]),
+                layer["update_size"] or "-",
+            )
         )
         for weight, update in updates.items():
             rows.append(
-                (layer["layer"], weight, str(update["step"]), _interval(update["interval"]),
-                 _scientific(update["weight_norm"]), _scientific(update["update_norm"]),
-                 _scientific(update["update_ratio"]), update["size"] or "-")
+                (
+                    layer["layer"],
+                    weight,
+                    str(update["step"]),
+                    _interval(update["interval"]),
+                    _scientific(update["weight_norm"]),
+                    _scientific(update["update_norm"]),
+                    _scientific(update["update_ratio"]),
+                    update["size"] or "-",
+                )
             )
     return rows
 
@@ -349,7 +464,12 @@ def _check(args):
     for run in _runs(gradviz, ctx, experiment, args.logdir, args.run):
         snapshot = gradviz.step_impl(ctx, experiment, run["run"], None, args.ratio)
         rows = [
-            (layer["layer"], flag["flag"], "yes" if flag["flag"] in args.fail_on else "no", flag["detail"])
+            (
+                layer["layer"],
+                flag["flag"],
+                "yes" if flag["flag"] in args.fail_on else "no",
+                flag["detail"],
+            )
             for layer in snapshot["layers"]
             for flag in layer["flags"]
         ]
@@ -361,7 +481,10 @@ def _check(args):
             print("(dead units not recorded: the run was written before tb_gradviz recorded them)")
         print()
     if raised:
-        print(f"{len(raised)} flag(s) among --fail-on {','.join(args.fail_on)} raised", file=sys.stderr)
+        print(
+            f"{len(raised)} flag(s) among --fail-on {','.join(args.fail_on)} raised",
+            file=sys.stderr,
+        )
         return EXIT_FLAGGED
     return 0
 
@@ -411,7 +534,9 @@ def export_series(gradviz, ctx, experiment, runs):
         for layer in run["layers"]:
             routing = _found(gradviz.routing_impl, ctx, experiment, run["run"], layer["layer"])
             for tensor in layer["tensors"]:
-                data = gradviz.series_impl(ctx, experiment, run["run"], layer["layer"], tensor["tensor"])
+                data = gradviz.series_impl(
+                    ctx, experiment, run["run"], layer["layer"], tensor["tensor"]
+                )
                 data["layer_class"] = layer["layer_class"]
                 data["routing"] = routing
                 if "weight" in tensor:
@@ -436,8 +561,16 @@ def export_updates(gradviz, ctx, experiment, runs):
             body["steps"] = sorted(set().union(*by_step))
             body["update_ratio"] = [
                 records.combined_update_ratio(
-                    [w["weight_norm"][rows[step]] for w, rows in zip(body["weights"], by_step) if step in rows],
-                    [w["update_norm"][rows[step]] for w, rows in zip(body["weights"], by_step) if step in rows],
+                    [
+                        w["weight_norm"][rows[step]]
+                        for w, rows in zip(body["weights"], by_step)
+                        if step in rows
+                    ],
+                    [
+                        w["update_norm"][rows[step]]
+                        for w, rows in zip(body["weights"], by_step)
+                        if step in rows
+                    ],
                 )
                 for step in body["steps"]
             ]
@@ -451,7 +584,10 @@ def export_routing_maps(gradviz, ctx, experiment, runs):
             if not layer.get("routing_map"):
                 continue
             last = gradviz.routing_map_impl(ctx, experiment, run["run"], layer["layer"])
-            maps = [gradviz.routing_map_impl(ctx, experiment, run["run"], layer["layer"], step) for step in last["steps"]]
+            maps = [
+                gradviz.routing_map_impl(ctx, experiment, run["run"], layer["layer"], step)
+                for step in last["steps"]
+            ]
             yield {"run": run["run"], "layer": layer["layer"], "steps": last["steps"], "maps": maps}
 
 
@@ -481,14 +617,17 @@ def write_csv(series, out, updates=()):
     for body in updates:
         for w in body["weights"]:
             by_weight[(body["run"], body["layer"], w["weight"])] = (
-                {step: i for i, step in enumerate(w["steps"])}, w
+                {step: i for i, step in enumerate(w["steps"])},
+                w,
             )
     writer = csv.writer(out)
     writer.writerow(csv_header(bool(updates)))
     for data in series:
         update_row, update = {}, None
         if data["role"] == records.WEIGHT:
-            update_row, update = by_weight.get((data["run"], data["layer"], data.get("weight")), ({}, None))
+            update_row, update = by_weight.get(
+                (data["run"], data["layer"], data.get("weight")), ({}, None)
+            )
         routing = data["routing"]
         routing_row = {}
         if routing is not None:
@@ -525,20 +664,30 @@ def _blank_if_none(value):
 
 def _demo(args):
     if os.path.exists(args.logdir) and not os.path.isdir(args.logdir):
-        raise CommandError(f"--logdir must be a directory; received {args.logdir!r}, which is a file")
+        raise CommandError(
+            f"--logdir must be a directory; received {args.logdir!r}, which is a file"
+        )
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     started = time.monotonic()
-    print(f"Training into {os.path.abspath(args.logdir)} (data generated, no download)...", flush=True)
+    print(
+        f"Training into {os.path.abspath(args.logdir)} (data generated, no download)...", flush=True
+    )
     from tb_gradviz import demos
 
     runs = demos.run_demo(
-        args.logdir, model=args.model, steps=args.steps, image_size=args.image_size, batch_size=args.batch_size
+        args.logdir,
+        model=args.model,
+        steps=args.steps,
+        image_size=args.image_size,
+        batch_size=args.batch_size,
     )
     for run, layers in runs.items():
         print(f"  {run}: {', '.join(layers)}")
     print(f"Logs written in {time.monotonic() - started:.0f} s.", flush=True)
     if args.no_serve:
-        print(f"View them with: tensorboard --logdir {args.logdir} --samples_per_plugin=gradviz=0,histograms=0")
+        print(
+            f"View them with: tensorboard --logdir {args.logdir} --samples_per_plugin=gradviz=0,histograms=0"
+        )
         return 0
     return serve(args.logdir, args.host, args.port, args.serve_seconds)
 
@@ -554,8 +703,17 @@ def serve(logdir, host, port=None, seconds=None):
     def launch(port):
         board = program.TensorBoard()
         board.configure(
-            argv=[None, "--logdir", logdir, "--host", host, "--port", str(port),
-                  "--samples_per_plugin", "gradviz=0,histograms=0"]
+            argv=[
+                None,
+                "--logdir",
+                logdir,
+                "--host",
+                host,
+                "--port",
+                str(port),
+                "--samples_per_plugin",
+                "gradviz=0,histograms=0",
+            ]
         )
         return board.launch()
 
@@ -563,12 +721,16 @@ def serve(logdir, host, port=None, seconds=None):
         url = launch(DEFAULT_PORT if port is None else port)
     except program.TensorBoardServerException as e:
         if port is not None:
-            raise CommandError(f"cannot serve TensorBoard on {host}:{port}: {e.msg}", EXIT_NO_DATA) from None
+            raise CommandError(
+                f"cannot serve TensorBoard on {host}:{port}: {e.msg}", EXIT_NO_DATA
+            ) from None
         print(f"Port {DEFAULT_PORT} is busy ({e.msg}); serving on a free port instead.", flush=True)
         try:
             url = launch(0)
         except program.TensorBoardServerException as e:
-            raise CommandError(f"cannot serve TensorBoard on {host}: {e.msg}", EXIT_NO_DATA) from None
+            raise CommandError(
+                f"cannot serve TensorBoard on {host}: {e.msg}", EXIT_NO_DATA
+            ) from None
     print(f"GradViz tab: {url}#gradviz", flush=True)
     print("Press Ctrl-C to stop.", flush=True)
     deadline = None if seconds is None else time.monotonic() + seconds

@@ -96,7 +96,9 @@ class StepScalars(keras.callbacks.Callback):
             self._means[name] = mean
             values.append(summary_pb2.Summary.Value(tag=tag, simple_value=value))
         step = int(keras.ops.convert_to_numpy(self.model.optimizer.iterations))
-        event = event_pb2.Event(wall_time=time.time(), step=step, summary=summary_pb2.Summary(value=values))
+        event = event_pb2.Event(
+            wall_time=time.time(), step=step, summary=summary_pb2.Summary(value=values)
+        )
         self._writer.add_event(event)
 
     def on_train_end(self, logs=None):
@@ -107,10 +109,16 @@ class StepScalars(keras.callbacks.Callback):
 
 def _fit(model, log_dir, layers, x, y, batch_size, log_every, verbose, weights=False):
     callback = GradVizCallback(
-        log_dir, probe_data=(x[:batch_size], y[:batch_size]), layers=layers, every_n_batches=log_every, weights=weights
+        log_dir,
+        probe_data=(x[:batch_size], y[:batch_size]),
+        layers=layers,
+        every_n_batches=log_every,
+        weights=weights,
     )
     callbacks = [callback, StepScalars(log_dir)]
-    model.fit(x, y, batch_size=batch_size, epochs=1, shuffle=False, verbose=verbose, callbacks=callbacks)
+    model.fit(
+        x, y, batch_size=batch_size, epochs=1, shuffle=False, verbose=verbose, callbacks=callbacks
+    )
     return callback
 
 
@@ -126,7 +134,9 @@ def resnet50(image_size):
     Large Minibatch SGD", 5.1), and the classifier starts at zero, every
     class at 1/4.
     """
-    model = keras.applications.ResNet50(weights=None, input_shape=(image_size, image_size, 3), classes=len(PATTERNS))
+    model = keras.applications.ResNet50(
+        weights=None, input_shape=(image_size, image_size, 3), classes=len(PATTERNS)
+    )
     for layer in model.layers:
         if layer.name.endswith("_3_bn"):  # conv2_block1_3_bn ... conv5_block3_3_bn: 16 blocks
             layer.gamma.assign(keras.ops.zeros_like(layer.gamma))
@@ -151,10 +161,18 @@ def train_resnet50(log_dir, steps=48, image_size=64, batch_size=16, log_every=4,
     """
     keras.utils.set_random_seed(seed)
     x, y = pattern_images(steps * batch_size, image_size, seed)
-    model = keras.Sequential([keras.Input((image_size, image_size, 3)), resnet50(image_size)], name="demo")
+    model = keras.Sequential(
+        [keras.Input((image_size, image_size, 3)), resnet50(image_size)], name="demo"
+    )
     # ResNet50's output is a softmax, hence from_logits=False.
-    model.compile(keras.optimizers.Adam(1e-3), keras.losses.SparseCategoricalCrossentropy(), metrics=["accuracy"])
-    return _fit(model, log_dir, list(RESNET50_LAYERS), x, y, batch_size, log_every, verbose).chosen_layers
+    model.compile(
+        keras.optimizers.Adam(1e-3),
+        keras.losses.SparseCategoricalCrossentropy(),
+        metrics=["accuracy"],
+    )
+    return _fit(
+        model, log_dir, list(RESNET50_LAYERS), x, y, batch_size, log_every, verbose
+    ).chosen_layers
 
 
 def small_cnn(pooling="max"):
@@ -177,7 +195,9 @@ def small_cnn(pooling="max"):
     )
 
 
-def train_small_cnn(log_dir, pooling="max", steps=40, batch_size=64, log_every=5, verbose=1, seed=0):
+def train_small_cnn(
+    log_dir, pooling="max", steps=40, batch_size=64, log_every=5, verbose=1, seed=0
+):
     """Trains `small_cnn(pooling)` on 32x32 patterns with Adam(1e-2); logs its pooling layers.
 
     A step of this CNN costs little, so a batch of 64 (less noise per step)
@@ -211,14 +231,19 @@ def plain_cnn(activation):
     stack = [keras.Input((16, 16, 3)), keras.layers.Rescaling(2.0, offset=-1.0, name="centre")]
     for i in range(1, PLAIN_DEPTH + 1):
         if activation == "sigmoid":
-            stack.append(keras.layers.Conv2D(8, 3, padding="same", activation="sigmoid", name=f"conv{i:02d}"))
+            stack.append(
+                keras.layers.Conv2D(8, 3, padding="same", activation="sigmoid", name=f"conv{i:02d}")
+            )
         else:
             stack += [
                 keras.layers.Conv2D(8, 3, padding="same", name=f"conv{i:02d}"),
                 keras.layers.BatchNormalization(name=f"bn{i:02d}"),
                 keras.layers.ReLU(name=f"relu{i:02d}"),
             ]
-    stack += [keras.layers.GlobalAveragePooling2D(name="gap"), keras.layers.Dense(len(PATTERNS), name="logits")]
+    stack += [
+        keras.layers.GlobalAveragePooling2D(name="gap"),
+        keras.layers.Dense(len(PATTERNS), name="logits"),
+    ]
     return keras.Sequential(stack, name=f"plain_{activation}")
 
 
@@ -239,7 +264,9 @@ def train_plain_cnn(log_dir, activation, steps=12, batch_size=16, log_every=4, v
         keras.losses.SparseCategoricalCrossentropy(from_logits=True),
         metrics=["accuracy"],
     )
-    return _fit(model, log_dir, lambda layer: True, x, y, batch_size, log_every, verbose, weights=True).chosen_layers
+    return _fit(
+        model, log_dir, lambda layer: True, x, y, batch_size, log_every, verbose, weights=True
+    ).chosen_layers
 
 
 def run_demo(logdir, model="all", steps=None, image_size=64, batch_size=16, verbose=1):
@@ -260,10 +287,16 @@ def run_demo(logdir, model="all", steps=None, image_size=64, batch_size=16, verb
         for pooling in ("max", "average"):
             run = f"cnn_{pooling}pool"
             kwargs = {} if steps is None else {"steps": steps}
-            runs[run] = train_small_cnn(os.path.join(logdir, run), pooling, verbose=verbose, **kwargs)
+            runs[run] = train_small_cnn(
+                os.path.join(logdir, run), pooling, verbose=verbose, **kwargs
+            )
     if model in ("resnet50", "all"):
         kwargs = {} if steps is None else {"steps": steps}
         runs["resnet50"] = train_resnet50(
-            os.path.join(logdir, "resnet50"), image_size=image_size, batch_size=batch_size, verbose=verbose, **kwargs
+            os.path.join(logdir, "resnet50"),
+            image_size=image_size,
+            batch_size=batch_size,
+            verbose=verbose,
+            **kwargs,
         )
     return runs

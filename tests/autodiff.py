@@ -30,4 +30,6 @@ def gradients(f, argument):
 
 
 def numpy(t):
-    return keras.ops.convert_to_numpy(keras.ops.cast(t, "float32") if "bfloat16" in str(t.dtype) else t)
+    return keras.ops.convert_to_numpy(
+        keras.ops.cast(t, "float32") if "bfloat16" in str(t.dtype) else t
+    )

@@ -39,7 +39,11 @@ def cnn(dropout):
     ]
     if dropout:
         body.append(layers.Dropout(0.5, name="drop"))
-    body += [layers.MaxPooling2D(name="pool"), layers.Flatten(name="flat"), layers.Dense(2, name="dense")]
+    body += [
+        layers.MaxPooling2D(name="pool"),
+        layers.Flatten(name="flat"),
+        layers.Dense(2, name="dense"),
+    ]
     model = keras.Sequential(body, name="cnn")
     model.compile(keras.optimizers.Adam(0.01), "mse", metrics=["mae"])
     return model
@@ -47,7 +51,9 @@ def cnn(dropout):
 
 def data(n=32):
     rng = np.random.default_rng(0)
-    return rng.normal(size=(n, 8, 8, 3)).astype("float32"), rng.normal(size=(n, 2)).astype("float32")
+    return rng.normal(size=(n, 8, 8, 3)).astype("float32"), rng.normal(size=(n, 2)).astype(
+        "float32"
+    )
 
 
 def dataset(x, y, batch_size):
@@ -80,8 +86,12 @@ def work_around_keras_multi_worker_fit(model, strategy, x, y):
         original = trainer.reduce_per_replica
 
         def reduce_per_replica(values, strategy, reduction="auto"):
-            if reduction in ("auto", "mean") and isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
-                return keras.tree.map_structure(lambda v: strategy.reduce("MEAN", v, axis=None), values)
+            if reduction in ("auto", "mean") and isinstance(
+                strategy, tf.distribute.MultiWorkerMirroredStrategy
+            ):
+                return keras.tree.map_structure(
+                    lambda v: strategy.reduce("MEAN", v, axis=None), values
+                )
             return original(values, strategy, reduction)
 
         reduce_per_replica.work_around = True
@@ -107,7 +117,13 @@ def fit_twice_and_compare(strategy, x, y, log_dir, fit_kwargs):
         if with_callback:
             # With weights=True: the weights' gradients and the update copies leave every replica's copy as it was too.
             callbacks.append(
-                GradVizCallback(log_dir, (x[:8], y[:8]), layers=["conv", "bn", "pool", "dense"], every_n_batches=1, weights=True)
+                GradVizCallback(
+                    log_dir,
+                    (x[:8], y[:8]),
+                    layers=["conv", "bn", "pool", "dense"],
+                    every_n_batches=1,
+                    weights=True,
+                )
             )
         keras.utils.set_random_seed(11)
         if isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
@@ -122,7 +138,9 @@ def fit_twice_and_compare(strategy, x, y, log_dir, fit_kwargs):
     replica_copies_differ = False
     copies = dict(without)
     if "cnn/bn/moving_mean[1]" in copies:
-        replica_copies_differ = not np.array_equal(copies["cnn/bn/moving_mean[0]"], copies["cnn/bn/moving_mean[1]"])
+        replica_copies_differ = not np.array_equal(
+            copies["cnn/bn/moving_mean[0]"], copies["cnn/bn/moving_mean[1]"]
+        )
     return {
         "trainable_sha256": hashlib.sha256(trained).hexdigest(),
         "variables": len(without),
@@ -153,14 +171,20 @@ def reference(model, x, y):
                 h = layer(h, training=True)
         loss = tf.reduce_mean(tf.square(h - y))
     input_gradient, output_gradient = tape.gradient(loss, [pool_input, activation])
-    return {"activation": activation.numpy(), "input_gradient": input_gradient.numpy(), "output_gradient": output_gradient.numpy()}
+    return {
+        "activation": activation.numpy(),
+        "input_gradient": input_gradient.numpy(),
+        "output_gradient": output_gradient.numpy(),
+    }
 
 
 def mirrored(out_dir):
     strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
     x, y = data()
     result = {"replicas": strategy.num_replicas_in_sync}
-    result["identical"] = fit_twice_and_compare(strategy, x, y, os.path.join(out_dir, "identical"), {})
+    result["identical"] = fit_twice_and_compare(
+        strategy, x, y, os.path.join(out_dir, "identical"), {}
+    )
 
     # What is logged: one fit outside the scope, then the same probe again
     # from inside the scope, with the weights left as they are.
@@ -202,7 +226,9 @@ def main():
     if mode == "mirrored":
         # Before anything runs: TensorFlow fixes its devices when it first needs them.
         cpu = tf.config.list_physical_devices("CPU")[0]
-        tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+        tf.config.set_logical_device_configuration(
+            cpu, [tf.config.LogicalDeviceConfiguration()] * 2
+        )
     result = mirrored(out_dir) if mode == "mirrored" else worker(out_dir)
     print("RESULT " + json.dumps(result), flush=True)
 

@@ -4,13 +4,14 @@ import pytest
 from tensorboard.backend.event_processing import event_accumulator
 from tensorboard.util import tensor_util
 
-from tb_gradviz.format import records
-from tb_gradviz.format import metadata
+from tb_gradviz.format import metadata, records
 
 
 def load(logdir):
     """Returns an EventAccumulator over `logdir` holding every tensor event."""
-    accumulator = event_accumulator.EventAccumulator(str(logdir), size_guidance={event_accumulator.TENSORS: 0})
+    accumulator = event_accumulator.EventAccumulator(
+        str(logdir), size_guidance={event_accumulator.TENSORS: 0}
+    )
     accumulator.Reload()
     return accumulator
 
@@ -62,6 +63,12 @@ def assert_record_matches(log, layer, tensor, array, rel=1e-6, abs=1e-12):
         assert logged[field] == expected[field], (tensor, field)
     for field in ("min", "max", "mean", "std", "sum"):
         # float(): pytest 9.2 takes Python numbers only, and a tolerance may come as a numpy float32.
-        assert logged[field] == pytest.approx(expected[field], rel=float(rel), abs=float(abs)), (tensor, field)
+        assert logged[field] == pytest.approx(expected[field], rel=float(rel), abs=float(abs)), (
+            tensor,
+            field,
+        )
     counts = histogram(log, layer, tensor)[:, 2]
-    assert counts.sum() == expected["count"] - expected["nan"] - expected["pos_inf"] - expected["neg_inf"]
+    assert (
+        counts.sum()
+        == expected["count"] - expected["nan"] - expected["pos_inf"] - expected["neg_inf"]
+    )

@@ -17,14 +17,20 @@ def fit_weights_cnn(log_dir, seed, batch, probe_batch, steps_per_epoch, epochs, 
     rng = np.random.default_rng(seed)
     x = rng.standard_normal((batch * steps_per_epoch, 8, 8, 3)).astype("float32")
     y = rng.integers(0, 3, size=len(x))
-    model = keras.Sequential([
-        keras.Input((8, 8, 3)),
-        keras.layers.Conv2D(4, 3, padding="same", activation="relu", name="conv"),
-        keras.layers.BatchNormalization(name="bn"),
-        keras.layers.MaxPooling2D(2, name="pool"),
-        keras.layers.Flatten(name="flatten"),
-        keras.layers.Dense(3, name="head"),
-    ])
-    model.compile(optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-    callback = tb_gradviz.GradVizCallback(log_dir, (x[:probe_batch], y[:probe_batch]), layers=["*"], weights=weights)
+    model = keras.Sequential(
+        [
+            keras.Input((8, 8, 3)),
+            keras.layers.Conv2D(4, 3, padding="same", activation="relu", name="conv"),
+            keras.layers.BatchNormalization(name="bn"),
+            keras.layers.MaxPooling2D(2, name="pool"),
+            keras.layers.Flatten(name="flatten"),
+            keras.layers.Dense(3, name="head"),
+        ]
+    )
+    model.compile(
+        optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    )
+    callback = tb_gradviz.GradVizCallback(
+        log_dir, (x[:probe_batch], y[:probe_batch]), layers=["*"], weights=weights
+    )
     model.fit(x, y, batch_size=batch, epochs=epochs, callbacks=[callback], verbose=0)

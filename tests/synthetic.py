@@ -20,8 +20,7 @@ import time
 import numpy as np
 from tensorboard.compat.proto import event_pb2
 
-from tb_gradviz.format import events
-from tb_gradviz.format import records
+from tb_gradviz.format import events, records
 
 _POOL_2X2 = {
     "type": "max",
@@ -43,7 +42,11 @@ def max_pool_2x2(inputs, output_gradient):
       counted from these arrays.
     """
     b, h, w, c = inputs.shape
-    windows = inputs.reshape(b, h // 2, 2, w // 2, 2, c).transpose(0, 1, 3, 5, 2, 4).reshape(b, h // 2, w // 2, c, 4)
+    windows = (
+        inputs.reshape(b, h // 2, 2, w // 2, 2, c)
+        .transpose(0, 1, 3, 5, 2, 4)
+        .reshape(b, h // 2, w // 2, c, 4)
+    )
     outputs = windows.max(axis=-1)
     winner = windows.argmax(axis=-1)  # the first maximum
     tied = np.count_nonzero((windows == outputs[..., None]).sum(axis=-1) > 1)
@@ -74,7 +77,9 @@ def pool_arrays(rng, batch=2, size=8, channels=4, step=0):
     the upstream gradient shrinks as `1e-3 / (1 + step)`.
     """
     inputs = np.maximum(rng.normal(0.1, 1.0, (batch, size, size, channels)), 0).astype(np.float32)
-    output_gradient = rng.normal(0, 1e-3 / (1 + step), (batch, size // 2, size // 2, channels)).astype(np.float32)
+    output_gradient = rng.normal(
+        0, 1e-3 / (1 + step), (batch, size // 2, size // 2, channels)
+    ).astype(np.float32)
     return inputs, output_gradient
 
 
@@ -90,11 +95,18 @@ def pool_records(rng, name, index, batch=2, size=8, channels=4, step=0):
     """
     inputs, output_gradient = pool_arrays(rng, batch, size, channels, step)
     activation, input_gradient, routing = max_pool_2x2(inputs, output_gradient)
-    layer_content = {"layer_index": index, "layer_class": "MaxPooling2D", "layer_dtype": "float32", "pooling": _POOL_2X2}
+    layer_content = {
+        "layer_index": index,
+        "layer_class": "MaxPooling2D",
+        "layer_dtype": "float32",
+        "pooling": _POOL_2X2,
+    }
     result = []
     for role, array in zip(records.TENSOR_ROLES, (activation, input_gradient, output_gradient)):
         content = dict(layer_content, role=role, index=0, shape=list(array.shape), dtype="float32")
-        result += events.tensor_records(name, role, records.linear_histogram(array), records.stats_vector(array), content)
+        result += events.tensor_records(
+            name, role, records.linear_histogram(array), records.stats_vector(array), content
+        )
     return result + events.routing_records(name, routing, layer_content)
 
 
@@ -136,7 +148,9 @@ def _summary_field(layer_records, with_metadata):
     return event_pb2.Event(summary=summary).SerializeToString()
 
 
-def write_large_run(logdir, layers=200, steps=1000, variants=4, seed=0, first_step=1, wall_time=None):
+def write_large_run(
+    logdir, layers=200, steps=1000, variants=4, seed=0, first_step=1, wall_time=None
+):
     """Writes a large run of synthetic max-pool layers quickly, in the real format.
 
     Each layer gets `variants` sets of records (computed as `write_run`
@@ -162,8 +176,14 @@ def write_large_run(logdir, layers=200, steps=1000, variants=4, seed=0, first_st
     names = [f"block{i}/pool" for i in range(layers)]
     # variant_fields[variant]: every layer's summary field of that variant;
     # the first event carries the metadata.
-    sets = [[pool_records(rng, name, index, 2, 8, 4, v) for v in range(variants)] for index, name in enumerate(names)]
-    variant_fields = [b"".join(_summary_field(layer[v], with_metadata=False) for layer in sets) for v in range(variants)]
+    sets = [
+        [pool_records(rng, name, index, 2, 8, 4, v) for v in range(variants)]
+        for index, name in enumerate(names)
+    ]
+    variant_fields = [
+        b"".join(_summary_field(layer[v], with_metadata=False) for layer in sets)
+        for v in range(variants)
+    ]
     first_fields = b"".join(_summary_field(layer[0], with_metadata=True) for layer in sets)
     start = time.time() if wall_time is None else wall_time
     event_file = events.EventFile(logdir, wall_time=start)

@@ -25,7 +25,9 @@ def get_json(url):
 
 
 @contextlib.contextmanager
-def running_tensorboard(logdir, log_path, ready=lambda url: True, extra_args=(), timeout=STARTUP_TIMEOUT_S):
+def running_tensorboard(
+    logdir, log_path, ready=lambda url: True, extra_args=(), timeout=STARTUP_TIMEOUT_S
+):
     """Starts `tensorboard` on logdir and yields its URL once GradViz is enabled and `ready(url)`.
 
     Every step is kept (`--samples_per_plugin=gradviz=0,histograms=0`); the
@@ -35,8 +37,18 @@ def running_tensorboard(logdir, log_path, ready=lambda url: True, extra_args=(),
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     command = [
-        sys.executable, "-m", "tensorboard.main", "--logdir", str(logdir), "--host", "127.0.0.1",
-        "--port", str(port), "--samples_per_plugin", "gradviz=0,histograms=0", *extra_args,
+        sys.executable,
+        "-m",
+        "tensorboard.main",
+        "--logdir",
+        str(logdir),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--samples_per_plugin",
+        "gradviz=0,histograms=0",
+        *extra_args,
     ]
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
     with open(log_path, "wb") as log:
@@ -45,14 +57,18 @@ def running_tensorboard(logdir, log_path, ready=lambda url: True, extra_args=(),
         deadline = time.monotonic() + timeout
         while True:
             if process.poll() is not None:
-                raise AssertionError(f"tensorboard exited with {process.returncode}:\n{pathlib.Path(log_path).read_text()}")
+                raise AssertionError(
+                    f"tensorboard exited with {process.returncode}:\n{pathlib.Path(log_path).read_text()}"
+                )
             with contextlib.suppress(OSError, ValueError):
                 listing = get_json(f"{url}/data/plugins_listing")
                 # The plugin is enabled as soon as some data is loaded; `ready` waits for the rest.
                 if listing.get("gradviz", {}).get("enabled") and ready(url):
                     break
             if time.monotonic() > deadline:
-                raise AssertionError(f"GradViz not ready within {timeout} s:\n{pathlib.Path(log_path).read_text()}")
+                raise AssertionError(
+                    f"GradViz not ready within {timeout} s:\n{pathlib.Path(log_path).read_text()}"
+                )
             time.sleep(0.5)
         yield url
     finally:

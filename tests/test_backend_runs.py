@@ -10,11 +10,11 @@ import os
 import subprocess
 import sys
 
+import eventdata
 import numpy as np
 import pytest
-
-import eventdata
 from test_plugin import get_json, make_app
+
 from tb_gradviz.format import records
 
 pytestmark = pytest.mark.slow
@@ -42,8 +42,13 @@ def runs(tmp_path_factory):
     logdir = tmp_path_factory.mktemp("backends")
     for backend in BACKENDS:
         env = dict(os.environ, KERAS_BACKEND=backend)
-        result = subprocess.run([sys.executable, "-c", SCRIPT, str(logdir / backend)], env=env,
-                                capture_output=True, text=True, timeout=300)
+        result = subprocess.run(
+            [sys.executable, "-c", SCRIPT, str(logdir / backend)],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         assert result.returncode == 0, f"{backend}:\n{result.stderr[-3000:]}"
     return logdir
 
@@ -60,13 +65,27 @@ def test_the_three_backends_write_the_same_records(runs):
                 counts = slice(records.STAT_COUNT, records.STAT_NEG_INF + 1)
                 floats = slice(records.STAT_MIN, records.STAT_SUM + 1)
                 # Counts are exact; the float statistics agree to float32 rounding of the pass.
-                np.testing.assert_array_equal(values[counts], reference[counts], err_msg=f"{backend} {tag}")
-                np.testing.assert_allclose(values[floats], reference[floats], rtol=1e-4, atol=1e-6, err_msg=f"{backend} {tag}")
+                np.testing.assert_array_equal(
+                    values[counts], reference[counts], err_msg=f"{backend} {tag}"
+                )
+                np.testing.assert_allclose(
+                    values[floats],
+                    reference[floats],
+                    rtol=1e-4,
+                    atol=1e-6,
+                    err_msg=f"{backend} {tag}",
+                )
             elif tag.endswith("/routing"):
                 counts, sums = slice(None, records.ROUTING_SUMS.start), records.ROUTING_SUMS
-                np.testing.assert_array_equal(values[counts], reference[counts], err_msg=f"{backend} {tag}")
-                np.testing.assert_allclose(values[sums], reference[sums], rtol=1e-4, atol=1e-6, err_msg=f"{backend} {tag}")
-    content = {b: eventdata.content(logs[b], records.stats_tag("pool", "input_gradient")) for b in BACKENDS}
+                np.testing.assert_array_equal(
+                    values[counts], reference[counts], err_msg=f"{backend} {tag}"
+                )
+                np.testing.assert_allclose(
+                    values[sums], reference[sums], rtol=1e-4, atol=1e-6, err_msg=f"{backend} {tag}"
+                )
+    content = {
+        b: eventdata.content(logs[b], records.stats_tag("pool", "input_gradient")) for b in BACKENDS
+    }
     assert [(c["backend"], c["device"]) for c in content.values()] == [(b, "cpu") for b in BACKENDS]
 
 
@@ -85,8 +104,15 @@ def test_the_tab_lists_the_three_runs_with_their_backends(runs):
         assert body["step"] == 3
         pool = next(layer for layer in body["layers"] if layer["layer"] == "pool")
         snapshots[backend] = (
-            {name: (t["stats"]["count"], t["stats"]["zeros"]) for name, t in pool["tensors"].items()},
-            (pool["routing"]["input_positions"], pool["routing"]["routed_positions"], pool["routing"]["windows"]),
+            {
+                name: (t["stats"]["count"], t["stats"]["zeros"])
+                for name, t in pool["tensors"].items()
+            },
+            (
+                pool["routing"]["input_positions"],
+                pool["routing"]["routed_positions"],
+                pool["routing"]["windows"],
+            ),
         )
     assert snapshots["tensorflow"][1] == (4 * 8 * 8 * 4, 4 * 4 * 4 * 4, 4 * 4 * 4 * 4)
     assert snapshots["jax"] == snapshots["torch"] == snapshots["tensorflow"]

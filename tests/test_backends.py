@@ -17,6 +17,7 @@ keras = pytest.importorskip("keras")
 import eventdata  # noqa: E402
 from autodiff import BACKEND, gradients, numpy  # noqa: E402
 from values import awkward_rows  # noqa: E402
+
 from tb_gradviz import GradVizCallback  # noqa: E402
 from tb_gradviz.format import records, routing_map  # noqa: E402
 
@@ -62,10 +63,18 @@ def test_maxpool_records_equal_the_frameworks_own_gradients(tmp_path):
     assert routing["windows"] == activation.size == 4 * 5 * 5 * 6
     assert routing["tied_windows"] == 0  # random normal values do not tie
     assert routing["routed_positions"] == activation.size
-    assert routing["input_gradient_sum"] == pytest.approx(float(input_gradient.sum(dtype=np.float64)), rel=1e-6)
-    assert routing["output_gradient_abs_sum"] == pytest.approx(float(np.abs(output_gradient).sum(dtype=np.float64)), rel=1e-6)
+    assert routing["input_gradient_sum"] == pytest.approx(
+        float(input_gradient.sum(dtype=np.float64)), rel=1e-6
+    )
+    assert routing["output_gradient_abs_sum"] == pytest.approx(
+        float(np.abs(output_gradient).sum(dtype=np.float64)), rel=1e-6
+    )
     content = eventdata.content(log, records.stats_tag("pool", "input_gradient"))
-    assert (content["backend"], content["device"], content["shape"]) == (BACKEND, "cpu", [4, 10, 10, 6])
+    assert (content["backend"], content["device"], content["shape"]) == (
+        BACKEND,
+        "cpu",
+        [4, 10, 10, 6],
+    )
 
 
 def test_the_tie_rule_on_this_backend_is_the_first_maximum(tmp_path):
@@ -79,8 +88,15 @@ def test_the_tie_rule_on_this_backend_is_the_first_maximum(tmp_path):
 
     # ReLU zeros in the probe: the record counts the tied windows, one routed position each.
     keras.utils.set_random_seed(0)
-    model = keras.Sequential([keras.Input((4, 4, 1)), layers.ReLU(name="relu"), layers.MaxPooling2D(2, name="pool"),
-                              layers.Flatten(), layers.Dense(1, name="dense")])
+    model = keras.Sequential(
+        [
+            keras.Input((4, 4, 1)),
+            layers.ReLU(name="relu"),
+            layers.MaxPooling2D(2, name="pool"),
+            layers.Flatten(),
+            layers.Dense(1, name="dense"),
+        ]
+    )
     model.compile(keras.optimizers.SGD(0.0), "mse")
     x = -np.ones((2, 4, 4, 1), "float32")
     fit_once(model, x, np.ones((2, 1), "float32"), tmp_path)
@@ -95,9 +111,16 @@ def model_state(model):
 def bn_dropout_cnn(seed):
     keras.utils.set_random_seed(seed)
     model = keras.Sequential(
-        [keras.Input((8, 8, 3)), layers.Conv2D(4, 3, padding="same", name="conv"), layers.BatchNormalization(name="bn"),
-         layers.ReLU(name="relu"), layers.Dropout(0.5, name="drop"), layers.MaxPooling2D(name="pool"),
-         layers.Flatten(), layers.Dense(2, name="dense")],
+        [
+            keras.Input((8, 8, 3)),
+            layers.Conv2D(4, 3, padding="same", name="conv"),
+            layers.BatchNormalization(name="bn"),
+            layers.ReLU(name="relu"),
+            layers.Dropout(0.5, name="drop"),
+            layers.MaxPooling2D(name="pool"),
+            layers.Flatten(),
+            layers.Dense(2, name="dense"),
+        ],
         name="cnn",
     )
     model.compile(keras.optimizers.Adam(0.01), "mse", metrics=["mae"])
@@ -106,7 +129,9 @@ def bn_dropout_cnn(seed):
 
 def data(n=16, seed=0):
     rng = np.random.default_rng(seed)
-    return rng.normal(size=(n, 8, 8, 3)).astype("float32"), rng.normal(size=(n, 2)).astype("float32")
+    return rng.normal(size=(n, 8, 8, 3)).astype("float32"), rng.normal(size=(n, 2)).astype(
+        "float32"
+    )
 
 
 def test_training_is_bit_identical_with_and_without_the_callback(tmp_path):
@@ -114,38 +139,71 @@ def test_training_is_bit_identical_with_and_without_the_callback(tmp_path):
     runs = []
     for with_callback in (False, True):
         model = bn_dropout_cnn(seed=7)
-        callbacks = [GradVizCallback(tmp_path, (x[:8], y[:8]), layers=["conv", "drop", "pool"], every_n_batches=1)] if with_callback else []
+        callbacks = (
+            [
+                GradVizCallback(
+                    tmp_path, (x[:8], y[:8]), layers=["conv", "drop", "pool"], every_n_batches=1
+                )
+            ]
+            if with_callback
+            else []
+        )
         keras.utils.set_random_seed(11)
         history = model.fit(x, y, batch_size=8, epochs=2, verbose=0, callbacks=callbacks)
         follow_up = (np.random.rand(), float(numpy(keras.random.uniform(()))))
         runs.append((model_state(model), follow_up, history.history))
     (without, rng_without, history_without), (with_, rng_with, history_with) = runs
     assert len(without) == len(with_)  # paths differ: seed generators get instance counters
-    assert any("moving_mean" in p for p, _ in without) and any("seed_generator" in p for p, _ in without)
+    assert any("moving_mean" in p for p, _ in without) and any(
+        "seed_generator" in p for p, _ in without
+    )
     for (path, expected), (_, actual) in zip(without, with_):
         np.testing.assert_array_equal(expected, actual, err_msg=path)
     assert rng_without == rng_with
     assert history_without == history_with
-    assert len(eventdata.values(eventdata.load(tmp_path), records.stats_tag("pool", "activation"))) == 8
+    assert (
+        len(eventdata.values(eventdata.load(tmp_path), records.stats_tag("pool", "activation")))
+        == 8
+    )
 
 
 def test_steps_frequency_and_layer_choice(tmp_path):
     x, y = data(16)
     model = bn_dropout_cnn(0)
-    callback = GradVizCallback(tmp_path / "b", (x[:4], y[:4]), every_n_batches=3, layers=["re*", layers.Conv2D, "pool"])
+    callback = GradVizCallback(
+        tmp_path / "b", (x[:4], y[:4]), every_n_batches=3, layers=["re*", layers.Conv2D, "pool"]
+    )
     model.fit(x, y, batch_size=4, epochs=2, verbose=0, callbacks=[callback])
     log = eventdata.load(tmp_path / "b")
-    assert [s for s, _ in eventdata.values(log, records.stats_tag("pool", "input_gradient"))] == [3, 6]
+    assert [s for s, _ in eventdata.values(log, records.stats_tag("pool", "input_gradient"))] == [
+        3,
+        6,
+    ]
     assert eventdata.layers(log) == callback.chosen_layers == ["conv", "relu", "pool"]
     with pytest.raises(ValueError, match=r"'pol'.*Nearest: 'pool'"):
-        model.fit(x, y, epochs=1, verbose=0, callbacks=[GradVizCallback(tmp_path, (x, y), layers="pol")])
+        model.fit(
+            x, y, epochs=1, verbose=0, callbacks=[GradVizCallback(tmp_path, (x, y), layers="pol")]
+        )
 
 
 def test_nested_model_layers_are_reached_by_path(tmp_path):
     keras.utils.set_random_seed(2)
     inner_in = keras.Input((8, 8, 3))
-    inner = keras.Model(inner_in, layers.MaxPooling2D(name="pool")(layers.Conv2D(4, 3, padding="same", name="conv")(inner_in)), name="block")
-    model = keras.Sequential([keras.Input((8, 8, 3)), inner, layers.GlobalAveragePooling2D(name="gap"), layers.Dense(2, name="dense")])
+    inner = keras.Model(
+        inner_in,
+        layers.MaxPooling2D(name="pool")(
+            layers.Conv2D(4, 3, padding="same", name="conv")(inner_in)
+        ),
+        name="block",
+    )
+    model = keras.Sequential(
+        [
+            keras.Input((8, 8, 3)),
+            inner,
+            layers.GlobalAveragePooling2D(name="gap"),
+            layers.Dense(2, name="dense"),
+        ]
+    )
     model.compile("sgd", "mse")
     x, y = data(4)
     callback = fit_once(model, x, y, tmp_path)
@@ -167,11 +225,17 @@ def test_multi_input_add_and_subclassed_models(tmp_path):
     model = keras.Model({"a": a, "b": b}, layers.Dense(1, name="out")(summed))
     model.compile("sgd", "mse")
     rng = np.random.default_rng(0)
-    x = {"a": rng.normal(size=(5, 6)).astype("float32"), "b": rng.normal(size=(5, 6)).astype("float32")}
+    x = {
+        "a": rng.normal(size=(5, 6)).astype("float32"),
+        "b": rng.normal(size=(5, 6)).astype("float32"),
+    }
     y = rng.normal(size=(5, 1)).astype("float32")
     model.fit(x, y, verbose=0, callbacks=[GradVizCallback(tmp_path / "add", (x, y), layers="add")])
     log = eventdata.load(tmp_path / "add")
-    grads = [eventdata.stats(log, "add", t) for t in ("input_gradient_0", "input_gradient_1", "output_gradient")]
+    grads = [
+        eventdata.stats(log, "add", t)
+        for t in ("input_gradient_0", "input_gradient_1", "output_gradient")
+    ]
     # Add passes its output gradient unchanged to each input.
     assert grads[0]["sum"] == grads[1]["sum"] == pytest.approx(grads[2]["sum"], rel=1e-12)
     assert eventdata.content(log, records.stats_tag("add", "input_gradient_1"))["index"] == 1
@@ -211,8 +275,12 @@ def test_a_layers_input_gradient_is_the_gradient_through_that_layer_alone(tmp_pa
     # paths, but a's input gradient is the part that flows back through a.
     keras.utils.set_random_seed(0)
     inputs = keras.Input((6,))
-    pre, a, add, head = (layers.Dense(6, name="pre"), layers.Dense(6, name="a"), layers.Add(name="add"),
-                         layers.Dense(1, name="head"))
+    pre, a, add, head = (
+        layers.Dense(6, name="pre"),
+        layers.Dense(6, name="a"),
+        layers.Add(name="add"),
+        layers.Dense(1, name="head"),
+    )
     h = pre(inputs)
     model = keras.Model(inputs, head(add([h, a(h)])))
     model.compile(keras.optimizers.SGD(0.0), "mse")
@@ -239,7 +307,14 @@ def test_nan_and_inf_are_counted_and_kept_out_of_the_histogram(tmp_path):
     # Average pooling carries NaN and Inf through on every backend (TensorFlow's
     # CPU max pool drops a NaN from its window; JAX and PyTorch propagate it).
     keras.utils.set_random_seed(0)
-    model = keras.Sequential([keras.Input((4, 4, 1)), layers.AveragePooling2D(2, name="pool"), layers.Flatten(), layers.Dense(1, name="dense")])
+    model = keras.Sequential(
+        [
+            keras.Input((4, 4, 1)),
+            layers.AveragePooling2D(2, name="pool"),
+            layers.Flatten(),
+            layers.Dense(1, name="dense"),
+        ]
+    )
     model.compile(keras.optimizers.SGD(0.0), "mse")
     x = np.arange(32, dtype="float32").reshape(2, 4, 4, 1)
     x[0, 1, 1, 0], x[1, 3, 3, 0] = np.nan, np.inf
@@ -258,7 +333,9 @@ def test_mixed_precision_records_the_unscaled_gradients_in_their_dtype(tmp_path,
     keras.mixed_precision.set_dtype_policy(policy)
     try:
         model, conv, head = conv_pool_model(layers.MaxPooling2D(2, name="pool"), seed=3)
-        model.compile(keras.optimizers.SGD(0.0), "mse")  # mixed_float16 wraps it in a LossScaleOptimizer
+        model.compile(
+            keras.optimizers.SGD(0.0), "mse"
+        )  # mixed_float16 wraps it in a LossScaleOptimizer
         rng = np.random.default_rng(3)
         x = rng.normal(size=(4, 12, 12, 2)).astype("float32")
         y = rng.normal(size=(4, 3)).astype("float32")
@@ -269,7 +346,8 @@ def test_mixed_precision_records_the_unscaled_gradients_in_their_dtype(tmp_path,
         scale = float(numpy(model.optimizer.scale_loss(keras.ops.ones(())))) if scaled else 1.0
         activation = numpy(model.get_layer("pool")(conv(x)))
         _, output_gradient = gradients(
-            lambda a: mse(y, head(layers.Flatten()(a))) * keras.ops.cast(scale, "float32"), activation
+            lambda a: mse(y, head(layers.Flatten()(a))) * keras.ops.cast(scale, "float32"),
+            activation,
         )
         log = eventdata.load(tmp_path)
         dtype = policy.removeprefix("mixed_")
@@ -278,7 +356,9 @@ def test_mixed_precision_records_the_unscaled_gradients_in_their_dtype(tmp_path,
         logged = eventdata.stats(log, "pool", "output_gradient")
         expected = output_gradient.astype(np.float64) / scale
         assert logged["count"] == expected.size
-        assert logged["sum"] == pytest.approx(expected.sum(), rel=0.05, abs=1e-3 * np.abs(expected).sum())
+        assert logged["sum"] == pytest.approx(
+            expected.sum(), rel=0.05, abs=1e-3 * np.abs(expected).sum()
+        )
         assert logged["max"] == pytest.approx(expected.max(), rel=0.02)
     finally:
         keras.mixed_precision.set_dtype_policy("float32")
@@ -300,7 +380,10 @@ def probe_sources(x, y):
     """Every kind of probe data this backend can be given, each with its batch size."""
     sources = {
         "numpy": ((x[:5], y[:5]), 5),
-        "backend tensors": ((keras.ops.convert_to_tensor(x[:4]), keras.ops.convert_to_tensor(y[:4])), 4),
+        "backend tensors": (
+            (keras.ops.convert_to_tensor(x[:4]), keras.ops.convert_to_tensor(y[:4])),
+            4,
+        ),
         "PyDataset": (Batches(x, y), 3),
         "generator": (((x[i : i + 2], y[i : i + 2]) for i in range(0, 8, 2)), 2),
     }
@@ -313,7 +396,12 @@ def probe_sources(x, y):
     if BACKEND == "torch":
         import torch
 
-        sources["DataLoader"] = (torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.tensor(x), torch.tensor(y)), batch_size=7), 7)
+        sources["DataLoader"] = (
+            torch.utils.data.DataLoader(
+                torch.utils.data.TensorDataset(torch.tensor(x), torch.tensor(y)), batch_size=7
+            ),
+            7,
+        )
     return sources
 
 
@@ -324,11 +412,19 @@ def test_every_kind_of_probe_data(tmp_path):
         callback = GradVizCallback(tmp_path / name.replace(" ", "_"), source)
         callback.set_model(model)
         callback.log_now(step=0)
-        content = eventdata.content(eventdata.load(tmp_path / name.replace(" ", "_")), records.stats_tag("pool", "activation"))
+        content = eventdata.content(
+            eventdata.load(tmp_path / name.replace(" ", "_")),
+            records.stats_tag("pool", "activation"),
+        )
         assert content["shape"] == [size, 4, 4, 4], name
-    with pytest.raises(ValueError, match=r"probe_data is an empty list_iterator; it must yield at least one"):
+    with pytest.raises(
+        ValueError, match=r"probe_data is an empty list_iterator; it must yield at least one"
+    ):
         GradVizCallback(tmp_path, iter([]))
-    with pytest.raises(ValueError, match=r"first batch of probe_data \(a list_iterator\) must be \(x, y\).*received a ndarray"):
+    with pytest.raises(
+        ValueError,
+        match=r"first batch of probe_data \(a list_iterator\) must be \(x, y\).*received a ndarray",
+    ):
         GradVizCallback(tmp_path, iter([x]))
 
 
@@ -343,7 +439,10 @@ def test_a_custom_training_loop_logs_with_log_now(tmp_path):
         callback.log_now(step=step)
     callback.on_train_end()
     log = eventdata.load(tmp_path)
-    assert [s for s, _ in eventdata.values(log, records.stats_tag("pool", "activation"))] == [10, 20]
+    assert [s for s, _ in eventdata.values(log, records.stats_tag("pool", "activation"))] == [
+        10,
+        20,
+    ]
     with pytest.raises(ValueError, match="step must be a non-negative integer; received -1"):
         callback.log_now(step=-1)
 
@@ -371,7 +470,9 @@ def test_tb_gradviz_imports_no_framework_beyond_what_keras_does(tmp_path):
         "print(frameworks())\n"
     )
     env = dict(os.environ, KERAS_BACKEND=BACKEND)
-    result = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     keras_alone, with_callback = result.stdout.split("\n")[-3:-1]
     assert BACKEND in keras_alone
@@ -400,19 +501,31 @@ def test_without_numba_the_callback_warns_once_and_writes_the_same_records(tmp_p
     env = dict(os.environ, KERAS_BACKEND=BACKEND)
     outputs = {}
     for mode in ("blocked", "installed"):
-        result = subprocess.run([sys.executable, "-c", script, mode, str(tmp_path / mode)], env=env,
-                                capture_output=True, text=True, timeout=300)
+        result = subprocess.run(
+            [sys.executable, "-c", script, mode, str(tmp_path / mode)],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         assert result.returncode == 0, result.stderr[-3000:]
         outputs[mode] = result.stdout.strip().split("\n")[-1]
     extra = {"tensorflow": "cpu"}.get(BACKEND, BACKEND)
     assert outputs["installed"] == "[]"
     assert outputs["blocked"].count("numba is not installed") == 1
     assert f'pip install "tb_gradviz[{extra}]"' in outputs["blocked"]
-    blocked, installed = eventdata.load(tmp_path / "blocked"), eventdata.load(tmp_path / "installed")
+    blocked, installed = (
+        eventdata.load(tmp_path / "blocked"),
+        eventdata.load(tmp_path / "installed"),
+    )
     assert eventdata.tensor_tags(blocked) == eventdata.tensor_tags(installed)
-    assert records.update_tag("conv", "kernel") in eventdata.tensor_tags(installed)  # weights=True: the update sums too
+    assert records.update_tag("conv", "kernel") in eventdata.tensor_tags(
+        installed
+    )  # weights=True: the update sums too
     for tag in eventdata.tensor_tags(installed):
-        for (step_a, a), (step_b, b) in zip(eventdata.values(blocked, tag), eventdata.values(installed, tag)):
+        for (step_a, a), (step_b, b) in zip(
+            eventdata.values(blocked, tag), eventdata.values(installed, tag)
+        ):
             assert step_a == step_b
             np.testing.assert_allclose(a, b, rtol=1e-9, atol=1e-12, err_msg=tag)
 
@@ -444,16 +557,26 @@ def test_under_keras_distribution_the_probe_runs_on_one_device_with_the_same_rec
         "for tag in eventdata.tensor_tags(plain):\n"
         "    np.testing.assert_array_equal(eventdata.last(plain, tag), eventdata.last(distributed, tag), err_msg=tag)\n"
     )
-    env = dict(os.environ, KERAS_BACKEND="jax", XLA_FLAGS="--xla_force_host_platform_device_count=2")
+    env = dict(
+        os.environ, KERAS_BACKEND="jax", XLA_FLAGS="--xla_force_host_platform_device_count=2"
+    )
     tests = os.path.dirname(os.path.abspath(__file__))
-    result = subprocess.run([sys.executable, "-c", script, str(tmp_path), tests], env=env, capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        [sys.executable, "-c", script, str(tmp_path), tests],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     plain, distributed = result.stdout.strip().split("\n")[-2:]
     assert plain == "2 1 ['cpu:0']"
     assert distributed == "2 2 ['cpu:0']"  # the model lives on both devices, the probe ran on one
 
 
-@pytest.mark.skipif(BACKEND == "tensorflow", reason="TensorFlow's device statistics: tests/test_capture.py")
+@pytest.mark.skipif(
+    BACKEND == "tensorflow", reason="TensorFlow's device statistics: tests/test_capture.py"
+)
 @pytest.mark.parametrize("dtype", ["float32", "float16", "float64"])
 @pytest.mark.parametrize("divisor", [None, 1024.0])
 def test_device_statistics_equal_the_numpy_definition(dtype, divisor):
@@ -471,22 +594,35 @@ def test_device_statistics_equal_the_numpy_definition(dtype, divisor):
             import jax
 
             with jax.enable_x64(True):
-                sums, linear, magnitude = (np.asarray(a) for a in backend._group_sums(np.stack(group), divisor))
+                sums, linear, magnitude = (
+                    np.asarray(a) for a in backend._group_sums(np.stack(group), divisor)
+                )
         else:
-            sums, linear, magnitude = (t.numpy() for t in backend._group_sums(keras.ops.convert_to_tensor(np.stack(group)), divisor))
+            sums, linear, magnitude = (
+                t.numpy()
+                for t in backend._group_sums(keras.ops.convert_to_tensor(np.stack(group)), divisor)
+            )
         for r, row in enumerate(group):
             values = row.astype(np.float64) / (divisor or 1.0)
-            histogram, stats = records.summary_from_sums(row.size, *sums[r][:8], linear[r], magnitude[r].astype(np.float64), len(linear[r]))
+            histogram, stats = records.summary_from_sums(
+                row.size, *sums[r][:8], linear[r], magnitude[r].astype(np.float64), len(linear[r])
+            )
             expected = records.stats_vector(values)
             summed = [records.STATS_FIELDS.index(f) for f in ("mean", "std", "sum")]
             exact = np.setdiff1d(np.arange(records.STATS_LENGTH), summed)
             np.testing.assert_array_equal(stats[exact], expected[exact], err_msg=f"row {r}")
             scale = np.abs(values[np.isfinite(values)]).sum()
-            np.testing.assert_allclose(stats[summed], expected[summed], rtol=1e-9, atol=1e-12 * scale, err_msg=f"row {r}")
-            np.testing.assert_array_equal(histogram, records.linear_histogram(values), err_msg=f"row {r}")
+            np.testing.assert_allclose(
+                stats[summed], expected[summed], rtol=1e-9, atol=1e-12 * scale, err_msg=f"row {r}"
+            )
+            np.testing.assert_array_equal(
+                histogram, records.linear_histogram(values), err_msg=f"row {r}"
+            )
             with np.errstate(invalid="ignore"):
                 raw = [values.sum(), np.abs(values).sum()]
-                np.testing.assert_allclose(sums[r][8:], raw, rtol=1e-9, atol=1e-12 * raw[1], equal_nan=True)
+                np.testing.assert_allclose(
+                    sums[r][8:], raw, rtol=1e-9, atol=1e-12 * raw[1], equal_nan=True
+                )
     assert assemble.DEVICE_SUMS[8:] == ("raw_sum", "raw_abs_sum")
 
 
@@ -497,8 +633,15 @@ def test_host_and_device_statistics_give_the_same_records():
 
     keras.utils.set_random_seed(3)
     model = keras.Sequential(
-        [keras.Input((8, 8, 3)), layers.Conv2D(4, 3, padding="same", name="conv"), layers.BatchNormalization(name="bn"),
-         layers.ReLU(name="relu"), layers.MaxPooling2D(name="pool"), layers.Flatten(name="flat"), layers.Dense(2, name="dense")]
+        [
+            keras.Input((8, 8, 3)),
+            layers.Conv2D(4, 3, padding="same", name="conv"),
+            layers.BatchNormalization(name="bn"),
+            layers.ReLU(name="relu"),
+            layers.MaxPooling2D(name="pool"),
+            layers.Flatten(name="flat"),
+            layers.Dense(2, name="dense"),
+        ]
     )
     model.compile("sgd", "mse")
     rng = np.random.default_rng(3)
@@ -533,9 +676,20 @@ def test_dead_channels_are_recorded_alike_on_every_backend(tmp_path):
     # Issue 13: the units record, computed in keras.ops inside each backend's pass.
     keras.utils.set_random_seed(0)
     inputs = keras.Input((6, 6, 1))
-    conv = layers.Conv2D(5, 3, padding="same", activation="relu", name="conv",
-                         bias_initializer=keras.initializers.Constant([0.0, -40.0, 0.2, 0.0, -40.0]))
-    model = keras.Model(inputs, layers.Dense(2, name="head")(layers.Flatten()(layers.MaxPooling2D(name="pool")(conv(inputs)))))
+    conv = layers.Conv2D(
+        5,
+        3,
+        padding="same",
+        activation="relu",
+        name="conv",
+        bias_initializer=keras.initializers.Constant([0.0, -40.0, 0.2, 0.0, -40.0]),
+    )
+    model = keras.Model(
+        inputs,
+        layers.Dense(2, name="head")(
+            layers.Flatten()(layers.MaxPooling2D(name="pool")(conv(inputs)))
+        ),
+    )
     model.compile("sgd", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     x = np.random.default_rng(5).normal(size=(4, 6, 6, 1)).astype("float32")
     callback = GradVizCallback(tmp_path, (x, np.arange(4) % 2), layers=["conv", "pool", "head"])
@@ -550,7 +704,9 @@ def test_dead_channels_are_recorded_alike_on_every_backend(tmp_path):
         units = records.decode_units(eventdata.last(log, records.units_tag(layer)))
         assert units == {"channels": channels, "dead_channels": 2, "listed": reference}
     assert records.decode_units(eventdata.last(log, records.units_tag("head"))) == {
-        "channels": 2, "dead_channels": 0, "listed": []
+        "channels": 2,
+        "dead_channels": 0,
+        "listed": [],
     }
 
 
@@ -561,19 +717,26 @@ def test_routing_map_is_the_backends_own_gradient_and_the_first_maximum(tmp_path
     rng = np.random.default_rng(4)
     x = rng.normal(size=(3, 12, 12, 2)).astype("float32")
     y = rng.normal(size=(3, 3)).astype("float32")
-    callback = GradVizCallback(tmp_path, (x, y), layers=["pool"], routing_map_example=1, routing_map_channels=[0, 5])
+    callback = GradVizCallback(
+        tmp_path, (x, y), layers=["pool"], routing_map_example=1, routing_map_channels=[0, 5]
+    )
     callback.set_model(model)
     callback.log_now(step=1)
     callback.on_train_end()
     log = eventdata.load(tmp_path)
     content = eventdata.content(log, records.routing_map_tag("pool"))
-    rows = [routing_map.decode(row, content) for row in eventdata.last(log, records.routing_map_tag("pool"))]
+    rows = [
+        routing_map.decode(row, content)
+        for row in eventdata.last(log, records.routing_map_tag("pool"))
+    ]
     mse = keras.losses.MeanSquaredError()
     _, input_gradient = gradients(lambda p: mse(y, head(layers.Flatten()(pool(p)))), numpy(conv(x)))
     assert [row["channel"] for row in rows] == [0, 5]
     for row in rows:
         c = row["channel"]
-        np.testing.assert_allclose(row["input_gradient"], input_gradient[1, :, :, c].ravel(), rtol=1e-6, atol=1e-9)
+        np.testing.assert_allclose(
+            row["input_gradient"], input_gradient[1, :, :, c].ravel(), rtol=1e-6, atol=1e-9
+        )
         plane = numpy(conv(x))[1, :, :, c]
         expected = []
         for i in range(4):  # 10x10 map, 3x3 windows, stride 2

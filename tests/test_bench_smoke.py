@@ -21,9 +21,17 @@ TIMEOUT_S = 120
 def run_smoke(tmp_path, script, *extra):
     out = tmp_path / "out.json"
     command = [sys.executable, str(BENCH / script), "--smoke", "--json", str(out), *extra]
-    result = subprocess.run(command, capture_output=True, text=True, timeout=TIMEOUT_S, cwd=tmp_path,
-                            env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
-    assert result.returncode == 0, f"{script} failed:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
+    result = subprocess.run(
+        command,
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
+        cwd=tmp_path,
+        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"),
+    )
+    assert result.returncode == 0, (
+        f"{script} failed:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
+    )
     results = [line for line in result.stdout.splitlines() if line.startswith("RESULT ")]
     assert results, result.stdout
     payload = json.loads(out.read_text())
@@ -80,13 +88,21 @@ def test_statistics_bench_takes_an_event_apart(tmp_path):
 
 
 def test_backends_bench_measures_each_backend_in_its_own_process(tmp_path):
-    rows = run_smoke(tmp_path, "bench_backends.py", "--backends", "jax,torch", "--statistics", "host,device")
+    rows = run_smoke(
+        tmp_path, "bench_backends.py", "--backends", "jax,torch", "--statistics", "host,device"
+    )
     assert [(r["backend"], r["layers"], r["statistics"]) for r in rows] == [
         (backend, layers, statistics)
-        for backend in ("jax", "torch") for layers in ("pool", "all") for statistics in ("host", "device")
+        for backend in ("jax", "torch")
+        for layers in ("pool", "all")
+        for statistics in ("host", "device")
     ]
     for row in rows:
-        assert row["log_event_s"] > 0 and row["train_step_s"] > 0 and row["tensors"] == 3 * row["n_layers"]
+        assert (
+            row["log_event_s"] > 0
+            and row["train_step_s"] > 0
+            and row["tensors"] == 3 * row["n_layers"]
+        )
 
 
 def test_routing_map_bench_measures_bytes_and_time(tmp_path):
@@ -99,10 +115,17 @@ def test_routing_map_bench_measures_bytes_and_time(tmp_path):
 def test_weights_bench_compares_with_and_without_on_each_backend(tmp_path):
     pytest.importorskip("tensorflow")
     rows = run_smoke(tmp_path, "bench_weights.py", "--backends", "tensorflow")
-    assert [(r["backend"], r["layers"]) for r in rows] == [("tensorflow", "pool"), ("tensorflow", "all")]
+    assert [(r["backend"], r["layers"]) for r in rows] == [
+        ("tensorflow", "pool"),
+        ("tensorflow", "all"),
+    ]
     pool, every = rows
     # Pooling layers have no weights: the option adds no tensor and holds nothing.
-    assert pool["weights"] == 0 and pool["tensors_with"] == pool["tensors_without"] and pool["update_bytes_held"] == 0
+    assert (
+        pool["weights"] == 0
+        and pool["tensors_with"] == pool["tensors_without"]
+        and pool["update_bytes_held"] == 0
+    )
     # The tiny CNN with all 7 layers: kernel and bias of 3 convs and the head, 2 tensors each.
     assert every["weights"] == 8 and every["tensors_with"] == every["tensors_without"] + 16
     assert every["update_bytes_held"] == 4 * every["weight_values"] > 0

@@ -9,6 +9,7 @@ tf = pytest.importorskip("tensorflow")
 keras = pytest.importorskip("keras")
 
 import eventdata  # noqa: E402
+
 from tb_gradviz import GradVizCallback  # noqa: E402
 from tb_gradviz.format import records  # noqa: E402
 
@@ -31,7 +32,9 @@ def small_cnn(seed=0, dropout=0.0, batchnorm=False):
 
 def data(n=16, seed=0):
     rng = np.random.default_rng(seed)
-    return rng.normal(size=(n, 8, 8, 3)).astype("float32"), rng.normal(size=(n, 2)).astype("float32")
+    return rng.normal(size=(n, 8, 8, 3)).astype("float32"), rng.normal(size=(n, 2)).astype(
+        "float32"
+    )
 
 
 def model_state(model):
@@ -44,19 +47,30 @@ def test_training_is_bit_identical_with_and_without_the_callback(tmp_path):
     runs = []
     for with_callback in (False, True):
         model = small_cnn(seed=7, dropout=0.5, batchnorm=True)
-        callbacks = [GradVizCallback(tmp_path, (x[:8], y[:8]), every_n_batches=1)] if with_callback else []
+        callbacks = (
+            [GradVizCallback(tmp_path, (x[:8], y[:8]), every_n_batches=1)] if with_callback else []
+        )
         keras.utils.set_random_seed(11)
         model.fit(x, y, batch_size=8, epochs=2, verbose=0, callbacks=callbacks)
         # The global streams must be where they would have been, too.
-        follow_up = (np.random.rand(), float(tf.random.uniform(())), float(keras.random.uniform(())))
+        follow_up = (
+            np.random.rand(),
+            float(tf.random.uniform(())),
+            float(keras.random.uniform(())),
+        )
         runs.append((model_state(model), follow_up))
     (without, rng_without), (with_, rng_with) = runs
     assert len(without) == len(with_)
-    assert any("moving_mean" in p for p, _ in without) and any("seed_generator" in p for p, _ in without)
+    assert any("moving_mean" in p for p, _ in without) and any(
+        "seed_generator" in p for p, _ in without
+    )
     for (path, expected), (_, actual) in zip(without, with_):
         np.testing.assert_array_equal(expected, actual, err_msg=path)
     assert rng_without == rng_with
-    assert len(eventdata.values(eventdata.load(tmp_path), records.stats_tag("pool", "activation"))) == 8
+    assert (
+        len(eventdata.values(eventdata.load(tmp_path), records.stats_tag("pool", "activation")))
+        == 8
+    )
 
 
 def test_steps_follow_optimizer_iterations_across_fits_without_retracing(tmp_path):
@@ -65,7 +79,12 @@ def test_steps_follow_optimizer_iterations_across_fits_without_retracing(tmp_pat
     callback = GradVizCallback(tmp_path, (x[:4], y[:4]))
     model.fit(x, y, batch_size=8, epochs=2, verbose=0, callbacks=[callback])
     model.fit(x, y, batch_size=8, epochs=1, verbose=0, callbacks=[callback])
-    steps = [s for s, _ in eventdata.values(eventdata.load(tmp_path), records.stats_tag("pool", "activation"))]
+    steps = [
+        s
+        for s, _ in eventdata.values(
+            eventdata.load(tmp_path), records.stats_tag("pool", "activation")
+        )
+    ]
     assert steps == [2, 4, 6]
     assert callback._capture.tracing_count == 1
     # One event file per fit: the writer is closed at train end and reopened lazily.
@@ -75,9 +94,23 @@ def test_steps_follow_optimizer_iterations_across_fits_without_retracing(tmp_pat
 def test_every_n_epochs_and_every_n_batches(tmp_path):
     x, y = data(16)
     model = small_cnn()
-    model.fit(x, y, batch_size=4, epochs=4, verbose=0, callbacks=[GradVizCallback(tmp_path / "e", (x, y), every_n_epochs=2)])
+    model.fit(
+        x,
+        y,
+        batch_size=4,
+        epochs=4,
+        verbose=0,
+        callbacks=[GradVizCallback(tmp_path / "e", (x, y), every_n_epochs=2)],
+    )
     model = small_cnn()
-    model.fit(x, y, batch_size=4, epochs=2, verbose=0, callbacks=[GradVizCallback(tmp_path / "b", (x, y), every_n_batches=3)])
+    model.fit(
+        x,
+        y,
+        batch_size=4,
+        epochs=2,
+        verbose=0,
+        callbacks=[GradVizCallback(tmp_path / "b", (x, y), every_n_batches=3)],
+    )
     tag = records.stats_tag("pool", "input_gradient")
     assert [s for s, _ in eventdata.values(eventdata.load(tmp_path / "e"), tag)] == [8, 16]
     assert [s for s, _ in eventdata.values(eventdata.load(tmp_path / "b"), tag)] == [3, 6]
@@ -86,7 +119,9 @@ def test_every_n_epochs_and_every_n_batches(tmp_path):
 def test_nothing_is_written_when_nothing_fires(tmp_path):
     x, y = data(8)
     log_dir = tmp_path / "never"
-    small_cnn().fit(x, y, epochs=1, verbose=0, callbacks=[GradVizCallback(log_dir, (x, y), every_n_epochs=5)])
+    small_cnn().fit(
+        x, y, epochs=1, verbose=0, callbacks=[GradVizCallback(log_dir, (x, y), every_n_epochs=5)]
+    )
     assert not log_dir.exists()
 
 
@@ -94,7 +129,8 @@ def test_epoch_frequency_leaves_batch_hooks_undefined():
     # Keras dispatches batches asynchronously only when no callback defines batch hooks.
     x, y = data(4)
     assert not hasattr(GradVizCallback("unused", (x, y)).on_train_batch_end, "__func__") or (
-        GradVizCallback("unused", (x, y)).on_train_batch_end.__func__ is keras.callbacks.Callback.on_train_batch_end
+        GradVizCallback("unused", (x, y)).on_train_batch_end.__func__
+        is keras.callbacks.Callback.on_train_batch_end
     )
     assert GradVizCallback("unused", (x, y), every_n_batches=2).on_train_batch_end.__func__ is not (
         keras.callbacks.Callback.on_train_batch_end
@@ -138,9 +174,13 @@ def test_unknown_layer_name_lists_the_nearest(tmp_path):
     x, y = data(4)
     model = small_cnn()
     with pytest.raises(ValueError, match=r"'pol'.*Nearest: 'pool'"):
-        model.fit(x, y, epochs=1, verbose=0, callbacks=[GradVizCallback(tmp_path, (x, y), layers="pol")])
+        model.fit(
+            x, y, epochs=1, verbose=0, callbacks=[GradVizCallback(tmp_path, (x, y), layers="pol")]
+        )
     with pytest.raises(ValueError, match=r"pattern 'zz\*'"):
-        model.fit(x, y, epochs=1, verbose=0, callbacks=[GradVizCallback(tmp_path, (x, y), layers="zz*")])
+        model.fit(
+            x, y, epochs=1, verbose=0, callbacks=[GradVizCallback(tmp_path, (x, y), layers="zz*")]
+        )
 
 
 def test_model_without_pooling_says_how_to_choose_layers(tmp_path):
@@ -155,11 +195,23 @@ def test_model_without_pooling_says_how_to_choose_layers(tmp_path):
 @pytest.mark.parametrize(
     "kwargs, error, message",
     [
-        ({"every_n_epochs": 0}, ValueError, "every_n_epochs must be a positive integer; received 0"),
+        (
+            {"every_n_epochs": 0},
+            ValueError,
+            "every_n_epochs must be a positive integer; received 0",
+        ),
         ({"every_n_epochs": -2}, ValueError, "received -2"),
         ({"every_n_epochs": 1.5}, ValueError, "received 1.5"),
-        ({"every_n_batches": 0}, ValueError, "every_n_batches must be a positive integer; received 0"),
-        ({"every_n_batches": 2, "every_n_epochs": 3}, ValueError, "either every_n_epochs or every_n_batches"),
+        (
+            {"every_n_batches": 0},
+            ValueError,
+            "every_n_batches must be a positive integer; received 0",
+        ),
+        (
+            {"every_n_batches": 2, "every_n_epochs": 3},
+            ValueError,
+            "either every_n_epochs or every_n_batches",
+        ),
         ({"layers": 3}, TypeError, "received 3 of type int"),
         ({"layers": []}, ValueError, "at least one layer"),
         ({"training": "yes"}, TypeError, "training must be True or False; received 'yes'"),
@@ -178,7 +230,9 @@ def test_bad_log_dir_and_probe_data(tmp_path):
     a_file.write_text("")
     with pytest.raises(ValueError, match="log_dir must be a directory; received .*which is a file"):
         GradVizCallback(a_file, (x, y))
-    with pytest.raises(ValueError, match=r"must be \(x, y\) or \(x, y, sample_weight\); received a ndarray"):
+    with pytest.raises(
+        ValueError, match=r"must be \(x, y\) or \(x, y, sample_weight\); received a ndarray"
+    ):
         GradVizCallback(tmp_path, x)
     with pytest.raises(ValueError, match="length 4"):
         GradVizCallback(tmp_path, (x, y, y, y))

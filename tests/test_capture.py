@@ -8,6 +8,7 @@ keras = pytest.importorskip("keras")
 
 import eventdata  # noqa: E402
 from values import assert_same_stats, awkward_rows  # noqa: E402
+
 from tb_gradviz import GradVizCallback  # noqa: E402
 from tb_gradviz.format import records  # noqa: E402
 
@@ -42,7 +43,9 @@ def assert_matches_reference(log, layer, tensor, array):
     for field in ("mean", "std", "sum"):
         assert logged[field] == pytest.approx(expected[field], rel=1e-9, abs=1e-15), (tensor, field)
     assert logged["log_counts"] == expected["log_counts"], tensor
-    np.testing.assert_array_equal(eventdata.histogram(log, layer, tensor), records.linear_histogram(array))
+    np.testing.assert_array_equal(
+        eventdata.histogram(log, layer, tensor), records.linear_histogram(array)
+    )
 
 
 def conv_pool_model(seed, pool_layer):
@@ -79,10 +82,16 @@ def test_conv_maxpool_records_equal_hand_written_tape(tmp_path):
     # Random normal inputs have no ties: one routed position per window.
     assert routing["tied_windows"] == 0
     assert routing["routed_positions"] == activation.size
-    assert routing["input_gradient_sum"] == pytest.approx(float(input_gradient.sum(dtype=np.float64)), rel=1e-9)
-    assert routing["output_gradient_sum"] == pytest.approx(float(output_gradient.sum(dtype=np.float64)), rel=1e-9)
+    assert routing["input_gradient_sum"] == pytest.approx(
+        float(input_gradient.sum(dtype=np.float64)), rel=1e-9
+    )
+    assert routing["output_gradient_sum"] == pytest.approx(
+        float(output_gradient.sum(dtype=np.float64)), rel=1e-9
+    )
     assert routing["input_gradient_sum"] == pytest.approx(routing["output_gradient_sum"], rel=1e-6)
-    assert routing["output_gradient_abs_sum"] == pytest.approx(float(np.abs(output_gradient).sum(dtype=np.float64)), rel=1e-9)
+    assert routing["output_gradient_abs_sum"] == pytest.approx(
+        float(np.abs(output_gradient).sum(dtype=np.float64)), rel=1e-9
+    )
 
     content = eventdata.content(log, records.stats_tag("pool", "input_gradient"))
     assert content["shape"] == [4, 10, 10, 6]
@@ -175,9 +184,13 @@ def test_nan_in_probe_is_counted_and_the_histogram_keeps_the_rest(tmp_path):
     assert (histogram[0, 0], histogram[-1, 1]) == (finite.min(), finite.max())
     # The loss is NaN, so every gradient value is NaN: counted, never dropped.
     gradient = eventdata.stats(log, "pool", "input_gradient")
-    assert gradient["nan"] + gradient["zeros"] + sum(gradient["log_counts"]["positive"]) + sum(
-        gradient["log_counts"]["negative"]
-    ) == 16
+    assert (
+        gradient["nan"]
+        + gradient["zeros"]
+        + sum(gradient["log_counts"]["positive"])
+        + sum(gradient["log_counts"]["negative"])
+        == 16
+    )
 
 
 def test_resnet50_nested_in_sequential_logs_its_two_pooling_layers(tmp_path):
@@ -195,17 +208,23 @@ def test_resnet50_nested_in_sequential_logs_its_two_pooling_layers(tmp_path):
     assert eventdata.layers(log) == ["resnet50/pool1_pool", "resnet50/avg_pool"]
     pool1 = eventdata.content(log, records.stats_tag("resnet50/pool1_pool", "input_gradient"))
     assert pool1["shape"] == [4, 18, 18, 64]  # after ZeroPadding2D around a 16x16 map
-    assert eventdata.content(log, records.stats_tag("resnet50/pool1_pool", "activation"))["shape"] == [4, 8, 8, 64]
+    assert eventdata.content(log, records.stats_tag("resnet50/pool1_pool", "activation"))[
+        "shape"
+    ] == [4, 8, 8, 64]
     zeros = eventdata.stats(log, "resnet50/pool1_pool", "input_gradient")
     routing = eventdata.routing(log, "resnet50/pool1_pool")
     # Overlapping 3x3/2 windows share winners: fewer routed positions than windows.
     assert routing["routed_positions"] <= routing["windows"] == 4 * 8 * 8 * 64
     assert zeros["zeros"] >= zeros["count"] - routing["windows"]
-    assert abs(routing["input_gradient_sum"] - routing["output_gradient_sum"]) <= 1e-6 * routing[
-        "output_gradient_abs_sum"
-    ]
+    assert (
+        abs(routing["input_gradient_sum"] - routing["output_gradient_sum"])
+        <= 1e-6 * routing["output_gradient_abs_sum"]
+    )
     avg = eventdata.routing(log, "resnet50/avg_pool")
-    assert avg["windows"] == 4 * 2048 and avg["routed_positions"] == avg["input_positions"] == 4 * 1 * 1 * 2048
+    assert (
+        avg["windows"] == 4 * 2048
+        and avg["routed_positions"] == avg["input_positions"] == 4 * 1 * 1 * 2048
+    )
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16", "float64"])
@@ -218,12 +237,16 @@ def test_group_summary_rows_equal_the_numpy_definition(dtype, divisor):
         rows = [r.astype(dtype) for r in awkward_rows(rng, 4 * 9 * 9)]
     finite_only = [r for r in rows if np.isfinite(r).all()]
     summarise = tf.function(
-        lambda ts: tf_statistics.group_summary(ts, divisor=None if divisor is None else tf.constant(divisor, tf.float64)),
+        lambda ts: tf_statistics.group_summary(
+            ts, divisor=None if divisor is None else tf.constant(divisor, tf.float64)
+        ),
         autograph=False,
     )
     # Each group once with non-finite rows (masked branch) and once without.
     for group in (rows, finite_only):
-        histograms, stats = [o.numpy() for o in summarise([tf.constant(r.reshape(4, 9, 9)) for r in group])]
+        histograms, stats = [
+            o.numpy() for o in summarise([tf.constant(r.reshape(4, 9, 9)) for r in group])
+        ]
         for r, row in enumerate(group):
             values = row.astype(np.float64) / (divisor or 1.0)
             expected = records.stats_vector(values)
@@ -232,8 +255,16 @@ def test_group_summary_rows_equal_the_numpy_definition(dtype, divisor):
             np.testing.assert_array_equal(stats[r, exact], expected[exact], err_msg=f"row {r}")
             # Sums agree to float64 rounding, judged against the sum of |x| (rows cancel).
             scale = np.abs(values[np.isfinite(values)]).sum()
-            np.testing.assert_allclose(stats[r, summed], expected[summed], rtol=1e-9, atol=1e-12 * scale, err_msg=f"row {r}")
-            np.testing.assert_array_equal(histograms[r], records.linear_histogram(values), err_msg=f"row {r}")
+            np.testing.assert_allclose(
+                stats[r, summed],
+                expected[summed],
+                rtol=1e-9,
+                atol=1e-12 * scale,
+                err_msg=f"row {r}",
+            )
+            np.testing.assert_array_equal(
+                histograms[r], records.linear_histogram(values), err_msg=f"row {r}"
+            )
 
 
 def test_float32_values_are_far_enough_from_the_magnitude_edges_for_a_float64_log():
@@ -273,12 +304,23 @@ def chain_model_and_batch(seed):
     """conv -> bn -> relu -> pool -> flat -> dense, compiled, and a batch for it."""
     keras.utils.set_random_seed(seed)
     model = keras.Sequential(
-        [keras.Input((8, 8, 3)), layers.Conv2D(4, 3, padding="same", name="conv"), layers.BatchNormalization(name="bn"),
-         layers.ReLU(name="relu"), layers.MaxPooling2D(name="pool"), layers.Flatten(name="flat"), layers.Dense(2, name="dense")]
+        [
+            keras.Input((8, 8, 3)),
+            layers.Conv2D(4, 3, padding="same", name="conv"),
+            layers.BatchNormalization(name="bn"),
+            layers.ReLU(name="relu"),
+            layers.MaxPooling2D(name="pool"),
+            layers.Flatten(name="flat"),
+            layers.Dense(2, name="dense"),
+        ]
     )
     model.compile("sgd", "mse")
     rng = np.random.default_rng(seed)
-    return model, tf.constant(rng.random((4, 8, 8, 3), "float32")), tf.constant(rng.random((4, 2), "float32"))
+    return (
+        model,
+        tf.constant(rng.random((4, 8, 8, 3), "float32")),
+        tf.constant(rng.random((4, 2), "float32")),
+    )
 
 
 def test_a_chain_summarises_each_shared_gradient_once_with_the_same_records(monkeypatch):
@@ -292,7 +334,11 @@ def test_a_chain_summarises_each_shared_gradient_once_with_the_same_records(monk
 
     found = []
     sole_inputs = capture._sole_inputs_of_outputs
-    monkeypatch.setattr(capture, "_sole_inputs_of_outputs", lambda recs: found.append(sole_inputs(recs)) or found[-1])
+    monkeypatch.setattr(
+        capture,
+        "_sole_inputs_of_outputs",
+        lambda recs: found.append(sole_inputs(recs)) or found[-1],
+    )
     shared, _ = capture.LayerCapture(model, chosen).run(x, y)
     monkeypatch.setattr(capture, "_sole_inputs_of_outputs", lambda recs: {})
     separate, _ = capture.LayerCapture(model, chosen).run(x, y)
@@ -308,7 +354,9 @@ def test_an_unknown_statistics_path_is_refused():
     from tb_gradviz.capture.backends import tensorflow as capture
 
     model = keras.Sequential([keras.Input((4,)), layers.Dense(2, name="dense")])
-    with pytest.raises(ValueError, match=r"statistics must be one of \('host', 'device'\) or None; received 'gpu'"):
+    with pytest.raises(
+        ValueError, match=r"statistics must be one of \('host', 'device'\) or None; received 'gpu'"
+    ):
         capture.LayerCapture(model, selection.select_layers(model, ["dense"]), statistics="gpu")
 
 
@@ -328,7 +376,12 @@ def test_a_gradient_tensor_shared_by_two_inputs_is_summarised_once():
 
     probe = capture.LayerCapture(model, selection.select_layers(model, ["add"]))
     written, _ = probe.run(tf.constant(x), tf.constant(y))
-    assert probe._items == [0, 1, 1, 1]  # activation; input_gradient_0, _1 and output_gradient: one item
+    assert probe._items == [
+        0,
+        1,
+        1,
+        1,
+    ]  # activation; input_gradient_0, _1 and output_gradient: one item
     with tf.GradientTape() as tape:
         added = model.get_layer("add")([model.get_layer("left")(x), model.get_layer("right")(x)])
         tape.watch(added)
@@ -336,6 +389,8 @@ def test_a_gradient_tensor_shared_by_two_inputs_is_summarised_once():
     expected = tape.gradient(loss, added).numpy()
     by_tag = {tag: array for tag, array, _ in written}
     for tensor in ("input_gradient_0", "input_gradient_1", "output_gradient"):
-        np.testing.assert_array_equal(by_tag[records.histogram_tag("add", tensor)], records.linear_histogram(expected))
+        np.testing.assert_array_equal(
+            by_tag[records.histogram_tag("add", tensor)], records.linear_histogram(expected)
+        )
         stats = by_tag[records.stats_tag("add", tensor)]
         assert_same_stats(stats, records.stats_vector(expected), rtol=1e-9, atol=1e-15)

@@ -15,10 +15,10 @@ import urllib.parse
 import urllib.request
 from pathlib import Path
 
+import eventdata
 import numpy as np
 import pytest
 
-import eventdata
 from tb_gradviz import cli
 from tb_gradviz.board import health
 from tb_gradviz.format import records
@@ -36,13 +36,28 @@ def logdir(tmp_path_factory):
     for run, pool in (("max", keras.layers.MaxPooling2D), ("avg", keras.layers.AveragePooling2D)):
         keras.utils.set_random_seed(0)
         model = keras.Sequential(
-            [keras.Input((8, 8, 2)), keras.layers.Conv2D(3, 3, padding="same", name="conv"), pool(2, name="pool"),
-             keras.layers.Flatten(), keras.layers.Dense(2, name="dense")]
+            [
+                keras.Input((8, 8, 2)),
+                keras.layers.Conv2D(3, 3, padding="same", name="conv"),
+                pool(2, name="pool"),
+                keras.layers.Flatten(),
+                keras.layers.Dense(2, name="dense"),
+            ]
         )
         model.compile("sgd", "mse")
         rng = np.random.default_rng(0)
-        x, y = rng.normal(size=(8, 8, 8, 2)).astype("float32"), rng.normal(size=(8, 2)).astype("float32")
-        model.fit(x, y, batch_size=4, epochs=2, verbose=0, callbacks=[GradVizCallback(root / run, (x[:4], y[:4]))])
+        x, y = (
+            rng.normal(size=(8, 8, 8, 2)).astype("float32"),
+            rng.normal(size=(8, 2)).astype("float32"),
+        )
+        model.fit(
+            x,
+            y,
+            batch_size=4,
+            epochs=2,
+            verbose=0,
+            callbacks=[GradVizCallback(root / run, (x[:4], y[:4]))],
+        )
     return root
 
 
@@ -78,10 +93,18 @@ def test_summary_shows_the_two_tensors_of_each_pool_at_the_last_step(logdir):
     assert set(rows) == {("pool", t) for t in records.TENSOR_ROLES}
     gradient = rows[("pool", "input_gradient")]
     assert gradient["shape"] == "4x8x8x3" and rows[("pool", "activation")]["shape"] == "4x4x4x3"
-    assert gradient["zeros %"] == "75.00" and gradient["routed %"] == "25.00" and gradient["max routed %"] == "25.00"
+    assert (
+        gradient["zeros %"] == "75.00"
+        and gradient["routed %"] == "25.00"
+        and gradient["max routed %"] == "25.00"
+    )
     assert gradient["mass"] == "kept" and gradient["tied"] == "0" and gradient["nan"] == "0"
-    average = {(r["layer"], r["tensor"]): r for r in table_rows(out, "avg")}[("pool", "input_gradient")]
-    assert average["zeros %"] == "0.00" and average["routed %"] == "100.00" and average["tied"] == "-"
+    average = {(r["layer"], r["tensor"]): r for r in table_rows(out, "avg")}[
+        ("pool", "input_gradient")
+    ]
+    assert (
+        average["zeros %"] == "0.00" and average["routed %"] == "100.00" and average["tied"] == "-"
+    )
 
 
 def test_summary_at_a_chosen_step_and_run(logdir):
@@ -99,13 +122,22 @@ def test_export_csv_matches_the_event_files(logdir, tmp_path):
     rows = list(csv.DictReader(target.open()))
     assert len(rows) == 2 * 3 * 2  # runs x tensors x steps
     assert list(rows[0]) == cli.csv_header()
-    row = next(r for r in rows if (r["run"], r["tensor"], r["step"]) == ("max", "input_gradient", "4"))
+    row = next(
+        r for r in rows if (r["run"], r["tensor"], r["step"]) == ("max", "input_gradient", "4")
+    )
     expected = eventdata.stats(eventdata.load(logdir / "max"), "pool", "input_gradient")
-    assert int(row["count"]) == expected["count"] == 768 and int(row["zeros"]) == expected["zeros"] == 576
+    assert (
+        int(row["count"]) == expected["count"] == 768
+        and int(row["zeros"]) == expected["zeros"] == 576
+    )
     assert float(row["sum"]) == expected["sum"]
-    assert [int(row[f"pos_mag_{i}"]) for i in range(records.MAGNITUDE_BINS)] == expected["log_counts"]["positive"]
+    assert [int(row[f"pos_mag_{i}"]) for i in range(records.MAGNITUDE_BINS)] == expected[
+        "log_counts"
+    ]["positive"]
     histogram = eventdata.histogram(eventdata.load(logdir / "max"), "pool", "input_gradient")
-    assert [int(row[f"hist_{i}"]) for i in range(records.HISTOGRAM_BUCKETS)] == histogram[:, 2].astype(int).tolist()
+    assert [int(row[f"hist_{i}"]) for i in range(records.HISTOGRAM_BUCKETS)] == histogram[
+        :, 2
+    ].astype(int).tolist()
     assert int(row["routed_positions"]) == 192 and int(row["windows"]) == 192
 
 
@@ -129,14 +161,24 @@ def weights_logdir(tmp_path_factory):
     root = tmp_path_factory.mktemp("cli_weights")
     keras.utils.set_random_seed(0)
     model = keras.Sequential(
-        [keras.Input((8, 8, 2)), keras.layers.Conv2D(3, 3, padding="same", name="conv"),
-         keras.layers.BatchNormalization(name="bn"), keras.layers.MaxPooling2D(2, name="pool"),
-         keras.layers.Flatten(), keras.layers.Dense(2, name="dense")]
+        [
+            keras.Input((8, 8, 2)),
+            keras.layers.Conv2D(3, 3, padding="same", name="conv"),
+            keras.layers.BatchNormalization(name="bn"),
+            keras.layers.MaxPooling2D(2, name="pool"),
+            keras.layers.Flatten(),
+            keras.layers.Dense(2, name="dense"),
+        ]
     )
     model.compile("adam", "mse")
     rng = np.random.default_rng(0)
-    x, y = rng.normal(size=(8, 8, 8, 2)).astype("float32"), rng.normal(size=(8, 2)).astype("float32")
-    callback = GradVizCallback(root / "cnn", (x[:4], y[:4]), layers=["conv", "bn", "pool", "dense"], weights=True)
+    x, y = (
+        rng.normal(size=(8, 8, 8, 2)).astype("float32"),
+        rng.normal(size=(8, 2)).astype("float32"),
+    )
+    callback = GradVizCallback(
+        root / "cnn", (x[:4], y[:4]), layers=["conv", "bn", "pool", "dense"], weights=True
+    )
     model.fit(x, y, batch_size=4, epochs=3, verbose=0, callbacks=[callback])
     final = {
         layer.name: {v.name: np.array(v.numpy(), dtype=np.float64) for v in layer.trainable_weights}
@@ -152,11 +194,15 @@ def logged_updates(logdir, layer, weight):
     """`[(step, {field: value})]` of a weight's update records, as the event files hold them."""
     return [
         (step, dict(zip(records.UPDATE_FIELDS, vector.tolist())))
-        for step, vector in eventdata.values(eventdata.load(logdir), records.update_tag(layer, weight))
+        for step, vector in eventdata.values(
+            eventdata.load(logdir), records.update_tag(layer, weight)
+        )
     ]
 
 
-def test_summary_of_a_weights_run_lists_weight_tensors_and_the_update_ratios_at_the_step(weights_logdir):
+def test_summary_of_a_weights_run_lists_weight_tensors_and_the_update_ratios_at_the_step(
+    weights_logdir,
+):
     root, final = weights_logdir
     status, out, err = run_cli("summary", root)
     assert (status, err) == (0, "")
@@ -165,7 +211,11 @@ def test_summary_of_a_weights_run_lists_weight_tensors_and_the_update_ratios_at_
     for layer, weights in WEIGHTS.items():
         for weight in weights:
             shape = "x".join(map(str, final[layer][weight].shape))
-            assert rows[(layer, f"weight/{weight}")]["shape"] == rows[(layer, f"weight_gradient/{weight}")]["shape"] == shape
+            assert (
+                rows[(layer, f"weight/{weight}")]["shape"]
+                == rows[(layer, f"weight_gradient/{weight}")]["shape"]
+                == shape
+            )
             assert rows[(layer, f"weight/{weight}")]["step"] == "6"
     assert not [tensor for layer, tensor in rows if layer == "pool" and tensor.startswith("weight")]
 
@@ -173,25 +223,46 @@ def test_summary_of_a_weights_run_lists_weight_tensors_and_the_update_ratios_at_
     header = re.split(r"\s{2,}", block[1].strip())
     assert header == list(cli.UPDATE_COLUMNS)
     starts = [block[1].index(h) for h in header]
-    updates = [dict(zip(header, [line[a:b].strip() for a, b in zip(starts, starts[1:] + [None])])) for line in block[3:]]
+    updates = [
+        dict(zip(header, [line[a:b].strip() for a, b in zip(starts, starts[1:] + [None])]))
+        for line in block[3:]
+    ]
     assert [(u["layer"], u["weight"]) for u in updates] == [
-        (layer, weight) for layer, weights in WEIGHTS.items() for weight in [cli.LAYER_UPDATE, *weights]
+        (layer, weight)
+        for layer, weights in WEIGHTS.items()
+        for weight in [cli.LAYER_UPDATE, *weights]
     ]
     for u in updates:
         assert (u["step"], u["interval"]) == ("6", "2")
         if u["weight"] == cli.LAYER_UPDATE:
-            logged = [logged_updates(root / "cnn", u["layer"], w)[-1][1] for w in WEIGHTS[u["layer"]]]
+            logged = [
+                logged_updates(root / "cnn", u["layer"], w)[-1][1] for w in WEIGHTS[u["layer"]]
+            ]
             # The layer's weights as one vector: |all updates| / |all weights|.
-            combined = np.sqrt(sum(v["update_norm"] ** 2 for v in logged)) / np.sqrt(sum(v["weight_norm"] ** 2 for v in logged))
-            assert u["update ratio"] == f"{combined:.3e}" and (u["weight norm"], u["update norm"]) == ("", "")
+            combined = np.sqrt(sum(v["update_norm"] ** 2 for v in logged)) / np.sqrt(
+                sum(v["weight_norm"] ** 2 for v in logged)
+            )
+            assert u["update ratio"] == f"{combined:.3e}" and (
+                u["weight norm"],
+                u["update norm"],
+            ) == ("", "")
             assert u["size"] == (health.update_size(combined, 2) or "-")
             continue
         step, logged = logged_updates(root / "cnn", u["layer"], u["weight"])[-1]
         assert step == 6
-        assert u["weight norm"] == f"{logged['weight_norm']:.3e}" == f"{np.linalg.norm(final[u['layer']][u['weight']]):.3e}"
-        assert u["update norm"] == f"{logged['update_norm']:.3e}" and u["update ratio"] == f"{logged['update_ratio']:.3e}"
+        assert (
+            u["weight norm"]
+            == f"{logged['weight_norm']:.3e}"
+            == f"{np.linalg.norm(final[u['layer']][u['weight']]):.3e}"
+        )
+        assert (
+            u["update norm"] == f"{logged['update_norm']:.3e}"
+            and u["update ratio"] == f"{logged['update_ratio']:.3e}"
+        )
         assert 0 < logged["update_ratio"] < 1
-        assert u["size"] == health.update_size(logged["update_ratio"], logged["interval"])  # the server's verdict
+        assert u["size"] == health.update_size(
+            logged["update_ratio"], logged["interval"]
+        )  # the server's verdict
 
 
 def test_summary_of_a_weights_run_at_its_first_event_has_no_update_table(weights_logdir):
@@ -207,7 +278,11 @@ def test_a_run_without_weights_exports_and_summarises_as_before(logdir, tmp_path
     status, out, _ = run_cli("summary", logdir)
     assert status == 0 and "weight updates" not in out
     assert run_cli("export", logdir, "--output", tmp_path / "out.csv")[0] == 0
-    assert next(csv.reader((tmp_path / "out.csv").open())) == cli.csv_header() == cli.csv_header(updates=False)
+    assert (
+        next(csv.reader((tmp_path / "out.csv").open()))
+        == cli.csv_header()
+        == cli.csv_header(updates=False)
+    )
     assert not set(records.UPDATE_FIELDS) & set(cli.csv_header())
     status, out, _ = run_cli("export", logdir, "--format", "json")
     assert set(json.loads(out)) == {"format_version", "series", "routing_maps"}
@@ -219,21 +294,35 @@ def test_export_csv_of_a_weights_run_puts_each_update_on_its_weight_row(weights_
     status, _, err = run_cli("export", root, "--output", target)
     assert (status, err) == (0, "")
     rows = list(csv.DictReader(target.open()))
-    assert list(rows[0]) == cli.csv_header(updates=True) == cli.csv_header() + list(records.UPDATE_FIELDS)
+    assert (
+        list(rows[0])
+        == cli.csv_header(updates=True)
+        == cli.csv_header() + list(records.UPDATE_FIELDS)
+    )
     # Tensors: 3 per layer, and 2 per weight of conv, bn and dense; 3 steps each.
     assert len(rows) == (4 * 3 + 2 * 6) * 3
     log = eventdata.load(root / "cnn")
     for layer, weights in WEIGHTS.items():
         for weight in weights:
-            by_step = {r["step"]: r for r in rows if (r["layer"], r["tensor"]) == (layer, f"weight/{weight}")}
+            by_step = {
+                r["step"]: r
+                for r in rows
+                if (r["layer"], r["tensor"]) == (layer, f"weight/{weight}")
+            }
             assert sorted(by_step) == ["2", "4", "6"] and by_step["2"]["role"] == "weight"
-            assert all(by_step["2"][name] == "" for name in records.UPDATE_FIELDS)  # the first event
+            assert all(
+                by_step["2"][name] == "" for name in records.UPDATE_FIELDS
+            )  # the first event
             for step, logged in logged_updates(root / "cnn", layer, weight):
                 row = by_step[str(step)]
                 assert {name: float(row[name]) for name in records.UPDATE_FIELDS} == logged
                 assert logged["interval"] == 2
             stats = eventdata.stats(log, layer, f"weight/{weight}")
-            assert float(by_step["6"]["sum"]) == stats["sum"] == pytest.approx(final[layer][weight].sum(), rel=1e-6, abs=1e-9)
+            assert (
+                float(by_step["6"]["sum"])
+                == stats["sum"]
+                == pytest.approx(final[layer][weight].sum(), rel=1e-6, abs=1e-9)
+            )
             assert int(by_step["6"]["count"]) == final[layer][weight].size
     others = [r for r in rows if r["role"] != "weight"]
     assert others and all(r[name] == "" for r in others for name in records.UPDATE_FIELDS)
@@ -244,9 +333,9 @@ def test_export_json_of_a_weights_run_has_the_update_series_of_each_layer(weight
     status, out, _ = run_cli("export", root, "--format", "json")
     assert status == 0
     data = json.loads(out)
-    assert [(u["run"], u["layer"], [w["weight"] for w in u["weights"]]) for u in data["updates"]] == [
-        ("cnn", layer, weights) for layer, weights in WEIGHTS.items()
-    ]
+    assert [
+        (u["run"], u["layer"], [w["weight"] for w in u["weights"]]) for u in data["updates"]
+    ] == [("cnn", layer, weights) for layer, weights in WEIGHTS.items()]
     for body in data["updates"]:
         assert body["steps"] == [4, 6]
         logged = {w: logged_updates(root / "cnn", body["layer"], w) for w in WEIGHTS[body["layer"]]}
@@ -256,11 +345,15 @@ def test_export_json_of_a_weights_run_has_the_update_series_of_each_layer(weight
                 assert w[name] == [v[name] for _, v in logged[w["weight"]]]
         for i in range(2):
             updates = [v[i][1] for v in logged.values()]
-            combined = np.sqrt(sum(v["update_norm"] ** 2 for v in updates)) / np.sqrt(sum(v["weight_norm"] ** 2 for v in updates))
+            combined = np.sqrt(sum(v["update_norm"] ** 2 for v in updates)) / np.sqrt(
+                sum(v["weight_norm"] ** 2 for v in updates)
+            )
             assert body["update_ratio"][i] == pytest.approx(combined, rel=1e-15)
     weight_series = [s for s in data["series"] if s["role"] in records.WEIGHT_ROLES]
     assert {(s["layer"], s["tensor"], s["weight"]) for s in weight_series} == {
-        (layer, f"{role}/{weight}", weight) for layer, weights in WEIGHTS.items() for weight in weights
+        (layer, f"{role}/{weight}", weight)
+        for layer, weights in WEIGHTS.items()
+        for weight in weights
         for role in records.WEIGHT_ROLES
     }
     assert all("weight" not in s for s in data["series"] if s["role"] not in records.WEIGHT_ROLES)
@@ -270,11 +363,19 @@ def test_export_json_of_a_weights_run_has_the_update_series_of_each_layer(weight
     "args, status, message",
     [
         (["summary", "/no/such/dir"], 2, "logdir '/no/such/dir' does not exist"),
-        (["summary", "{logdir}", "--run", "nope"], 1, "no run 'nope' with tb_gradviz data; runs are: avg, max"),
+        (
+            ["summary", "{logdir}", "--run", "nope"],
+            1,
+            "no run 'nope' with tb_gradviz data; runs are: avg, max",
+        ),
         (["summary", "{logdir}", "--step", "-1"], 2, "expected an integer >= 0; received '-1'"),
         (["summary", "{logdir}", "--step", "x"], 2, "received 'x'"),
         (["export", "{logdir}", "--format", "xml"], 2, "invalid choice: 'xml'"),
-        (["export", "{logdir}", "--output", "/no/such/dir/out.csv"], 2, "folder '/no/such/dir' does not exist"),
+        (
+            ["export", "{logdir}", "--output", "/no/such/dir/out.csv"],
+            2,
+            "folder '/no/such/dir' does not exist",
+        ),
         (["demo", "--steps", "0"], 2, "expected a positive integer; received '0'"),
         (["demo", "--image-size", "16"], 2, "expected an integer >= 32"),
         (["demo", "--port", "70000"], 2, "a port number 0-65535; received '70000'"),
@@ -296,9 +397,22 @@ def test_demo_into_a_file_or_onto_a_busy_port_fails_cleanly(tmp_path):
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
         busy.listen()
-        status, out, err = run_cli("demo", "--model", "cnn", "--steps", "1", "--logdir", tmp_path / "logs",
-                                   "--port", busy.getsockname()[1], "--serve-seconds", "1")
-    assert status == 1 and "cannot serve TensorBoard on 127.0.0.1:" in err and "Traceback" not in err
+        status, out, err = run_cli(
+            "demo",
+            "--model",
+            "cnn",
+            "--steps",
+            "1",
+            "--logdir",
+            tmp_path / "logs",
+            "--port",
+            busy.getsockname()[1],
+            "--serve-seconds",
+            "1",
+        )
+    assert (
+        status == 1 and "cannot serve TensorBoard on 127.0.0.1:" in err and "Traceback" not in err
+    )
 
 
 def test_demo_serves_on_6006_and_falls_back_to_a_free_port_when_it_is_busy(tmp_path):
@@ -310,8 +424,17 @@ def test_demo_serves_on_6006_and_falls_back_to_a_free_port_when_it_is_busy(tmp_p
         except OSError:
             pytest.skip("port 6006 is taken by another program on this machine")
         busy.listen()
-        status, out, err = run_cli("demo", "--model", "cnn", "--steps", "1", "--logdir", tmp_path / "logs",
-                                   "--serve-seconds", "1")
+        status, out, err = run_cli(
+            "demo",
+            "--model",
+            "cnn",
+            "--steps",
+            "1",
+            "--logdir",
+            tmp_path / "logs",
+            "--serve-seconds",
+            "1",
+        )
     assert status == 0, err
     assert "Port 6006 is busy" in out and "serving on a free port instead" in out
     url = re.search(r"GradViz tab: http://127\.0\.0\.1:(\d+)/#gradviz", out)
@@ -330,7 +453,14 @@ def test_a_file_an_empty_folder_and_a_foreign_logdir(tmp_path):
     from tensorboard.summary.writer.event_file_writer import EventFileWriter
 
     writer = EventFileWriter(str(tmp_path / "foreign" / "train"))
-    writer.add_event(event_pb2.Event(step=1, summary=summary_pb2.Summary(value=[summary_pb2.Summary.Value(tag="loss", simple_value=1.0)])))
+    writer.add_event(
+        event_pb2.Event(
+            step=1,
+            summary=summary_pb2.Summary(
+                value=[summary_pb2.Summary.Value(tag="loss", simple_value=1.0)]
+            ),
+        )
+    )
     writer.close()
     status, _, err = run_cli("summary", tmp_path / "foreign")
     assert status == 1 and "no tb_gradviz data" in err
@@ -416,7 +546,13 @@ def test_readme_main_job_trains_writes_and_serves_within_five_minutes(main_job):
     assert listing["gradviz"]["enabled"], listing.get("gradviz")
     runs = json.load(urllib.request.urlopen(url + "data/plugin/gradviz/runs", timeout=10))["runs"]
     assert elapsed < 300, f"the default demo took {elapsed:.0f} s"
-    assert [r["run"] for r in runs] == ["cnn_averagepool", "cnn_maxpool", "plain_relu_bn", "plain_sigmoid", "resnet50"]
+    assert [r["run"] for r in runs] == [
+        "cnn_averagepool",
+        "cnn_maxpool",
+        "plain_relu_bn",
+        "plain_sigmoid",
+        "resnet50",
+    ]
     from tb_gradviz import demos
 
     assert [layer["layer"] for layer in runs[4]["layers"]] == list(demos.RESNET50_LAYERS)
@@ -429,7 +565,9 @@ def served_scalars(url, run, tag, steps):
     deadline = time.monotonic() + 60
     while True:
         try:
-            points = json.load(urllib.request.urlopen(f"{url}data/plugin/scalars/scalars?{query}", timeout=10))
+            points = json.load(
+                urllib.request.urlopen(f"{url}data/plugin/scalars/scalars?{query}", timeout=10)
+            )
         except urllib.error.HTTPError:  # not loaded yet
             points = []
         if len(points) >= steps or time.monotonic() > deadline:
@@ -437,7 +575,9 @@ def served_scalars(url, run, tag, steps):
         time.sleep(0.5)
 
 
-@pytest.mark.parametrize("run, steps", [("resnet50", 48), ("cnn_maxpool", 40), ("cnn_averagepool", 40)])
+@pytest.mark.parametrize(
+    "run, steps", [("resnet50", 48), ("cnn_maxpool", 40), ("cnn_averagepool", 40)]
+)
 def test_demo_resnet50_and_cnns_learn_loss_falls_and_accuracy_beats_chance(main_job, run, steps):
     # Issue 11, defect 8: from scratch with SGD(0.01, momentum 0.9), ResNet50's loss rose from 2.2 to
     # 6.9 and its accuracy stayed at chance (and the CNNs, Adam(1e-3) at batch 16, stayed near it).
@@ -447,20 +587,31 @@ def test_demo_resnet50_and_cnns_learn_loss_falls_and_accuracy_beats_chance(main_
     accuracy = served_scalars(url, run, "train/accuracy", steps)
     assert [step for step, _ in loss] == [step for step, _ in accuracy] == list(range(1, steps + 1))
     quarter = steps // 4
-    first_loss, last_loss = (np.mean([value for _, value in part]) for part in (loss[:quarter], loss[-quarter:]))
+    first_loss, last_loss = (
+        np.mean([value for _, value in part]) for part in (loss[:quarter], loss[-quarter:])
+    )
     last_accuracy = np.mean([value for _, value in accuracy[-quarter:]])
     # Chance is a loss of ln 4 = 1.39 and an accuracy of 0.25.
     assert last_loss < min(0.75 * first_loss, 1.0), (run, [round(value, 2) for _, value in loss])
     assert last_accuracy > 0.5, (run, [round(value, 2) for _, value in accuracy])
 
 
-def test_demo_shows_a_vanishing_gradient_the_flags_catch_next_to_a_healthy_network(main_job, capsys):
+def test_demo_shows_a_vanishing_gradient_the_flags_catch_next_to_a_healthy_network(
+    main_job, capsys
+):
     # Issue 13: the main job shows the diagnosis: 20 sigmoid layers against ReLU with BatchNorm.
     logs, _, _, _ = main_job
     assert cli.main(["check", str(logs), "--run", "plain_relu_bn"]) == 0
     assert "no flag raised" in capsys.readouterr().out
-    assert cli.main(["check", str(logs), "--run", "plain_sigmoid", "--fail-on", "vanishing"]) == cli.EXIT_FLAGGED
+    assert (
+        cli.main(["check", str(logs), "--run", "plain_sigmoid", "--fail-on", "vanishing"])
+        == cli.EXIT_FLAGGED
+    )
     rows = [line.split() for line in capsys.readouterr().out.splitlines() if "vanishing" in line]
     flagged = [row[0] for row in rows]
     # The gradient falls toward the input: the first layers are flagged, the last is the reference.
-    assert flagged[:3] == ["centre", "conv01", "conv02"] and "logits" not in flagged and "conv20" not in flagged
+    assert (
+        flagged[:3] == ["centre", "conv01", "conv02"]
+        and "logits" not in flagged
+        and "conv20" not in flagged
+    )

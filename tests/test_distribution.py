@@ -17,6 +17,7 @@ import pytest
 pytest.importorskip("tensorflow")
 
 import eventdata  # noqa: E402
+
 from tb_gradviz.format import records  # noqa: E402
 
 SCRIPT = os.path.join(os.path.dirname(__file__), "distributed_fit.py")
@@ -67,7 +68,9 @@ def test_mirrored_training_is_bit_identical_in_every_replica_copy(mirrored):
     gradient = eventdata.stats(log, "conv", "weight_gradient/kernel")
     assert (gradient["count"], gradient["zeros"], gradient["nan"]) == (3 * 3 * 3 * 4, 0, 0)
     updates = [vector for _, vector in eventdata.values(log, records.update_tag("conv", "kernel"))]
-    assert len(updates) == 7 and all(v[records.UPDATE_NORM] > 0 for v in updates)  # 8 steps, 8 log events
+    assert len(updates) == 7 and all(
+        v[records.UPDATE_NORM] > 0 for v in updates
+    )  # 8 steps, 8 log events
 
 
 def test_mirrored_probe_is_the_whole_batch_on_one_device(mirrored):
@@ -82,7 +85,11 @@ def test_mirrored_probe_is_the_whole_batch_on_one_device(mirrored):
         want = records.decode_stats(records.stats_vector(expected))
         # Counts of the whole probe batch (8 examples), BatchNorm statistics
         # over all 8, the batch's mean loss: not one replica's half.
-        assert logged["count"] == expected.size == (8 * 4 * 4 * 4 if tensor != "input_gradient" else 8 * 8 * 8 * 4)
+        assert (
+            logged["count"]
+            == expected.size
+            == (8 * 4 * 4 * 4 if tensor != "input_gradient" else 8 * 8 * 8 * 4)
+        )
         for field in ("zeros", "nan", "pos_inf", "neg_inf"):
             assert logged[field] == want[field], (tensor, field)
         # The reference runs eagerly, the probe as a graph; their kernels may
@@ -97,9 +104,13 @@ def test_mirrored_probe_inside_and_outside_the_scope_log_the_same(mirrored):
     out, _ = mirrored
     outside, inside = eventdata.load(out / "outside"), eventdata.load(out / "inside")
     tags = eventdata.tensor_tags(outside)
-    assert tags == eventdata.tensor_tags(inside) and len(tags) == 9  # 3 tensors x 2 records, routing, units, map
+    assert (
+        tags == eventdata.tensor_tags(inside) and len(tags) == 9
+    )  # 3 tensors x 2 records, routing, units, map
     for tag in tags:
-        np.testing.assert_array_equal(eventdata.last(outside, tag), eventdata.last(inside, tag), err_msg=tag)
+        np.testing.assert_array_equal(
+            eventdata.last(outside, tag), eventdata.last(inside, tag), err_msg=tag
+        )
 
 
 def free_ports(count):

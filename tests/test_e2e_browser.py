@@ -11,14 +11,13 @@ import pathlib
 import shutil
 import time
 
+import eventdata
 import numpy as np
 import pytest
-
-import eventdata
-from tbserver import get_json, running_tensorboard
-from tb_gradviz.format import events
-from tb_gradviz.format import records
 import synthetic
+from tbserver import get_json, running_tensorboard
+
+from tb_gradviz.format import events, records
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -59,7 +58,9 @@ def browser():
     except ImportError:
         _missing_browser("Python playwright is not installed")
     with sync_playwright() as playwright:
-        chromium = playwright.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+        chromium = playwright.chromium.launch(
+            executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS
+        )
         try:
             yield chromium
         finally:
@@ -78,9 +79,17 @@ class PageProblems:
         self.dialogs = []
         page.on("pageerror", lambda error: self.errors.append(f"pageerror: {error}"))
         page.on("console", self._on_console)
-        page.on("requestfailed", lambda request: self._add(request.url, f"request failed: {request.url}"))
-        page.on("response", lambda response: response.status >= 400 and self._add(
-            response.url, f"HTTP {response.status}: {response.url}"))
+        page.on(
+            "requestfailed",
+            lambda request: self._add(request.url, f"request failed: {request.url}"),
+        )
+        page.on(
+            "response",
+            lambda response: (
+                response.status >= 400
+                and self._add(response.url, f"HTTP {response.status}: {response.url}")
+            ),
+        )
 
         def on_dialog(dialog):
             self.dialogs.append(dialog.message)
@@ -94,7 +103,10 @@ class PageProblems:
 
     def _on_console(self, message):
         if message.type == "error":
-            self._add(message.location.get("url", ""), f"console error: {message.text} at {message.location}")
+            self._add(
+                message.location.get("url", ""),
+                f"console error: {message.text} at {message.location}",
+            )
 
 
 def _artifacts_dir():
@@ -138,7 +150,10 @@ def _runs_loaded(expected_max_step):
     def ready(url):
         runs = get_json(f"{url}/data/plugin/gradviz/runs")["runs"]
         return len(runs) == len(expected_max_step) and all(
-            layer["max_step"] == expected_max_step[run["run"]] for run in runs for layer in run["layers"])
+            layer["max_step"] == expected_max_step[run["run"]]
+            for run in runs
+            for layer in run["layers"]
+        )
 
     return ready
 
@@ -155,20 +170,26 @@ def _train_cnn(log_dir, seed):
     rng = np.random.default_rng(seed)
     x = rng.standard_normal((PROBE_BATCH * 8, 16, 16, 3)).astype("float32")
     y = rng.integers(0, 3, size=len(x))
-    model = keras.Sequential([
-        keras.Input((16, 16, 3)),
-        keras.layers.Conv2D(8, 3, padding="same", name="conv"),
-        keras.layers.MaxPooling2D(2, name="pool"),
-        keras.layers.Conv2D(4, 3, padding="same", activation="relu", name="conv2"),
-        keras.layers.AveragePooling2D(2, name="avg"),
-        keras.layers.Flatten(),
-        keras.layers.Dense(3, name="head"),
-    ])
-    model.compile(optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    model = keras.Sequential(
+        [
+            keras.Input((16, 16, 3)),
+            keras.layers.Conv2D(8, 3, padding="same", name="conv"),
+            keras.layers.MaxPooling2D(2, name="pool"),
+            keras.layers.Conv2D(4, 3, padding="same", activation="relu", name="conv2"),
+            keras.layers.AveragePooling2D(2, name="avg"),
+            keras.layers.Flatten(),
+            keras.layers.Dense(3, name="head"),
+        ]
+    )
+    model.compile(
+        optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    )
     import tb_gradviz
 
     callback = tb_gradviz.GradVizCallback(log_dir, probe_data=(x[:PROBE_BATCH], y[:PROBE_BATCH]))
-    model.fit(x, y, batch_size=len(x) // STEPS_PER_EPOCH, epochs=EPOCHS, callbacks=[callback], verbose=0)
+    model.fit(
+        x, y, batch_size=len(x) // STEPS_PER_EPOCH, epochs=EPOCHS, callbacks=[callback], verbose=0
+    )
     return model
 
 
@@ -207,7 +228,9 @@ def test_layer_view_of_a_trained_cnn(browser, trained_logs):
     root, logdir, shapes = trained_logs
     steps = [STEPS_PER_EPOCH * (epoch + 1) for epoch in range(EPOCHS)]
     log = eventdata.load(logdir / "cnn_a")
-    assert [s for s, _ in eventdata.values(log, records.stats_tag("pool", "input_gradient"))] == steps
+    assert [
+        s for s, _ in eventdata.values(log, records.stats_tag("pool", "input_gradient"))
+    ] == steps
 
     ready = _runs_loaded({"cnn_a": steps[-1], "cnn_b": steps[-1]})
     with running_tensorboard(logdir, root / "tensorboard.log", ready) as url:
@@ -222,10 +245,16 @@ def test_layer_view_of_a_trained_cnn(browser, trained_logs):
             assert frame.get_by_label("Layer", exact=True).input_value() == "pool"
             assert frame.locator(".layer-name").text_content() == "pool"
             assert activation.locator(".side").text_content() == "output"
-            assert activation.locator(".shape-value").text_content().strip() == _shape_text(shapes["pool"]["output"])
+            assert activation.locator(".shape-value").text_content().strip() == _shape_text(
+                shapes["pool"]["output"]
+            )
             assert input_gradient.locator(".side").text_content() == "input"
-            assert input_gradient.locator(".shape-value").text_content().strip() == _shape_text(shapes["pool"]["input"])
-            assert output_gradient.locator(".shape-value").text_content().strip() == _shape_text(shapes["pool"]["output"])
+            assert input_gradient.locator(".shape-value").text_content().strip() == _shape_text(
+                shapes["pool"]["input"]
+            )
+            assert output_gradient.locator(".shape-value").text_content().strip() == _shape_text(
+                shapes["pool"]["output"]
+            )
             assert "MaxPoolGrad" in input_gradient.locator(".produced-by").text_content()
             for panel in (activation, input_gradient, output_gradient):
                 assert panel.get_attribute("data-step") == str(steps[-1])
@@ -233,14 +262,17 @@ def test_layer_view_of_a_trained_cnn(browser, trained_logs):
             # Exact for a 2x2/2 pool without ties, and what the event file says.
             assert input_gradient.locator(".zero-fraction").text_content() == "75.0 %"
             assert _expected_zeros(log, "pool", "input_gradient", steps[-1]) == "75.0 %"
-            assert activation.locator(".zero-fraction").text_content() == _expected_zeros(log, "pool", "activation", steps[-1])
+            assert activation.locator(".zero-fraction").text_content() == _expected_zeros(
+                log, "pool", "activation", steps[-1]
+            )
             routing = frame.locator(".card.routing")
             assert "25.0 % of input positions" in routing.text_content()
             assert "mass conserved" in routing.text_content()
             assert "MaxPoolGrad" in frame.locator(".explanation").text_content()
             # The tie rule, with the backend and device that wrote the run.
-            assert "this run's backend (tensorflow on cpu) sends the gradient to the first of them in raster order" in (
-                frame.locator(".explanation").text_content()
+            assert (
+                "this run's backend (tensorflow on cpu) sends the gradient to the first of them in raster order"
+                in (frame.locator(".explanation").text_content())
             )
 
             frame.locator("table.layer-grid").wait_for()
@@ -261,19 +293,32 @@ def test_layer_view_of_a_trained_cnn(browser, trained_logs):
             for panel in (activation, input_gradient, output_gradient):
                 assert panel.get_attribute("data-step") == str(steps[0])
             assert activation.locator(".stats").text_content() != last_stats
-            assert activation.locator(".zero-fraction").text_content() == _expected_zeros(log, "pool", "activation", steps[0])
+            assert activation.locator(".zero-fraction").text_content() == _expected_zeros(
+                log, "pool", "activation", steps[0]
+            )
             slider.press("ArrowRight")
             assert activation.get_attribute("data-step") == str(steps[1])
 
             # Another layer: the average pool, whose gradient is spread, not routed.
             frame.get_by_label("Layer", exact=True).select_option("avg")
             frame.locator(".layer-name", has_text="avg").wait_for()
-            assert activation.locator(".shape-value").text_content().strip() == _shape_text(shapes["avg"]["output"])
-            assert input_gradient.locator(".shape-value").text_content().strip() == _shape_text(shapes["avg"]["input"])
-            assert input_gradient.locator(".zero-fraction").text_content() == _expected_zeros(log, "avg", "input_gradient", steps[1])
+            assert activation.locator(".shape-value").text_content().strip() == _shape_text(
+                shapes["avg"]["output"]
+            )
+            assert input_gradient.locator(".shape-value").text_content().strip() == _shape_text(
+                shapes["avg"]["input"]
+            )
+            assert input_gradient.locator(".zero-fraction").text_content() == _expected_zeros(
+                log, "avg", "input_gradient", steps[1]
+            )
             # Issue 11, defect 1: the average pool's captions name its ops (the writer says "average").
-            assert input_gradient.locator(".produced-by").text_content() == "AvgPoolGrad output (backward pass)"
-            assert activation.locator(".produced-by").text_content() == "AvgPool output (forward pass)"
+            assert (
+                input_gradient.locator(".produced-by").text_content()
+                == "AvgPoolGrad output (backward pass)"
+            )
+            assert (
+                activation.locator(".produced-by").text_content() == "AvgPool output (forward pass)"
+            )
             assert "AvgPoolGrad" in frame.locator(".explanation").text_content()
 
             # The grid of all layers at this step, and its way back to the max pool.
@@ -296,7 +341,9 @@ def test_layer_view_of_a_trained_cnn(browser, trained_logs):
             page.get_by_role("menuitem", name="Dark").click()
             frame.locator("html.dark-mode").wait_for(state="attached")
             page.get_by_role("menu").wait_for(state="detached")
-            background = frame.locator("body").evaluate("body => getComputedStyle(body).backgroundColor")
+            background = frame.locator("body").evaluate(
+                "body => getComputedStyle(body).backgroundColor"
+            )
             assert background == "rgb(48, 48, 48)"
             page.screenshot(path=str(_artifacts_dir() / "gradviz_layer_view_dark.png"))
 
@@ -310,9 +357,20 @@ PAYLOAD_RUN = '"><svg onload=alert(2)>'
 def _write_run_with_layer_name(run_dir, layer, steps=3):
     """A synthetic 2x2/2 max pool named `layer`, written through the format functions."""
     rng = np.random.default_rng(0)
-    pooling = {"type": "max", "global": False, "pool_size": [2, 2], "strides": [2, 2],
-               "padding": "valid", "data_format": "channels_last"}
-    common = {"layer_index": 0, "layer_class": "MaxPooling2D", "layer_dtype": "float32", "pooling": pooling}
+    pooling = {
+        "type": "max",
+        "global": False,
+        "pool_size": [2, 2],
+        "strides": [2, 2],
+        "padding": "valid",
+        "data_format": "channels_last",
+    }
+    common = {
+        "layer_index": 0,
+        "layer_class": "MaxPooling2D",
+        "layer_dtype": "float32",
+        "pooling": pooling,
+    }
     log = events.EventLog(run_dir)
     try:
         for step in range(1, steps + 1):
@@ -321,11 +379,27 @@ def _write_run_with_layer_name(run_dir, layer, steps=3):
             input_gradient = np.zeros((2, 8, 8, 3))
             input_gradient[:, ::2, ::2, :] = output_gradient
             written = []
-            for role, array in zip(records.TENSOR_ROLES, (activation, input_gradient, output_gradient)):
+            for role, array in zip(
+                records.TENSOR_ROLES, (activation, input_gradient, output_gradient)
+            ):
                 content = dict(common, role=role, index=0, shape=list(array.shape), dtype="float32")
-                written += events.tensor_records(layer, role, records.linear_histogram(array), records.stats_vector(array), content)
-            routing = np.array([input_gradient.size, activation.size, activation.size, 0,
-                                input_gradient.sum(), output_gradient.sum()])
+                written += events.tensor_records(
+                    layer,
+                    role,
+                    records.linear_histogram(array),
+                    records.stats_vector(array),
+                    content,
+                )
+            routing = np.array(
+                [
+                    input_gradient.size,
+                    activation.size,
+                    activation.size,
+                    0,
+                    input_gradient.sum(),
+                    output_gradient.sum(),
+                ]
+            )
             written += events.routing_records(layer, routing, common)
             log.write(step, written)
     finally:
@@ -335,7 +409,9 @@ def _write_run_with_layer_name(run_dir, layer, steps=3):
 def test_hostile_names_render_as_text(browser, tmp_path):
     logdir = tmp_path / "logs"
     _write_run_with_layer_name(logdir / PAYLOAD_RUN, PAYLOAD_LAYER)
-    with running_tensorboard(logdir, tmp_path / "tensorboard.log", _runs_loaded({PAYLOAD_RUN: 3})) as url:
+    with running_tensorboard(
+        logdir, tmp_path / "tensorboard.log", _runs_loaded({PAYLOAD_RUN: 3})
+    ) as url:
         with gradviz_page(browser, url, 1400, 900) as page:
             frame = page.frame_locator(PLUGIN_FRAME)
             frame.locator('.panel[data-tensor="input_gradient"]').wait_for()
@@ -344,11 +420,17 @@ def test_hostile_names_render_as_text(browser, tmp_path):
             assert frame.get_by_label("Layer", exact=True).input_value() == PAYLOAD_LAYER
             assert frame.get_by_label("Run", exact=True).input_value() == PAYLOAD_RUN
             assert frame.get_by_role("button", name=PAYLOAD_LAYER, exact=True).count() == 1
-            assert frame.locator("h2", has_text="All layers of").text_content() == f"All layers of {PAYLOAD_RUN} at step 3"
+            assert (
+                frame.locator("h2", has_text="All layers of").text_content()
+                == f"All layers of {PAYLOAD_RUN} at step 3"
+            )
             # Had the name been parsed as HTML there would be an <img> (and a request for "x") or an <svg onload>.
             assert frame.locator("img").count() == 0
             assert frame.locator("svg[onload]").count() == 0
-            assert frame.locator(".panel[data-tensor='input_gradient'] .zero-fraction").text_content() == "75.0 %"
+            assert (
+                frame.locator(".panel[data-tensor='input_gradient'] .zero-fraction").text_content()
+                == "75.0 %"
+            )
             page.wait_for_timeout(500)  # let a stray onerror fire, were there one
 
             # A run that appears later shows up after TensorBoard's reload button.
@@ -356,7 +438,9 @@ def test_hostile_names_render_as_text(browser, tmp_path):
             run_options = frame.get_by_label("Run", exact=True).locator("option")
             deadline = time.monotonic() + 30
             while run_options.all_text_contents() != [PAYLOAD_RUN, "later"]:
-                assert time.monotonic() < deadline, f"runs after reload: {run_options.all_text_contents()}"
+                assert time.monotonic() < deadline, (
+                    f"runs after reload: {run_options.all_text_contents()}"
+                )
                 page.locator('button[title^="Last Updated"]').click()
                 page.wait_for_timeout(1000)
             assert frame.locator(".layer-name").text_content() == PAYLOAD_LAYER
@@ -365,6 +449,9 @@ def test_hostile_names_render_as_text(browser, tmp_path):
             page.goto(f"{url}/data/plugin_entry.html?name=gradviz")
             page.locator(".layer-name").wait_for()
             assert page.locator(".layer-name").text_content() == PAYLOAD_LAYER
-            assert page.get_by_label("Run", exact=True).locator("option").all_text_contents() == [PAYLOAD_RUN, "later"]
+            assert page.get_by_label("Run", exact=True).locator("option").all_text_contents() == [
+                PAYLOAD_RUN,
+                "later",
+            ]
             assert page.locator("img").count() == 0
             page.wait_for_timeout(500)  # for any late error before the page is judged

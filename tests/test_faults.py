@@ -12,9 +12,8 @@ import time
 import urllib.parse
 
 import pytest
-
-from tbserver import get_json, running_tensorboard
 import synthetic
+from tbserver import get_json, running_tensorboard
 
 pytestmark = pytest.mark.slow
 
@@ -71,7 +70,9 @@ def _write_damaged_logdir(logdir):
 
     # A run whose only file is garbage, named like an event file.
     (logdir / "garbage_only").mkdir()
-    (logdir / "garbage_only" / "events.out.tfevents.1700000000.host.1.0.gradviz").write_bytes(rng_bytes)
+    (logdir / "garbage_only" / "events.out.tfevents.1700000000.host.1.0.gradviz").write_bytes(
+        rng_bytes
+    )
     return truncated, whole
 
 
@@ -123,7 +124,9 @@ def test_damaged_event_files_do_not_stop_the_other_runs(tmp_path, load_fast):
             stream.write(whole[path.stat().st_size :])
         deadline = time.monotonic() + 20
         while _steps(url, "truncated") != list(range(1, STEPS + 1)):
-            assert time.monotonic() < deadline, f"truncated run after completion: {_steps(url, 'truncated')}"
+            assert time.monotonic() < deadline, (
+                f"truncated run after completion: {_steps(url, 'truncated')}"
+            )
             time.sleep(0.5)
 
 
@@ -146,13 +149,17 @@ def test_steps_appended_to_an_open_event_file_are_served_after_a_reload(tmp_path
             return _steps(url, "training") == list(range(1, first + 1))
 
         extra = [f"--load_fast={load_fast}", "--reload_interval=1"]
-        with running_tensorboard(logdir, tmp_path / "tensorboard.log", first_steps_served, extra) as url:
+        with running_tensorboard(
+            logdir, tmp_path / "tensorboard.log", first_steps_served, extra
+        ) as url:
             for step in range(first + 1, first + more + 1):
                 log.write(step, synthetic.pool_records(rng, "block1/pool", 0, step=step))
             expected = list(range(1, first + more + 1))
             deadline = time.monotonic() + 20
             while _steps(url, "training") != expected:
-                assert time.monotonic() < deadline, f"steps after appending: {_steps(url, 'training')}"
+                assert time.monotonic() < deadline, (
+                    f"steps after appending: {_steps(url, 'training')}"
+                )
                 time.sleep(0.5)
             assert get_json(f"{url}{PREFIX}/step?run=training")["step"] == first + more
             query = urllib.parse.urlencode({"run": "training", "layer": "block1/pool"})

@@ -21,9 +21,8 @@ import os
 import time
 
 import pytest
-
-from tbserver import get_json, running_tensorboard
 import synthetic
+from tbserver import get_json, running_tensorboard
 from test_e2e_browser import PLUGIN_FRAME, _runs_loaded, browser, gradviz_page, keep_screenshot  # noqa: F401 (fixture)
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
@@ -55,8 +54,12 @@ def _fit(model, log_dir, x, y, batch_size, every, loss):
     import tb_gradviz
 
     model.compile(keras.optimizers.SGD(0.01), loss)
-    callback = tb_gradviz.GradVizCallback(log_dir, probe_data=(x[:PROBE_BATCH], y[:PROBE_BATCH]),
-                                          layers=lambda layer: True, every_n_batches=every)
+    callback = tb_gradviz.GradVizCallback(
+        log_dir,
+        probe_data=(x[:PROBE_BATCH], y[:PROBE_BATCH]),
+        layers=lambda layer: True,
+        every_n_batches=every,
+    )
     model.fit(x, y, batch_size=batch_size, epochs=1, verbose=0, callbacks=[callback])
 
 
@@ -68,7 +71,9 @@ def _train_resnet50(log_dir):
 
     keras.utils.set_random_seed(0)
     x, y = demos.pattern_images(PROBE_BATCH, 32)
-    resnet = keras.applications.ResNet50(weights=None, input_shape=(32, 32, 3), classes=len(demos.PATTERNS))
+    resnet = keras.applications.ResNet50(
+        weights=None, input_shape=(32, 32, 3), classes=len(demos.PATTERNS)
+    )
     model = keras.Sequential([keras.Input((32, 32, 3)), resnet])
     _fit(model, log_dir, x, y, PROBE_BATCH, 1, keras.losses.SparseCategoricalCrossentropy())
     return 1
@@ -147,12 +152,22 @@ def _check_points(chart, snapshot, run, pin="pin-0"):
     panels = {panel["role"]: panel for panel in chart["panels"]}
     points = [p for p in chart["points"] if p["run"] == run and p["pin"] == pin]
     assert {p["step"] for p in points} == {snapshot["step"]}
-    expected = {(layer["layer"], role, stat): value for layer in snapshot["layers"]
-                for role, flow in layer["flow"].items() if role in panels
-                for stat, value in flow.items() if _finite(value)}
+    expected = {
+        (layer["layer"], role, stat): value
+        for layer in snapshot["layers"]
+        for role, flow in layer["flow"].items()
+        if role in panels
+        for stat, value in flow.items()
+        if _finite(value)
+    }
     if UPDATE_PANEL in panels:
-        expected.update({(layer["layer"], UPDATE_PANEL, "update_ratio"): layer["update_ratio"]
-                         for layer in snapshot["layers"] if _finite(layer.get("update_ratio"))})
+        expected.update(
+            {
+                (layer["layer"], UPDATE_PANEL, "update_ratio"): layer["update_ratio"]
+                for layer in snapshot["layers"]
+                if _finite(layer.get("update_ratio"))
+            }
+        )
     assert {(p["layer"], p["role"], p["stat"]): p["value"] for p in points} == expected
     for p in points:
         panel, value = panels[p["role"]], p["value"]
@@ -170,7 +185,9 @@ def _check_points(chart, snapshot, run, pin="pin-0"):
     for p in points:
         columns.setdefault(p["layer"], set()).add(p["cx"])
     assert all(len(xs) == 1 for xs in columns.values()), columns
-    xs = [columns[layer["layer"]].pop() for layer in snapshot["layers"] if layer["layer"] in columns]
+    xs = [
+        columns[layer["layer"]].pop() for layer in snapshot["layers"] if layer["layer"] in columns
+    ]
     assert xs == sorted(xs) and len(set(xs)) == len(xs)
     return points
 
@@ -178,13 +195,19 @@ def _check_points(chart, snapshot, run, pin="pin-0"):
 def _check_badges(chart, snapshot, run):
     """A badge for exactly each flag /step raises, whose hover text holds the flag's rule and detail."""
     rules = snapshot["health"]["rules"]
-    expected = {(layer["layer"], flag["flag"]): flag["detail"]
-                for layer in snapshot["layers"] for flag in layer["flags"]}
+    expected = {
+        (layer["layer"], flag["flag"]): flag["detail"]
+        for layer in snapshot["layers"]
+        for flag in layer["flags"]
+    }
     badges = [b for b in chart["badges"] if b["run"] == run]
     assert {(b["layer"], b["flag"]) for b in badges} == set(expected)
     assert len(badges) == len(expected)
     for badge in badges:
-        assert rules[badge["flag"]] in badge["title"] and expected[(badge["layer"], badge["flag"])] in badge["title"]
+        assert (
+            rules[badge["flag"]] in badge["title"]
+            and expected[(badge["layer"], badge["flag"])] in badge["title"]
+        )
     return expected
 
 
@@ -239,10 +262,14 @@ def test_gradient_flow_of_176_layers(page, tensorboard):
     if last > 1:
         slider = frame.get_by_label("Step", exact=True)
         slider.focus()
-        first_visit = _timed(lambda: slider.press("Home"), lambda: _wait_for_line(frame, BIG_RUN, 1))
+        first_visit = _timed(
+            lambda: slider.press("Home"), lambda: _wait_for_line(frame, BIG_RUN, 1)
+        )
         _check_points(_read_chart(frame), _step(url, BIG_RUN, 1), BIG_RUN)
         cached = _timed(lambda: slider.press("End"), lambda: _wait_for_line(frame, BIG_RUN, last))
-        print(f"\nflow of {BIG_RUN}: first visit to step 1 {first_visit:.2f} s, back to step {last} {cached:.2f} s")
+        print(
+            f"\nflow of {BIG_RUN}: first visit to step 1 {first_visit:.2f} s, back to step {last} {cached:.2f} s"
+        )
         assert first_visit < FIRST_VISIT_BOUND_S
         assert cached < INTERACTION_BOUND_S
 
@@ -271,7 +298,9 @@ def test_gradient_flow_of_a_vanishing_plain_cnn(page, tensorboard):
     snapshot = _step(url, SIGMOID_RUN)
     from tb_gradviz import demos
 
-    assert len(snapshot["layers"]) == demos.PLAIN_DEPTH + 3  # the input's rescaling, the convolutions, pool, head
+    assert (
+        len(snapshot["layers"]) == demos.PLAIN_DEPTH + 3
+    )  # the input's rescaling, the convolutions, pool, head
     chart = _read_chart(frame)
     _check_points(chart, snapshot, SIGMOID_RUN)
     flags = _check_badges(chart, snapshot, SIGMOID_RUN)
@@ -279,8 +308,15 @@ def test_gradient_flow_of_a_vanishing_plain_cnn(page, tensorboard):
     # The problem is there to see: the first convolutions are flagged, and their
     # output gradient is drawn orders of magnitude below the head's.
     assert ("conv01", "vanishing") in flags
-    rms = {p["layer"]: p for p in chart["points"] if p["role"] == "output_gradient" and p["stat"] == "rms"}
-    assert rms["conv01"]["value"] * 1e3 < rms["logits"]["value"] and rms["conv01"]["cy"] > rms["logits"]["cy"] + 50
+    rms = {
+        p["layer"]: p
+        for p in chart["points"]
+        if p["role"] == "output_gradient" and p["stat"] == "rms"
+    }
+    assert (
+        rms["conv01"]["value"] * 1e3 < rms["logits"]["value"]
+        and rms["conv01"]["cy"] > rms["logits"]["cy"] + 50
+    )
     summary = frame.locator(".flow-summary").text_content()
     assert f"{SIGMOID_RUN} at step {STEPS[-1]}: " in summary and "vanishing" in summary
 
@@ -293,7 +329,9 @@ def test_gradient_flow_of_a_vanishing_plain_cnn(page, tensorboard):
     _check_points(chart, other, RELU_RUN)
     _check_badges(chart, snapshot, SIGMOID_RUN)
     _check_badges(chart, other, RELU_RUN)
-    assert len(chart["hits"]) == len(other["layers"])  # its layers hold every one of the plain CNN's
+    assert len(chart["hits"]) == len(
+        other["layers"]
+    )  # its layers hold every one of the plain CNN's
     column = {(p["run"], p["layer"]): p["cx"] for p in chart["points"]}
     assert column[(SIGMOID_RUN, "conv05")] == column[(RELU_RUN, "conv05")]
     assert column[(RELU_RUN, "bn05")] > column[(SIGMOID_RUN, "conv05")]
@@ -314,11 +352,17 @@ def test_gradient_flow_of_a_vanishing_plain_cnn(page, tensorboard):
     _check_points(chart, _step(url, SIGMOID_RUN, STEPS[0]), SIGMOID_RUN)
     _check_points(chart, _step(url, RELU_RUN, STEPS[0]), RELU_RUN)
     assert frame.locator(".flow-legend li:not(.stat-key)").all_text_contents() == [
-        f"{SIGMOID_RUN}, step {STEPS[0]}", f"{SIGMOID_RUN}, step {STEPS[-1]} (kept)",
-        f"{RELU_RUN}, step {STEPS[0]}", f"{RELU_RUN}, step {STEPS[-1]} (kept)"]
+        f"{SIGMOID_RUN}, step {STEPS[0]}",
+        f"{SIGMOID_RUN}, step {STEPS[-1]} (kept)",
+        f"{RELU_RUN}, step {STEPS[0]}",
+        f"{RELU_RUN}, step {STEPS[-1]} (kept)",
+    ]
     assert frame.locator(f".kept-steps li[data-step='{STEPS[-1]}']").count() == 1
     kept = frame.locator("path.flow-line.pin-1.series-0.stat-rms")
-    assert kept.count() >= 3 and f"{SIGMOID_RUN}, step {STEPS[-1]}" in kept.first.locator("title").text_content()
+    assert (
+        kept.count() >= 3
+        and f"{SIGMOID_RUN}, step {STEPS[-1]}" in kept.first.locator("title").text_content()
+    )
     keep_screenshot(frame.locator(".flow-section"), root / "gradient_flow_plain_cnn.png")
 
     # A click on a layer opens it, and TensorBoard's dark mode reaches the chart.
@@ -329,6 +373,8 @@ def test_gradient_flow_of_a_vanishing_plain_cnn(page, tensorboard):
     frame.locator("html.dark-mode").wait_for(state="attached")
     page.get_by_role("menu").wait_for(state="detached")
     frame.locator(".flow-section").scroll_into_view_if_needed()
-    stroke = frame.locator(".flow-line.series-0").first.evaluate("line => getComputedStyle(line).stroke")
+    stroke = frame.locator(".flow-line.series-0").first.evaluate(
+        "line => getComputedStyle(line).stroke"
+    )
     assert stroke == "rgb(255, 183, 77)"  # --series-0's dark value
     keep_screenshot(frame.locator(".flow-section"), root / "gradient_flow_plain_cnn_dark.png")

@@ -18,13 +18,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import small_runs
 from tensorboard.backend import application
-from tensorboard.backend.event_processing import data_provider
-from tensorboard.backend.event_processing import plugin_event_multiplexer
+from tensorboard.backend.event_processing import data_provider, plugin_event_multiplexer
 from tensorboard.plugins import base_plugin
 from werkzeug import test as werkzeug_test
 
-import small_runs
 from tb_gradviz.board import plugin
 
 TESTS = Path(__file__).resolve().parent / "frontend"
@@ -56,14 +55,19 @@ def _train(log_dir, seed, probe_nan):
     hidden = keras.layers.MaxPooling2D(2, name="pool")(hidden)
     hidden = keras.layers.AveragePooling2D(2, name="avg")(hidden)
     hidden = keras.layers.Flatten()(hidden)
-    hidden = keras.layers.Add(name="add")([keras.layers.Dense(4, name="left")(hidden),
-                                           keras.layers.Dense(4, name="right")(hidden)])
+    hidden = keras.layers.Add(name="add")(
+        [keras.layers.Dense(4, name="left")(hidden), keras.layers.Dense(4, name="right")(hidden)]
+    )
     model = keras.Model(inputs, keras.layers.Dense(3, name="head")(hidden))
-    model.compile(optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    model.compile(
+        optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    )
     probe = x[:BATCH].copy()
     if probe_nan:
         probe[0, 3, 3, 0] = np.nan
-    callback = tb_gradviz.GradVizCallback(log_dir, probe_data=(probe, y[:BATCH]), layers=["conv", "pool", "avg", "add"])
+    callback = tb_gradviz.GradVizCallback(
+        log_dir, probe_data=(probe, y[:BATCH]), layers=["conv", "pool", "avg", "add"]
+    )
     model.fit(x, y, batch_size=BATCH, epochs=EPOCHS, callbacks=[callback], verbose=0)
 
 
@@ -88,11 +92,19 @@ def _train_vanishing(log_dir, seed):
     hidden = inner
     for i in range(10):
         hidden = keras.layers.Dense(16, activation="sigmoid", name=f"sigmoid_{i}")(hidden)
-    body = keras.Model(inner, keras.layers.Dense(8, activation="relu", name="relu")(hidden), name="body")
+    body = keras.Model(
+        inner, keras.layers.Dense(8, activation="relu", name="relu")(hidden), name="body"
+    )
     model = keras.Sequential([keras.Input((16,)), body, keras.layers.Dense(3, name="head")])
-    body.get_layer("relu").bias.assign(np.where(np.arange(8) % 2 == 1, -10.0, 0.0).astype("float32"))
-    model.compile(optimizer="sgd", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-    callback = tb_gradviz.GradVizCallback(log_dir, probe_data=(x[:BATCH], y[:BATCH]), layers=lambda layer: True)
+    body.get_layer("relu").bias.assign(
+        np.where(np.arange(8) % 2 == 1, -10.0, 0.0).astype("float32")
+    )
+    model.compile(
+        optimizer="sgd", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    )
+    callback = tb_gradviz.GradVizCallback(
+        log_dir, probe_data=(x[:BATCH], y[:BATCH]), layers=lambda layer: True
+    )
     model.fit(x, y, batch_size=BATCH, epochs=EPOCHS, callbacks=[callback], verbose=0)
 
 
@@ -114,8 +126,14 @@ def _train_relu_pools(log_dir, seed):
     x = rng.standard_normal((BATCH * STEPS_PER_EPOCH, 10, 10, 3)).astype("float32")
     y = rng.integers(0, 3, size=len(x))
     inputs = keras.Input((10, 10, 3))
-    hidden = keras.layers.Conv2D(4, 3, padding="same", activation="relu", name="relu_conv",
-                                 bias_initializer=keras.initializers.Constant(-1.0))(inputs)
+    hidden = keras.layers.Conv2D(
+        4,
+        3,
+        padding="same",
+        activation="relu",
+        name="relu_conv",
+        bias_initializer=keras.initializers.Constant(-1.0),
+    )(inputs)
     hidden = keras.layers.ZeroPadding2D(1, name="stem_pad")(hidden)
     hidden = keras.layers.MaxPooling2D(3, strides=2, name="stem_pool")(hidden)
     # A convolution after it, as in ResNet50, so that every window gets an upstream gradient.
@@ -124,9 +142,12 @@ def _train_relu_pools(log_dir, seed):
     hidden = keras.layers.Reshape((9, 4))(hidden)
     hidden = keras.layers.MaxPooling1D(2, name="pool_1d")(hidden)
     model = keras.Model(inputs, keras.layers.Dense(3, name="head")(keras.layers.Flatten()(hidden)))
-    model.compile(optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-    callback = tb_gradviz.GradVizCallback(log_dir, probe_data=(x[:BATCH], y[:BATCH]),
-                                          layers=["stem_pool", "same_pool", "pool_1d"])
+    model.compile(
+        optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    )
+    callback = tb_gradviz.GradVizCallback(
+        log_dir, probe_data=(x[:BATCH], y[:BATCH]), layers=["stem_pool", "same_pool", "pool_1d"]
+    )
     model.fit(x, y, batch_size=BATCH, epochs=EPOCHS, callbacks=[callback], verbose=0)
 
 
@@ -142,7 +163,9 @@ def _train_weights(log_dir, seed):
 
 def _client(logdir):
     """The plugin over TensorBoard's Python data provider, every step kept."""
-    multiplexer = plugin_event_multiplexer.EventMultiplexer(tensor_size_guidance={"gradviz": 0, "histograms": 0})
+    multiplexer = plugin_event_multiplexer.EventMultiplexer(
+        tensor_size_guidance={"gradviz": 0, "histograms": 0}
+    )
     multiplexer.AddRunsFromDirectory(str(logdir))
     multiplexer.Reload()
     provider = data_provider.MultiplexerDataProvider(multiplexer, str(logdir))
@@ -163,8 +186,14 @@ def _dump_answers(client, folder):
         response = client.get(PREFIX + route, query_string=params)
         name = f"{len(answers):03d}_{route}.json"
         (folder / name).write_bytes(response.get_data())
-        answers.append({"route": route, "params": {k: str(v) for k, v in params.items()},
-                        "status": response.status_code, "file": name})
+        answers.append(
+            {
+                "route": route,
+                "params": {k: str(v) for k, v in params.items()},
+                "status": response.status_code,
+                "file": name,
+            }
+        )
         return response
 
     runs = json.loads(get("runs").get_data())["runs"]
@@ -178,7 +207,9 @@ def _dump_answers(client, folder):
             if layer["pooling"]:
                 get("routing", run=run["run"], layer=layer["layer"])
                 # The latest map (which lists the steps), then the first step's.
-                first = json.loads(get("routing_map", run=run["run"], layer=layer["layer"]).get_data())["steps"][0]
+                first = json.loads(
+                    get("routing_map", run=run["run"], layer=layer["layer"]).get_data()
+                )["steps"][0]
                 get("routing_map", run=run["run"], layer=layer["layer"], step=first)
         # A step between two logged ones: /step answers the latest before it.
         get("step", run=run["run"], step=max(layer["max_step"] for layer in run["layers"]) - 1)
@@ -213,7 +244,15 @@ def test_frontend_unit_tests_pass_under_node(api_answers):
         pytest.skip("node is not on PATH")
     assert sorted(TESTS.glob("*.test.mjs")), f"no *.test.mjs under {TESTS}"
     env = dict(os.environ, GRADVIZ_FIXTURES=str(api_answers))
-    result = subprocess.run([node, "--test", f"{TESTS}{os.sep}"], capture_output=True, text=True, timeout=120, env=env)
-    summary = [line for line in result.stdout.splitlines() if line.startswith(("# pass", "# fail", "# skipped"))]
+    result = subprocess.run(
+        [node, "--test", f"{TESTS}{os.sep}"], capture_output=True, text=True, timeout=120, env=env
+    )
+    summary = [
+        line
+        for line in result.stdout.splitlines()
+        if line.startswith(("# pass", "# fail", "# skipped"))
+    ]
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
-    assert summary[0].split()[-1] != "0" and "# fail 0" in summary and "# skipped 0" in summary, summary
+    assert summary[0].split()[-1] != "0" and "# fail 0" in summary and "# skipped 0" in summary, (
+        summary
+    )

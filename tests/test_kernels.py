@@ -6,8 +6,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from tb_gradviz.format import records
 from tb_gradviz.capture import kernels
+from tb_gradviz.format import records
 
 SUMMED = [records.STATS_FIELDS.index(f) for f in ("mean", "std", "sum")]
 EXACT = np.setdiff1d(np.arange(records.STATS_LENGTH), SUMMED)
@@ -36,7 +36,9 @@ def test_octave_lookup_is_searchsorted_on_every_edge_and_its_neighbours():
     values = np.concatenate([magnitudes, -magnitudes])
     _, stats = kernels.summary(values)
     expected = records.stats_vector(values)
-    np.testing.assert_array_equal(stats[records.NEGATIVE_BINS.start :], expected[records.NEGATIVE_BINS.start :])
+    np.testing.assert_array_equal(
+        stats[records.NEGATIVE_BINS.start :], expected[records.NEGATIVE_BINS.start :]
+    )
     # The bins are not all alike: every one of the 2 x 38 holds some of these values.
     assert np.all(stats[records.NEGATIVE_BINS.start :] > 0)
 
@@ -45,7 +47,12 @@ def test_float32_edge_neighbours_and_specials():
     f = np.float32
     edges = records.LOG_EDGES.astype(f)
     values = np.concatenate(
-        [edges, np.nextafter(edges, f(0)), np.nextafter(edges, f(np.inf)), [0.0, -0.0, np.nan, np.inf, -np.inf, 1e-45, -1e-40]]
+        [
+            edges,
+            np.nextafter(edges, f(0)),
+            np.nextafter(edges, f(np.inf)),
+            [0.0, -0.0, np.nan, np.inf, -np.inf, 1e-45, -1e-40],
+        ]
     ).astype(f)
     values = np.concatenate([values, -values])
     assert_records_equal(values)
@@ -53,7 +60,13 @@ def test_float32_edge_neighbours_and_specials():
     record = records.decode_stats(stats)
     # The four zeros are +-0.0 only: float32 subnormals are non-zero values
     # here, in magnitude bin 0, as records defines (no flush-to-zero).
-    assert (record["count"], record["zeros"], record["nan"], record["pos_inf"], record["neg_inf"]) == (len(values), 4, 2, 2, 2)
+    assert (
+        record["count"],
+        record["zeros"],
+        record["nan"],
+        record["pos_inf"],
+        record["neg_inf"],
+    ) == (len(values), 4, 2, 2, 2)
 
 
 @pytest.mark.parametrize(
@@ -109,14 +122,26 @@ def test_any_float32_array(values):
 
 @settings(max_examples=100, deadline=None)
 # A span wider than float64's range would overflow the bucket width, in records too.
-@given(hnp.arrays(np.float64, st.integers(0, 200), elements=st.one_of(st.floats(-1e150, 1e150), st.sampled_from([np.nan, np.inf, -np.inf, -0.0]))))
+@given(
+    hnp.arrays(
+        np.float64,
+        st.integers(0, 200),
+        elements=st.one_of(
+            st.floats(-1e150, 1e150), st.sampled_from([np.nan, np.inf, -np.inf, -0.0])
+        ),
+    )
+)
 def test_any_float64_array(values):
     assert_records_equal(values)
 
 
 def test_threads_give_the_sequential_results_in_input_order():
     rng = np.random.default_rng(3)
-    items = [(rng.standard_normal(size).astype(np.float32), divisor) for size in (10, 100_000, 3, 5000) for divisor in (None, 8.0)]
+    items = [
+        (rng.standard_normal(size).astype(np.float32), divisor)
+        for size in (10, 100_000, 3, 5000)
+        for divisor in (None, 8.0)
+    ]
     threaded = kernels.summaries(items, workers=2)
     for (values, divisor), (histogram, stats) in zip(items, threaded):
         expected_histogram, expected_stats = kernels.summary(values, divisor)
@@ -143,7 +168,9 @@ def test_float32_kernel_over_many_blocks_equals_the_definition_and_the_one_value
     }[kind].astype(np.float32)
     assert_records_equal(values)
     fast = kernels.summary(values)
-    one_at_a_time = kernels._summary(values, 1.0, records.HISTOGRAM_BUCKETS, kernels._OCTAVE_BIN, kernels._OCTAVE_EDGE)
+    one_at_a_time = kernels._summary(
+        values, 1.0, records.HISTOGRAM_BUCKETS, kernels._OCTAVE_BIN, kernels._OCTAVE_EDGE
+    )
     np.testing.assert_array_equal(fast[0], one_at_a_time[0])
     np.testing.assert_array_equal(fast[1][EXACT], one_at_a_time[1][EXACT])
 
@@ -172,7 +199,11 @@ def test_update_sums_equal_the_definition_and_leave_the_current_values_in_previo
     weight, update = kernels.update_sums(current, kept)
     assert weight == pytest.approx(expected[0], rel=1e-12)
     assert update == pytest.approx(expected[1], rel=1e-12)
-    assert expected[1] == pytest.approx(float(np.sum((current.astype(np.float64) - previous) ** 2)), rel=1e-12)
+    assert expected[1] == pytest.approx(
+        float(np.sum((current.astype(np.float64) - previous) ** 2)), rel=1e-12
+    )
     np.testing.assert_array_equal(kept, current)
-    with pytest.raises(ValueError, match=r"contiguous float32 array of 4608 values; received float64, 4608"):
+    with pytest.raises(
+        ValueError, match=r"contiguous float32 array of 4608 values; received float64, 4608"
+    ):
         kernels.update_sums(current.astype(np.float32), previous.astype(np.float64))

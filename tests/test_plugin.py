@@ -13,31 +13,33 @@ import time
 import urllib.error
 import urllib.request
 
+import eventdata
 import numpy as np
 import pytest
+import synthetic
+import tbserver
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tensorboard.backend import application
-from tensorboard.backend.event_processing import data_provider
-from tensorboard.backend.event_processing import plugin_event_multiplexer
+from tensorboard.backend.event_processing import data_provider, plugin_event_multiplexer
 from tensorboard.plugins import base_plugin
 from werkzeug import test as werkzeug_test
 
-import eventdata
-import tbserver
-
-from tb_gradviz.format import events
-from tb_gradviz.format import records
-from tb_gradviz.format import metadata
 from tb_gradviz.board import plugin
-import synthetic
+from tb_gradviz.format import events, metadata, records
 
 PREFIX = "/data/plugin/gradviz"
 ROUTES = ("/runs", "/series", "/routing", "/step")
 
 _DENSE = "head/dense"
-_MAX_POOL = {"type": "max", "global": False, "pool_size": [2, 2], "strides": [2, 2], "padding": "valid",
-             "data_format": "channels_last"}
+_MAX_POOL = {
+    "type": "max",
+    "global": False,
+    "pool_size": [2, 2],
+    "strides": [2, 2],
+    "padding": "valid",
+    "data_format": "channels_last",
+}
 
 
 def _reject_constant(token):
@@ -57,15 +59,29 @@ def _dense_arrays(seed):
     activation[1, :4] = 0.0
     input_gradient = np.full((2, 8), np.nan)  # nothing finite at all
     output_gradient = np.full((2, 16), 0.25)  # all equal
-    return {"activation": activation, "input_gradient": input_gradient, "output_gradient": output_gradient}
+    return {
+        "activation": activation,
+        "input_gradient": input_gradient,
+        "output_gradient": output_gradient,
+    }
 
 
 def _dense_records(layer, arrays, layer_index=5):
     written = []
     for role, array in arrays.items():
-        content = {"layer_index": layer_index, "layer_class": "Dense", "layer_dtype": "float32", "role": role,
-                   "index": 0, "shape": list(array.shape), "dtype": "float32", "pooling": None}
-        written += events.tensor_records(layer, role, records.linear_histogram(array), records.stats_vector(array), content)
+        content = {
+            "layer_index": layer_index,
+            "layer_class": "Dense",
+            "layer_dtype": "float32",
+            "role": role,
+            "index": 0,
+            "shape": list(array.shape),
+            "dtype": "float32",
+            "pooling": None,
+        }
+        written += events.tensor_records(
+            layer, role, records.linear_histogram(array), records.stats_vector(array), content
+        )
     return written
 
 
@@ -86,15 +102,33 @@ def write_foreign_run(logdir):
     """A run without tb_gradviz data: one histogram under another tag."""
     log = events.EventLog(logdir)
     try:
-        log.write(1, [("weights/kernel", records.linear_histogram(np.arange(10.0)), metadata.create_histogram_metadata())])
+        log.write(
+            1,
+            [
+                (
+                    "weights/kernel",
+                    records.linear_histogram(np.arange(10.0)),
+                    metadata.create_histogram_metadata(),
+                )
+            ],
+        )
     finally:
         log.close()
 
 
 def write_malformed_run(logdir):
     """tb_gradviz metadata that is corrupt, from the future, or of a wrong layout."""
-    good = dict(kind="tensor", layer_index=0, layer_class="Dense", layer_dtype="float32", role="activation",
-                index=0, shape=[2], dtype="float32", pooling=None)
+    good = dict(
+        kind="tensor",
+        layer_index=0,
+        layer_class="Dense",
+        layer_dtype="float32",
+        role="activation",
+        index=0,
+        shape=[2],
+        dtype="float32",
+        pooling=None,
+    )
 
     def raw_metadata(content_bytes):
         md = metadata.create_summary_metadata({})
@@ -102,24 +136,41 @@ def write_malformed_run(logdir):
         return md
 
     written = [
-        ("gradviz/junk/activation/stats", np.zeros(records.STATS_LENGTH), raw_metadata(b"\xff not json")),
+        (
+            "gradviz/junk/activation/stats",
+            np.zeros(records.STATS_LENGTH),
+            raw_metadata(b"\xff not json"),
+        ),
         ("gradviz/list/activation/stats", np.zeros(records.STATS_LENGTH), raw_metadata(b"[1, 2]")),
-        ("gradviz/future/activation/stats", np.zeros(records.STATS_LENGTH),
-         raw_metadata(json.dumps(dict(good, version=99, layer="future")).encode())),
-        ("gradviz/typo/activation/stats", np.zeros(records.STATS_LENGTH),
-         raw_metadata(json.dumps(dict(good, version=1, layer=7)).encode())),
+        (
+            "gradviz/future/activation/stats",
+            np.zeros(records.STATS_LENGTH),
+            raw_metadata(json.dumps(dict(good, version=99, layer="future")).encode()),
+        ),
+        (
+            "gradviz/typo/activation/stats",
+            np.zeros(records.STATS_LENGTH),
+            raw_metadata(json.dumps(dict(good, version=1, layer=7)).encode()),
+        ),
     ]
     # A layer whose metadata is fine but whose records have the wrong length
     # at step 1 and a NaN count at step 2; step 3 is good.
-    bad_length = events.tensor_records("short", "activation", records.linear_histogram(np.ones(2)), np.zeros(5),
-                                    dict(good, layer="short"))
+    bad_length = events.tensor_records(
+        "short",
+        "activation",
+        records.linear_histogram(np.ones(2)),
+        np.zeros(5),
+        dict(good, layer="short"),
+    )
     log = events.EventLog(logdir)
     try:
         log.write(1, written + bad_length)
         nan_count = records.stats_vector(np.ones(2))
         nan_count[0] = np.nan
         log.write(2, [(records.stats_tag("short", "activation"), nan_count, None)])
-        log.write(3, [(records.stats_tag("short", "activation"), records.stats_vector(np.ones(2)), None)])
+        log.write(
+            3, [(records.stats_tag("short", "activation"), records.stats_vector(np.ones(2)), None)]
+        )
     finally:
         log.close()
 
@@ -147,7 +198,9 @@ def make_app(logdir, samples_per_plugin=None, frontend_dir=None, other_plugins=(
     multiplexer.Reload()
     provider = data_provider.MultiplexerDataProvider(multiplexer, str(logdir))
     context = base_plugin.TBContext(logdir=str(logdir), data_provider=provider)
-    plugins = [plugin.GradVizPlugin(context, frontend_dir=frontend_dir)] + [cls(context) for cls in other_plugins]
+    plugins = [plugin.GradVizPlugin(context, frontend_dir=frontend_dir)] + [
+        cls(context) for cls in other_plugins
+    ]
     app = application.TensorBoardWSGI(plugins, data_provider=provider)
     return werkzeug_test.Client(app), multiplexer
 
@@ -191,15 +244,28 @@ def test_runs_lists_gradviz_runs_by_name_with_layers_in_model_order(client):
     body = get_json(client, "/runs")
     assert [run["run"] for run in body["runs"]] == ["cnn", "dense", "malformed"]
     cnn = body["runs"][0]
-    assert [layer["layer"] for layer in cnn["layers"]] == ["block0/pool", "block1/pool", "block2/pool"]
+    assert [layer["layer"] for layer in cnn["layers"]] == [
+        "block0/pool",
+        "block1/pool",
+        "block2/pool",
+    ]
     pool = cnn["layers"][1]
     assert pool["layer_index"] == 1
     assert pool["layer_class"] == "MaxPooling2D"
     assert pool["pooling"] == _MAX_POOL
     assert pool["max_step"] == 6
-    assert [t["tensor"] for t in pool["tensors"]] == ["activation", "input_gradient", "output_gradient"]
-    assert pool["tensors"][1] == {"tensor": "input_gradient", "role": "input_gradient", "index": 0,
-                                  "shape": [2, 8, 8, 4], "dtype": "float32"}
+    assert [t["tensor"] for t in pool["tensors"]] == [
+        "activation",
+        "input_gradient",
+        "output_gradient",
+    ]
+    assert pool["tensors"][1] == {
+        "tensor": "input_gradient",
+        "role": "input_gradient",
+        "index": 0,
+        "shape": [2, 8, 8, 4],
+        "dtype": "float32",
+    }
     (dense,) = body["runs"][1]["layers"]
     assert dense["layer"] == _DENSE
     assert dense["pooling"] is None
@@ -220,32 +286,57 @@ def test_skipped_newer_and_unknown_metadata_is_logged_once_per_reason(logdir, ca
     with caplog.at_level("WARNING", logger="tb_gradviz.board.catalog"):
         get_json(client, "/runs")
         get_json(client, "/runs")
-    messages = sorted(record.getMessage() for record in caplog.records if record.name == "tb_gradviz.board.catalog")
+    messages = sorted(
+        record.getMessage()
+        for record in caplog.records
+        if record.name == "tb_gradviz.board.catalog"
+    )
     assert len(messages) == 2, messages
     newer, unreadable = messages
     assert "a newer metadata version" in newer and "'gradviz/future/activation/stats'" in newer
     assert "version 99; this reader knows 1..1" in newer
     # Corrupt, non-object and mistyped metadata: one warning, naming the first.
-    assert "metadata tb_gradviz cannot read (sample: run 'malformed', tag 'gradviz/junk/activation/stats')" in unreadable
+    assert (
+        "metadata tb_gradviz cannot read (sample: run 'malformed', tag 'gradviz/junk/activation/stats')"
+        in unreadable
+    )
 
 
 def test_runs_orders_several_input_gradients_after_activation(tmp_path):
-    arrays = {"activation": np.ones((2, 3)), "input_gradient_1": np.ones((2, 3)),
-              "input_gradient_0": np.ones((2, 3)), "output_gradient": np.ones((2, 3))}
+    arrays = {
+        "activation": np.ones((2, 3)),
+        "input_gradient_1": np.ones((2, 3)),
+        "input_gradient_0": np.ones((2, 3)),
+        "output_gradient": np.ones((2, 3)),
+    }
     written = []
     for tensor, array in arrays.items():
         role = tensor.rsplit("_", 1)[0] if tensor.startswith("input_gradient_") else tensor
         index = int(tensor[-1]) if tensor.startswith("input_gradient_") else 0
-        content = {"layer_index": 0, "layer_class": "Add", "layer_dtype": "float32", "role": role, "index": index,
-                   "shape": [2, 3], "dtype": "float32", "pooling": None}
-        written += events.tensor_records("add", tensor, records.linear_histogram(array), records.stats_vector(array), content)
+        content = {
+            "layer_index": 0,
+            "layer_class": "Add",
+            "layer_dtype": "float32",
+            "role": role,
+            "index": index,
+            "shape": [2, 3],
+            "dtype": "float32",
+            "pooling": None,
+        }
+        written += events.tensor_records(
+            "add", tensor, records.linear_histogram(array), records.stats_vector(array), content
+        )
     log = events.EventLog(tmp_path / "run")
     log.write(1, written)
     log.close()
     client, _ = make_app(tmp_path)
     (layer,) = get_json(client, "/runs")["runs"][0]["layers"]
     assert [t["tensor"] for t in layer["tensors"]] == [
-        "activation", "input_gradient_0", "input_gradient_1", "output_gradient"]
+        "activation",
+        "input_gradient_0",
+        "input_gradient_1",
+        "output_gradient",
+    ]
 
 
 # /series
@@ -294,7 +385,10 @@ def test_series_of_constant_tensor_counts_everything_in_the_last_bucket(client):
     assert body["histogram"]["low"][0] == body["histogram"]["high"][0] == 0.25
     assert body["stats"]["std"][0] == 0.0
     # 0.25 lies in [10**-1, 10**-0.5): bin index of edge 10**-0.5 in the positive half.
-    assert body["log"]["positive"][0][int(np.searchsorted(records.LOG_EDGES, 0.25, side="right"))] == 32
+    assert (
+        body["log"]["positive"][0][int(np.searchsorted(records.LOG_EDGES, 0.25, side="right"))]
+        == 32
+    )
 
 
 def test_series_of_synthetic_pool_counts_its_routing_zeros(client):
@@ -358,7 +452,12 @@ def test_routing_of_a_pool_layer(client, logdir):
     assert body["pooling"] == _MAX_POOL
     assert body["steps"] == [1, 2, 3, 4, 5, 6]
     # What the file holds, read by TensorBoard's own event reader.
-    written = [row for _, row in eventdata.values(eventdata.load(logdir / "cnn"), records.routing_tag("block0/pool"))]
+    written = [
+        row
+        for _, row in eventdata.values(
+            eventdata.load(logdir / "cnn"), records.routing_tag("block0/pool")
+        )
+    ]
     for i, name in enumerate(records.ROUTING_FIELDS):
         assert body[name] == [row[i] for row in written], name
     assert all(isinstance(n, int) for n in body["input_positions"] + body["tied_windows"])
@@ -369,9 +468,16 @@ def test_routing_of_a_pool_layer(client, logdir):
 
 def test_routing_of_average_pool_serves_nan_tied_windows(tmp_path):
     pooling = dict(_MAX_POOL, type="average")
-    written = events.routing_records("avg", np.array([16, 16, 4, np.nan, 0.5, 0.5, 0.75]),
-                                  {"layer_index": 0, "layer_class": "AveragePooling2D", "layer_dtype": "float32",
-                                   "pooling": pooling})
+    written = events.routing_records(
+        "avg",
+        np.array([16, 16, 4, np.nan, 0.5, 0.5, 0.75]),
+        {
+            "layer_index": 0,
+            "layer_class": "AveragePooling2D",
+            "layer_dtype": "float32",
+            "pooling": pooling,
+        },
+    )
     written += _dense_records("avg", {"activation": np.ones((1, 2, 2, 1))}, layer_index=0)
     log = events.EventLog(tmp_path / "run")
     log.write(7, written)
@@ -388,9 +494,16 @@ def test_routing_of_average_pool_serves_nan_tied_windows(tmp_path):
 
 def test_routing_records_without_abs_sum_are_served_with_nan(tmp_path):
     # Version-1 records written before `output_gradient_abs_sum` existed.
-    written = events.routing_records("pool", np.array([16, 4, 4, 0, 0.5, 0.5]),
-                                  {"layer_index": 0, "layer_class": "MaxPooling2D", "layer_dtype": "float32",
-                                   "pooling": _MAX_POOL})
+    written = events.routing_records(
+        "pool",
+        np.array([16, 4, 4, 0, 0.5, 0.5]),
+        {
+            "layer_index": 0,
+            "layer_class": "MaxPooling2D",
+            "layer_dtype": "float32",
+            "pooling": _MAX_POOL,
+        },
+    )
     written += _dense_records("pool", {"activation": np.ones((1, 2, 2, 1))}, layer_index=0)
     log = events.EventLog(tmp_path / "run")
     log.write(3, written)
@@ -412,12 +525,18 @@ def test_cli_and_tab_judge_mass_conservation_alike(tmp_path):
     content = {"layer_index": 0, "layer_class": "MaxPooling2D", "pooling": _MAX_POOL}
     cases = {  # run -> (layer dtype, input sum, output sum, Σ|output gradient|), expected verdict
         "rounding": (("float32", 2.0 + 1e-6, 2.0, 4.0), True),  # 2.5e-7 of Σ|grad|
-        "lost": (("float32", 2.0 + 2e-3, 2.0, 4.0), False),  # 5e-4: kept by the old tab, not by the old CLI
+        "lost": (
+            ("float32", 2.0 + 2e-3, 2.0, 4.0),
+            False,
+        ),  # 5e-4: kept by the old tab, not by the old CLI
         "float16_rounding": (("float16", 2.0 + 2e-3, 2.0, 4.0), True),  # within float16's rounding
     }
     for run, ((dtype, input_sum, output_sum, abs_sum), _) in cases.items():
-        written = events.routing_records("pool", np.array([16, 4, 4, 0, input_sum, output_sum, abs_sum]),
-                                      dict(content, layer_dtype=dtype))
+        written = events.routing_records(
+            "pool",
+            np.array([16, 4, 4, 0, input_sum, output_sum, abs_sum]),
+            dict(content, layer_dtype=dtype),
+        )
         written += _dense_records("pool", {"input_gradient": np.ones((1, 4, 4, 1))}, layer_index=0)
         log = events.EventLog(tmp_path / run)
         log.write(7, written)
@@ -429,9 +548,13 @@ def test_cli_and_tab_judge_mass_conservation_alike(tmp_path):
         assert routing["mass"]["conserved"] == [conserved], run
         snapshot = get_json(client, "/step", run=run)
         assert snapshot["layers"][0]["routing"]["mass"]["conserved"] is conserved, run
-        assert snapshot["layers"][0]["routing"]["mass"] == {k: v[0] for k, v in routing["mass"].items()}, run
+        assert snapshot["layers"][0]["routing"]["mass"] == {
+            k: v[0] for k, v in routing["mass"].items()
+        }, run
         (row,) = cli.summary_rows(snapshot, layers[run])
-        assert row[cli.SUMMARY_COLUMNS.index("mass")] == ("kept" if conserved else "off by 0.002"), (run, row)
+        assert row[cli.SUMMARY_COLUMNS.index("mass")] == (
+            "kept" if conserved else "off by 0.002"
+        ), (run, row)
 
 
 def test_routing_of_a_layer_that_is_not_a_pool_is_404(client):
@@ -446,7 +569,11 @@ def test_step_without_step_gives_each_layers_last_step(client):
     body = get_json(client, "/step", run="cnn")
     assert body["step"] == 6
     assert body["log_edges"] == records.LOG_EDGES.tolist()
-    assert [layer["layer"] for layer in body["layers"]] == ["block0/pool", "block1/pool", "block2/pool"]
+    assert [layer["layer"] for layer in body["layers"]] == [
+        "block0/pool",
+        "block1/pool",
+        "block2/pool",
+    ]
     layer = body["layers"][0]
     assert layer["step"] == 6
     assert list(layer["tensors"]) == ["activation", "input_gradient", "output_gradient"]
@@ -487,7 +614,10 @@ def test_step_with_layers_logged_at_different_steps(tmp_path):
     log.close()
     client, _ = make_app(tmp_path)
     body = get_json(client, "/step", run="run", step="3")
-    assert [(layer["layer"], layer["step"]) for layer in body["layers"]] == [("every", 3), ("even", 2)]
+    assert [(layer["layer"], layer["step"]) for layer in body["layers"]] == [
+        ("every", 3),
+        ("even", 2),
+    ]
     assert body["step"] == 3
     # Before the first step of "even", only "every" is shown.
     body = get_json(client, "/step", run="run", step="1")
@@ -503,7 +633,10 @@ def test_step_with_layers_logged_at_different_steps(tmp_path):
         ("/series", {}),
         ("/series", {"run": "dense", "layer": _DENSE}),
         ("/series", {"run": "dense", "tensor": "activation"}),
-        ("/series", [("run", "dense"), ("run", "cnn"), ("layer", _DENSE), ("tensor", "activation")]),
+        (
+            "/series",
+            [("run", "dense"), ("run", "cnn"), ("layer", _DENSE), ("tensor", "activation")],
+        ),
         ("/routing", {"layer": "block0/pool"}),
         ("/routing", [("run", "cnn"), ("layer", "block0/pool"), ("layer", "block1/pool")]),
         ("/step", {}),
@@ -563,14 +696,36 @@ def test_head_is_answered_without_body(client):
 
 _QUERY_KEYS = st.sampled_from(["run", "layer", "tensor", "step", "x", "", "run[]", "RUN"])
 _QUERY_VALUES = st.one_of(
-    st.sampled_from(["cnn", "dense", "malformed", "foreign", "block0/pool", _DENSE, "activation", "input_gradient",
-                     "short", "3", "-1", "0", "99999999999999999999999", "NaN", "inf", "..", "%00", ""]),
+    st.sampled_from(
+        [
+            "cnn",
+            "dense",
+            "malformed",
+            "foreign",
+            "block0/pool",
+            _DENSE,
+            "activation",
+            "input_gradient",
+            "short",
+            "3",
+            "-1",
+            "0",
+            "99999999999999999999999",
+            "NaN",
+            "inf",
+            "..",
+            "%00",
+            "",
+        ]
+    ),
     st.text(max_size=30),
     st.integers(min_value=-(2**80), max_value=2**80).map(str),
 )
 
 
-@settings(max_examples=1200, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+@settings(
+    max_examples=1200, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck)
+)
 @given(
     route=st.sampled_from(ROUTES + ("/static/", "/static/index.js", "/")),
     method=st.sampled_from(["GET", "GET", "GET", "HEAD", "POST", "DELETE"]),
@@ -578,7 +733,12 @@ _QUERY_VALUES = st.one_of(
 )
 def test_fuzzed_requests_never_fail_with_500(client, route, method, query):
     response = client.open(PREFIX + route, method=method, query_string=query)
-    assert response.status_code in (200, 400, 404, 405), (route, method, query, response.status_code)
+    assert response.status_code in (200, 400, 404, 405), (
+        route,
+        method,
+        query,
+        response.status_code,
+    )
     if response.status_code == 200 and response.mimetype == "application/json" and method == "GET":
         strict_json(response)
 
@@ -636,14 +796,48 @@ def test_only_the_types_the_frontend_ships_are_served(static_client, path):
 
 
 _TRAVERSALS = [
-    "", "/", "..", "../secret.js", "../../secret.js", "./index.js", "vendor/../index.js", "vendor/./lib.js",
-    "//etc/passwd", "/etc/passwd", "%2e%2e/secret.js", "%2E%2E/secret.js", "%252e%252e/secret.js",
-    "..%2fsecret.js", "..%2Fsecret.js", "vendor%2f..%2f..%2fsecret.js", "..\\secret.js", "vendor\\lib.js",
-    "..%5csecret.js", "%5c..%5csecret.js", "index.js%00.png", "index.js\x00", "%00", "C:/Windows/win.ini",
-    "c:%5cwindows%5cwin.ini", "escape.js", "vendor/up/secret.js",
-    ".hidden.js", "notes.txt", "missing.js", "vendor", "vendor/", "index.js/", "index.js/.",
-    "....//secret.js", "..;/secret.js", "%c0%ae%c0%ae/secret.js", "\u2025/secret.js", "~/secret.js",
-    "vendor//lib.js", "index.js::$DATA", "a" * 600 + ".js",
+    "",
+    "/",
+    "..",
+    "../secret.js",
+    "../../secret.js",
+    "./index.js",
+    "vendor/../index.js",
+    "vendor/./lib.js",
+    "//etc/passwd",
+    "/etc/passwd",
+    "%2e%2e/secret.js",
+    "%2E%2E/secret.js",
+    "%252e%252e/secret.js",
+    "..%2fsecret.js",
+    "..%2Fsecret.js",
+    "vendor%2f..%2f..%2fsecret.js",
+    "..\\secret.js",
+    "vendor\\lib.js",
+    "..%5csecret.js",
+    "%5c..%5csecret.js",
+    "index.js%00.png",
+    "index.js\x00",
+    "%00",
+    "C:/Windows/win.ini",
+    "c:%5cwindows%5cwin.ini",
+    "escape.js",
+    "vendor/up/secret.js",
+    ".hidden.js",
+    "notes.txt",
+    "missing.js",
+    "vendor",
+    "vendor/",
+    "index.js/",
+    "index.js/.",
+    "....//secret.js",
+    "..;/secret.js",
+    "%c0%ae%c0%ae/secret.js",
+    "\u2025/secret.js",
+    "~/secret.js",
+    "vendor//lib.js",
+    "index.js::$DATA",
+    "a" * 600 + ".js",
 ]
 
 
@@ -656,7 +850,11 @@ def test_static_path_guard_refuses_traversal(static_client, path):
 
 def test_static_path_guard_refuses_traversal_in_raw_paths(static_client):
     # werkzeug's client normalises nothing when the path is given raw.
-    for raw in ["/static/../../../secret.js", "/static/vendor/../../secret.js", "/static/%2e%2e%2fsecret.js"]:
+    for raw in [
+        "/static/../../../secret.js",
+        "/static/vendor/../../secret.js",
+        "/static/%2e%2e%2fsecret.js",
+    ]:
         response = static_client.get(PREFIX + raw)
         assert response.status_code == 404, raw
         assert b"SECRET" not in response.get_data()
@@ -670,8 +868,10 @@ def test_default_frontend_folder_is_the_frontend_package():
 def test_frontend_metadata_points_at_the_static_module(client):
     body = strict_json(client.get("/data/plugins_listing"))
     assert body["gradviz"]["tab_name"] == "GradViz"
-    assert body["gradviz"]["loading_mechanism"] == {"type": "IFRAME",
-                                                    "module_path": PREFIX + "/static/index.js"}
+    assert body["gradviz"]["loading_mechanism"] == {
+        "type": "IFRAME",
+        "module_path": PREFIX + "/static/index.js",
+    }
 
 
 # Activity
@@ -710,11 +910,18 @@ def test_real_tensorboard_serves_the_plugin(tmp_path, load_fast):
         return bool(tbserver.get_json(url + PREFIX + "/runs")["runs"])
 
     extra = [f"--load_fast={load_fast}", "--reload_interval=1"]
-    with tbserver.running_tensorboard(tmp_path / "logs", tmp_path / "tensorboard.log", runs_listed, extra) as base:
+    with tbserver.running_tensorboard(
+        tmp_path / "logs", tmp_path / "tensorboard.log", runs_listed, extra
+    ) as base:
         body = tbserver.get_json(base + PREFIX + "/runs")
-        assert [layer["layer"] for layer in body["runs"][0]["layers"]] == ["block0/pool", "block1/pool"]
+        assert [layer["layer"] for layer in body["runs"][0]["layers"]] == [
+            "block0/pool",
+            "block1/pool",
+        ]
         query = "?run=cnn&layer=block1%2Fpool&tensor=input_gradient"
-        series = json.loads(_get(base + PREFIX + "/series" + query)[2], parse_constant=_reject_constant)
+        series = json.loads(
+            _get(base + PREFIX + "/series" + query)[2], parse_constant=_reject_constant
+        )
         assert series["steps"] == list(range(1, 31))
         assert None not in series["histogram"]["counts"]
         assert series["stats"]["count"] == [512] * 30

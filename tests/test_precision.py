@@ -7,6 +7,7 @@ tf = pytest.importorskip("tensorflow")
 keras = pytest.importorskip("keras")
 
 import eventdata  # noqa: E402
+
 from tb_gradviz import GradVizCallback  # noqa: E402
 from tb_gradviz.format import records  # noqa: E402
 
@@ -26,17 +27,25 @@ def assert_records_equal(log, layer, tensor, array):
     """The logged record is the numpy definition applied to `array`: counts,
     min, max and histogram exactly, the sums to float64 rounding (TensorFlow
     adds in another order than numpy)."""
-    logged, expected = eventdata.last(log, records.stats_tag(layer, tensor)), records.stats_vector(array)
+    logged, expected = (
+        eventdata.last(log, records.stats_tag(layer, tensor)),
+        records.stats_vector(array),
+    )
     summed = [records.STATS_FIELDS.index(f) for f in ("mean", "std", "sum")]
     exact = np.setdiff1d(np.arange(records.STATS_LENGTH), summed)
     np.testing.assert_array_equal(logged[exact], expected[exact])
     np.testing.assert_allclose(logged[summed], expected[summed], rtol=1e-12)
-    np.testing.assert_array_equal(eventdata.histogram(log, layer, tensor), records.linear_histogram(array))
+    np.testing.assert_array_equal(
+        eventdata.histogram(log, layer, tensor), records.linear_histogram(array)
+    )
 
 
 def test_training_is_bit_identical_with_and_without_the_callback(tmp_path, policy):
     rng = np.random.default_rng(0)
-    x, y = rng.normal(size=(32, 8, 8, 3)).astype("float32"), rng.normal(size=(32, 2)).astype("float32")
+    x, y = (
+        rng.normal(size=(32, 8, 8, 3)).astype("float32"),
+        rng.normal(size=(32, 2)).astype("float32"),
+    )
     runs = []
     for with_callback in (False, True):
         keras.utils.set_random_seed(7)
@@ -53,10 +62,15 @@ def test_training_is_bit_identical_with_and_without_the_callback(tmp_path, polic
             ]
         )
         model.compile(keras.optimizers.Adam(0.01), "mse", metrics=["mae"])
-        callbacks = [GradVizCallback(tmp_path, (x[:8], y[:8]), every_n_batches=1)] if with_callback else []
+        callbacks = (
+            [GradVizCallback(tmp_path, (x[:8], y[:8]), every_n_batches=1)] if with_callback else []
+        )
         keras.utils.set_random_seed(11)
         model.fit(x, y, batch_size=8, epochs=2, verbose=0, callbacks=callbacks)
-        state = [np.array(v) for v in model.variables + model.metrics_variables + model.optimizer.variables]
+        state = [
+            np.array(v)
+            for v in model.variables + model.metrics_variables + model.optimizer.variables
+        ]
         follow_up = (float(tf.random.uniform(())), float(keras.random.uniform(())))
         runs.append((state, follow_up, type(model.optimizer).__name__))
     (without, rng_without, optimizer), (with_, rng_with, _) = runs
@@ -127,7 +141,9 @@ def test_float16_gradient_underflow_is_counted_not_hidden(tmp_path, policy, auto
         # What train_step would see without loss scaling: one gradient is
         # an exact zero, one is subnormal; both are in the record.
         assert (output_stats["zeros"], input_stats["zeros"]) == (1, 13)
-        below_normal = np.searchsorted(records.LOG_EDGES, smallest_normal_float16)  # bins wholly below 2**-14
+        below_normal = np.searchsorted(
+            records.LOG_EDGES, smallest_normal_float16
+        )  # bins wholly below 2**-14
         assert sum(output_stats["log_counts"]["positive"][:below_normal]) == 1
     else:
         # float32, or float16 with the loss scaled as train_step scales it.
@@ -149,7 +165,13 @@ def test_nan_and_inf_are_counted_and_training_goes_on(tmp_path, policy):
     probe_x[0, 0:2, 2:4, 0] = -np.inf
     probe_x[0, 3, 3, 0] = np.nan
     y = np.ones((1, 1), "float32")
-    model.fit(x, y, epochs=3, verbose=0, callbacks=[GradVizCallback(tmp_path, (probe_x, y), layers=["identity", "pool"])])
+    model.fit(
+        x,
+        y,
+        epochs=3,
+        verbose=0,
+        callbacks=[GradVizCallback(tmp_path, (probe_x, y), layers=["identity", "pool"])],
+    )
 
     log = eventdata.load(tmp_path)
     steps = [s for s, _ in eventdata.values(log, records.stats_tag("identity", "activation"))]
@@ -157,15 +179,25 @@ def test_nan_and_inf_are_counted_and_training_goes_on(tmp_path, policy):
     # overflows; LossScaleOptimizer skips it and the step count waits.
     assert steps == ([0, 1, 2] if policy == "mixed_float16" else [1, 2, 3])
     identity = eventdata.stats(log, "identity", "activation")
-    assert [identity[f] for f in ("count", "zeros", "nan", "pos_inf", "neg_inf")] == [16, 0, 1, 1, 4]
+    assert [identity[f] for f in ("count", "zeros", "nan", "pos_inf", "neg_inf")] == [
+        16,
+        0,
+        1,
+        1,
+        4,
+    ]
     assert (identity["min"], identity["max"]) == (2 / 64, 15 / 64)  # over the 10 finite values
     assert eventdata.histogram(log, "identity", "activation")[:, 2].sum() == 10
     # Whatever MaxPool makes of them (on CPU it skips NaN, and a window of
     # -inf gives the lowest finite value), the record counts what it output.
-    expected = model.get_layer("pool")(tf.cast(probe_x, model.get_layer("pool").compute_dtype)).numpy()
+    expected = model.get_layer("pool")(
+        tf.cast(probe_x, model.get_layer("pool").compute_dtype)
+    ).numpy()
     assert_records_equal(log, "pool", "activation", expected)
     # The loss is Inf or NaN, so the gradients are too: counted, never dropped.
     gradient = eventdata.stats(log, "identity", "input_gradient")
-    assert gradient["count"] == 16 and gradient["nan"] + gradient["pos_inf"] + gradient["neg_inf"] > 0
+    assert (
+        gradient["count"] == 16 and gradient["nan"] + gradient["pos_inf"] + gradient["neg_inf"] > 0
+    )
     assert gradient["nan"] + gradient["pos_inf"] + gradient["neg_inf"] + gradient["zeros"] == 16
     assert all(np.isfinite(w).all() for w in model.get_weights())

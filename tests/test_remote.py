@@ -17,12 +17,12 @@ import subprocess
 import sys
 import time
 
+import eventdata
 import numpy as np
 import pytest
-
-import eventdata
-from tb_gradviz.format import events, storage
 import synthetic
+
+from tb_gradviz.format import events, storage
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 PREFIX = "/data/plugin/gradviz"
@@ -47,8 +47,11 @@ def s3_server(port=0):
 def aws_env(monkeypatch, tmp_path):
     """Credentials and settings that keep boto3 off every network but the loopback server."""
     for name, value in {
-        "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
-        "AWS_EC2_METADATA_DISABLED": "true", "AWS_CONFIG_FILE": str(tmp_path / "none"),
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "AWS_EC2_METADATA_DISABLED": "true",
+        "AWS_CONFIG_FILE": str(tmp_path / "none"),
         "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "none"),
         # One attempt per upload: a store that is down fails in milliseconds, not after boto3's retries.
         "AWS_MAX_ATTEMPTS": "1",
@@ -78,7 +81,9 @@ def fast_retries(monkeypatch):
 
 
 def keys(client, bucket, prefix=""):
-    return sorted(o["Key"] for o in client.list_objects(Bucket=bucket, Prefix=prefix).get("Contents", []))
+    return sorted(
+        o["Key"] for o in client.list_objects(Bucket=bucket, Prefix=prefix).get("Contents", [])
+    )
 
 
 def tiny_fit(callbacks, steps=6, seed=0):
@@ -86,13 +91,23 @@ def tiny_fit(callbacks, steps=6, seed=0):
     keras = pytest.importorskip("keras")
     keras.utils.set_random_seed(seed)
     model = keras.Sequential(
-        [keras.Input((8, 8, 2)), keras.layers.Conv2D(3, 3, padding="same", name="conv"),
-         keras.layers.MaxPooling2D(2, name="pool"), keras.layers.Flatten(), keras.layers.Dense(2, name="dense")]
+        [
+            keras.Input((8, 8, 2)),
+            keras.layers.Conv2D(3, 3, padding="same", name="conv"),
+            keras.layers.MaxPooling2D(2, name="pool"),
+            keras.layers.Flatten(),
+            keras.layers.Dense(2, name="dense"),
+        ]
     )
     model.compile("sgd", "mse")
     rng = np.random.default_rng(seed)
-    x, y = rng.normal(size=(4 * steps, 8, 8, 2)).astype("float32"), rng.normal(size=(4 * steps, 2)).astype("float32")
-    history = model.fit(x, y, batch_size=4, epochs=1, verbose=0, shuffle=False, callbacks=callbacks(x[:4], y[:4]))
+    x, y = (
+        rng.normal(size=(4 * steps, 8, 8, 2)).astype("float32"),
+        rng.normal(size=(4 * steps, 2)).astype("float32"),
+    )
+    history = model.fit(
+        x, y, batch_size=4, epochs=1, verbose=0, shuffle=False, callbacks=callbacks(x[:4], y[:4])
+    )
     return history
 
 
@@ -106,7 +121,11 @@ def export(logdir):
     """`tb-gradviz export LOGDIR --format json` in a fresh process, as a user runs it."""
     result = subprocess.run(
         [sys.executable, "-m", "tb_gradviz.cli", "export", str(logdir), "--format", "json"],
-        capture_output=True, text=True, timeout=120, cwd=REPO, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO,
+        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"),
     )
     assert result.returncode == 0, result.stderr
     return json.loads(result.stdout)["series"]
@@ -114,7 +133,10 @@ def export(logdir):
 
 def without_wall_times(series):
     """Series as JSON text (NaN compares equal), keyed by (run, layer, tensor); each logger stamps its own wall times."""
-    return {(s["run"], s["layer"], s["tensor"]): json.dumps(dict(s, wall_times=None), sort_keys=True) for s in series}
+    return {
+        (s["run"], s["layer"], s["tensor"]): json.dumps(dict(s, wall_times=None), sort_keys=True)
+        for s in series
+    }
 
 
 # Locations: parsed only, never the network.
@@ -132,12 +154,21 @@ def test_local_paths_and_file_urls_are_local_folders(tmp_path):
 @pytest.mark.parametrize(
     "log_dir, message",
     [
-        ("file://somehost/run", "is not a local path: a file:// URL names one as file:///absolute/path"),
+        (
+            "file://somehost/run",
+            "is not a local path: a file:// URL names one as file:///absolute/path",
+        ),
         ("s3:///run", "names no bucket or host: expected s3://BUCKET/path"),
         ("s3:/bucket/run", "looks like a URL that lost a slash"),
-        (pathlib.PurePosixPath("gs://bucket/run"), "'gs:/bucket/run' looks like a URL that lost a slash"),
+        (
+            pathlib.PurePosixPath("gs://bucket/run"),
+            "'gs:/bucket/run' looks like a URL that lost a slash",
+        ),
         ("simplecache::s3://bucket/run", "a chained fsspec URL"),
-        ("s3://bucket/", "'s3://bucket/' is a bucket's root, which TensorBoard's s3:// reader cannot list"),
+        (
+            "s3://bucket/",
+            "'s3://bucket/' is a bucket's root, which TensorBoard's s3:// reader cannot list",
+        ),
         ("nosuchprotocol://bucket/run", "no installed file layer writes nosuchprotocol:// URLs"),
     ],
 )
@@ -182,7 +213,10 @@ def test_remote_files_are_uploaded_whole_and_rotated(tmp_path, monkeypatch):
     fsspec = pytest.importorskip("fsspec")
     monkeypatch.setattr(events, "ROTATE_EVENTS", 4)
     rng = np.random.default_rng(0)
-    remote, local = events.EventLog("memory://bucket/run"), events.EventLog(tmp_path / "local" / "run")
+    remote, local = (
+        events.EventLog("memory://bucket/run"),
+        events.EventLog(tmp_path / "local" / "run"),
+    )
     for step in range(1, 11):
         records = synthetic.pool_records(rng, "pool", 0, step=step)
         remote.write(step, records, wall_time=1000.0 + step)
@@ -204,10 +238,15 @@ def test_remote_files_are_uploaded_whole_and_rotated(tmp_path, monkeypatch):
         steps += [step for step, _ in eventdata.values(accumulator, "gradviz/pool/routing")]
         shutil.copy(alone / os.path.basename(name), read_back / "together")
     assert steps == list(range(1, 11))
-    together, expected = eventdata.load(read_back / "together"), eventdata.load(tmp_path / "local" / "run")
+    together, expected = (
+        eventdata.load(read_back / "together"),
+        eventdata.load(tmp_path / "local" / "run"),
+    )
     assert eventdata.tensor_tags(together) == eventdata.tensor_tags(expected)
     for tag in eventdata.tensor_tags(expected):
-        for (s1, a1), (s2, a2) in zip(eventdata.values(together, tag), eventdata.values(expected, tag), strict=True):
+        for (s1, a1), (s2, a2) in zip(
+            eventdata.values(together, tag), eventdata.values(expected, tag), strict=True
+        ):
             assert s1 == s2
             np.testing.assert_array_equal(a1, a2)
     assert not os.path.exists(remote._uploader.spool_dir)  # uploaded: the spool folder is gone
@@ -221,8 +260,13 @@ def test_fit_logged_to_s3_reads_back_as_the_local_run(s3, tmp_path, monkeypatch)
     server, endpoint, client = s3
     client.create_bucket(Bucket="gradviz-runs")
     monkeypatch.setattr(events, "ROTATE_EVENTS", 4)  # 7 events: two objects, the first one final
-    tiny_fit(lambda x, y: [callback("s3://gradviz-runs/exp/run", x, y), callback(tmp_path / "local" / "run", x, y)],
-             steps=7)
+    tiny_fit(
+        lambda x, y: [
+            callback("s3://gradviz-runs/exp/run", x, y),
+            callback(tmp_path / "local" / "run", x, y),
+        ],
+        steps=7,
+    )
     objects = keys(client, "gradviz-runs")
     assert len(objects) == 2 and all(k.startswith("exp/run/events.out.tfevents.") for k in objects)
 
@@ -237,20 +281,32 @@ def test_fit_logged_to_s3_reads_back_as_the_local_run(s3, tmp_path, monkeypatch)
 
     hidden = tmp_path / "no_tensorflow" / "tensorflow"
     hidden.mkdir(parents=True)
-    (hidden / "__init__.py").write_text("raise ImportError('hidden: TensorBoard as installed without TensorFlow')\n")
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(hidden.parent), os.environ.get("PYTHONPATH")])))
+    (hidden / "__init__.py").write_text(
+        "raise ImportError('hidden: TensorBoard as installed without TensorFlow')\n"
+    )
+    monkeypatch.setenv(
+        "PYTHONPATH",
+        os.pathsep.join(filter(None, [str(hidden.parent), os.environ.get("PYTHONPATH")])),
+    )
+
     def all_steps_loaded(url):
         runs = get_json(f"{url}{PREFIX}/runs")["runs"]
-        return [r["run"] for r in runs] == ["run"] and {layer["max_step"] for layer in runs[0]["layers"]} == {7}
+        return [r["run"] for r in runs] == ["run"] and {
+            layer["max_step"] for layer in runs[0]["layers"]
+        } == {7}
 
-    with running_tensorboard("s3://gradviz-runs/exp", tmp_path / "tensorboard.log", all_steps_loaded, timeout=90) as url:
+    with running_tensorboard(
+        "s3://gradviz-runs/exp", tmp_path / "tensorboard.log", all_steps_loaded, timeout=90
+    ) as url:
         expected = {(s["layer"], s["tensor"]): s for s in local}
         for tensor in ("activation", "input_gradient", "output_gradient"):
             served = get_json(f"{url}{PREFIX}/series?run=run&layer=pool&tensor={tensor}")
             want = expected[("pool", tensor)]
             assert served["steps"] == want["steps"] == list(range(1, 8))
             for part in ("stats", "histogram", "log"):
-                assert json.dumps(served[part], sort_keys=True) == json.dumps(want[part], sort_keys=True), part
+                assert json.dumps(served[part], sort_keys=True) == json.dumps(
+                    want[part], sort_keys=True
+                ), part
         routing = get_json(f"{url}{PREFIX}/routing?run=run&layer=pool")
         want = expected[("pool", "activation")]["routing"]
         assert routing["steps"] == want["steps"] == list(range(1, 8))
@@ -291,8 +347,9 @@ def test_a_missing_bucket_keeps_the_events_locally_and_uploads_them_once_it_exis
 
 
 @pytest.mark.slow
-def test_a_store_that_goes_away_mid_fit_gets_the_events_when_it_is_back(aws_env, tmp_path, caplog, monkeypatch,
-                                                                        fast_retries):
+def test_a_store_that_goes_away_mid_fit_gets_the_events_when_it_is_back(
+    aws_env, tmp_path, caplog, monkeypatch, fast_retries
+):
     keras = pytest.importorskip("keras")
     import boto3
 
@@ -323,7 +380,9 @@ def test_a_store_that_goes_away_mid_fit_gets_the_events_when_it_is_back(aws_env,
             )
             # The writer closed at train end once everything was up.
             assert len(keys(boto3.client("s3"), "flaky")) == 1
-            warnings = [r.getMessage() for r in caplog.records if r.name == "tb_gradviz.format.storage"]
+            warnings = [
+                r.getMessage() for r in caplog.records if r.name == "tb_gradviz.format.storage"
+            ]
             assert sum("cannot write to s3://flaky/exp/run" in m for m in warnings) == 1, warnings
             assert any("answers again" in m for m in warnings), warnings
             assert not any("are not in" in m for m in warnings), warnings
@@ -355,8 +414,14 @@ def test_jax_writes_s3_where_tensorflow_is_not_installed(s3, tmp_path):
     pytest.importorskip("jax")
     server, endpoint, client = s3
     client.create_bucket(Bucket="jax-runs")
-    result = subprocess.run([sys.executable, "-c", JAX_FIT, "s3://jax-runs/exp/run"], capture_output=True, text=True,
-                            timeout=300, cwd=REPO, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+    result = subprocess.run(
+        [sys.executable, "-c", JAX_FIT, "s3://jax-runs/exp/run"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=REPO,
+        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"),
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert len(keys(client, "jax-runs", "exp/run/")) == 1
     assert [s["steps"] for s in export("s3://jax-runs/exp")] == [[1, 2, 3]] * 3
@@ -367,7 +432,11 @@ def test_write_speed_bench_runs(tmp_path):
     out = tmp_path / "out.json"
     result = subprocess.run(
         [sys.executable, str(REPO / "bench" / "bench_remote.py"), "--smoke", "--json", str(out)],
-        capture_output=True, text=True, timeout=120, cwd=REPO, env=dict(os.environ, PYTHONPATH=str(REPO)),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO,
+        env=dict(os.environ, PYTHONPATH=str(REPO)),
     )
     assert result.returncode == 0, result.stderr[-3000:]
     rows = json.loads(out.read_text())["rows"]
@@ -377,8 +446,12 @@ def test_write_speed_bench_runs(tmp_path):
 
 def test_with_tensorflow_imported_its_gfile_writes_the_schemes_it_knows(tmp_path):
     pytest.importorskip("tensorflow")
-    assert storage.location("gs://bucket/run").layer.name == "tf.io.gfile"  # as Keras' TensorBoard writes gs://
-    assert storage.location("s3://bucket/run").layer.name == "tensorboard gfile"  # TensorFlow 2.6+ has no s3://
+    assert (
+        storage.location("gs://bucket/run").layer.name == "tf.io.gfile"
+    )  # as Keras' TensorBoard writes gs://
+    assert (
+        storage.location("s3://bucket/run").layer.name == "tensorboard gfile"
+    )  # TensorFlow 2.6+ has no s3://
     # Each upload replaces the object (here through TensorFlow's own file:// scheme).
     url = f"file://{tmp_path}/object"
     layer = storage.file_layer(url, "file")
@@ -392,7 +465,9 @@ def test_gs_without_tensorflow_or_gcsfs_names_what_to_install(monkeypatch):
     if importlib.util.find_spec("gcsfs") is not None:
         pytest.skip("gcsfs is installed")
     monkeypatch.setitem(sys.modules, "tensorflow", None)  # as on JAX or PyTorch without TensorFlow
-    with pytest.raises(ValueError, match=r"'gs://bucket/run' cannot be written here: .*gcsfs.*tb_gradviz\[remote\]"):
+    with pytest.raises(
+        ValueError, match=r"'gs://bucket/run' cannot be written here: .*gcsfs.*tb_gradviz\[remote\]"
+    ):
         storage.location("gs://bucket/run")
 
 
@@ -413,8 +488,13 @@ if sys.argv[2] == "kill":
 
 
 def run_writer(log_dir, how):
-    result = subprocess.run([sys.executable, "-c", WRITER, log_dir, how], capture_output=True, text=True,
-                            timeout=120, cwd=REPO)
+    result = subprocess.run(
+        [sys.executable, "-c", WRITER, log_dir, how],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO,
+    )
     return result, pathlib.Path(result.stdout.strip())
 
 

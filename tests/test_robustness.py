@@ -10,6 +10,7 @@ tf = pytest.importorskip("tensorflow")
 keras = pytest.importorskip("keras")
 
 import eventdata  # noqa: E402
+
 from tb_gradviz import GradVizCallback  # noqa: E402
 from tb_gradviz.format import records  # noqa: E402
 
@@ -34,7 +35,9 @@ def cnn(input_shape=(8, 8, 3)):
 
 def data(n=16, size=8, seed=0):
     rng = np.random.default_rng(seed)
-    return rng.normal(size=(n, size, size, 3)).astype("float32"), rng.normal(size=(n, 2)).astype("float32")
+    return rng.normal(size=(n, size, size, 3)).astype("float32"), rng.normal(size=(n, 2)).astype(
+        "float32"
+    )
 
 
 def tfrecord_lengths(path):
@@ -85,7 +88,9 @@ def test_keyboard_interrupt_leaves_every_written_event_readable(tmp_path):
     assert len(lengths) == 1 + 3  # the file_version event, then steps 1, 2, 3
     log = eventdata.load(tmp_path)
     tags = eventdata.tensor_tags(log)
-    assert len(tags) == 2 * (2 * 3 + 3)  # two pooling layers: 3 tensors x 2 records, routing, units, routing map
+    assert len(tags) == 2 * (
+        2 * 3 + 3
+    )  # two pooling layers: 3 tensors x 2 records, routing, units, routing map
     for tag in tags:
         assert [s for s, _ in eventdata.values(log, tag)] == [1, 2, 3], tag
 
@@ -93,7 +98,9 @@ def test_keyboard_interrupt_leaves_every_written_event_readable(tmp_path):
     model.fit(x, y, batch_size=4, epochs=1, verbose=0, callbacks=[gradviz])
     assert os.listdir(tmp_path) == files
     log = eventdata.load(tmp_path)
-    assert [s for s, _ in eventdata.values(log, records.stats_tag("pool", "activation"))] == list(range(1, 12))
+    assert [s for s, _ in eventdata.values(log, records.stats_tag("pool", "activation"))] == list(
+        range(1, 12)
+    )
 
 
 def test_probe_of_the_wrong_size_fails_at_fit_start_naming_both_shapes(tmp_path):
@@ -118,13 +125,23 @@ def test_multi_input_probe_is_matched_by_name(tmp_path):
     model = keras.Model({"a": a, "b": b}, layers.Dense(1)(joined), name="two")
     model.compile("sgd", "mse")
     rng = np.random.default_rng(0)
-    x = {"a": rng.normal(size=(4, 6)).astype("float32"), "b": rng.normal(size=(4, 3)).astype("float32")}
+    x = {
+        "a": rng.normal(size=(4, 6)).astype("float32"),
+        "b": rng.normal(size=(4, 3)).astype("float32"),
+    }
     y = np.ones((4, 1), "float32")
     with pytest.raises(ValueError, match=r"no input named 'b'.*received a dict with keys \['a'\]"):
-        model.fit(x, y, verbose=0, callbacks=[GradVizCallback(tmp_path, ({"a": x["a"]}, y), layers="join")])
+        model.fit(
+            x,
+            y,
+            verbose=0,
+            callbacks=[GradVizCallback(tmp_path, ({"a": x["a"]}, y), layers="join")],
+        )
     swapped = {"a": x["b"], "b": x["a"]}
     with pytest.raises(ValueError, match=r"x 'a' has shape \(4, 3\).*expects \(None, 6\)"):
-        model.fit(x, y, verbose=0, callbacks=[GradVizCallback(tmp_path, (swapped, y), layers="join")])
+        model.fit(
+            x, y, verbose=0, callbacks=[GradVizCallback(tmp_path, (swapped, y), layers="join")]
+        )
     model.fit(x, y, verbose=0, callbacks=[GradVizCallback(tmp_path, (x, y), layers="join")])
     assert eventdata.layers(eventdata.load(tmp_path)) == ["join"]
 
@@ -135,7 +152,12 @@ def test_free_input_size_accepts_a_probe_of_another_size(tmp_path):
     probe_x, probe_y = data(2, size=12)
     model.fit(x, y, verbose=0, callbacks=[GradVizCallback(tmp_path, (probe_x, probe_y))])
     log = eventdata.load(tmp_path)
-    assert eventdata.content(log, records.stats_tag("pool", "input_gradient"))["shape"] == [2, 12, 12, 4]
+    assert eventdata.content(log, records.stats_tag("pool", "input_gradient"))["shape"] == [
+        2,
+        12,
+        12,
+        4,
+    ]
 
 
 def test_loss_given_by_name_takes_sample_weight(tmp_path):
@@ -146,12 +168,19 @@ def test_loss_given_by_name_takes_sample_weight(tmp_path):
     logs = {}
     for name, loss in (("by_name", "mse"), ("by_object", keras.losses.MeanSquaredError())):
         model = cnn()
-        model.fit(x, y, verbose=0, callbacks=[GradVizCallback(tmp_path / name, (x, y, weights), loss=loss)])
+        model.fit(
+            x,
+            y,
+            verbose=0,
+            callbacks=[GradVizCallback(tmp_path / name, (x, y, weights), loss=loss)],
+        )
         logs[name] = eventdata.load(tmp_path / name)
     tags = eventdata.tensor_tags(logs["by_name"])
     assert tags == eventdata.tensor_tags(logs["by_object"])
     for tag in tags:
-        np.testing.assert_array_equal(eventdata.last(logs["by_name"], tag), eventdata.last(logs["by_object"], tag))
+        np.testing.assert_array_equal(
+            eventdata.last(logs["by_name"], tag), eventdata.last(logs["by_object"], tag)
+        )
 
 
 @pytest.mark.parametrize(
@@ -159,18 +188,36 @@ def test_loss_given_by_name_takes_sample_weight(tmp_path):
     [
         ({"log_dir": 3}, TypeError, "log_dir must be a path (str or os.PathLike); received 3"),
         ({"log_dir": ""}, ValueError, "log_dir must be a non-empty path; received ''"),
-        ({"every_n_batches": -1}, ValueError, "every_n_batches must be a positive integer; received -1"),
-        ({"every_n_batches": True}, ValueError, "every_n_batches must be a positive integer; received True"),
-        ({"every_n_epochs": None}, ValueError, "every_n_epochs must be a positive integer; received None"),
+        (
+            {"every_n_batches": -1},
+            ValueError,
+            "every_n_batches must be a positive integer; received -1",
+        ),
+        (
+            {"every_n_batches": True},
+            ValueError,
+            "every_n_batches must be a positive integer; received True",
+        ),
+        (
+            {"every_n_epochs": None},
+            ValueError,
+            "every_n_epochs must be a positive integer; received None",
+        ),
         ({"loss": 3}, ValueError, "Could not interpret loss identifier: 3"),
         ({"layers": [None]}, TypeError, "received None of type NoneType"),
-        ({"probe_data": (None, np.ones((2, 2)))}, ValueError, "must hold both x and y; received x=NoneType"),
+        (
+            {"probe_data": (None, np.ones((2, 2)))},
+            ValueError,
+            "must hold both x and y; received x=NoneType",
+        ),
     ],
 )
 def test_more_bad_arguments_say_what_was_received(tmp_path, kwargs, error, message):
     x, y = data(2)
     arguments = {"log_dir": tmp_path, "probe_data": (x, y), **kwargs}
-    with pytest.raises(error, match=message.replace("(", r"\(").replace(")", r"\)").replace(".", r"\.")):
+    with pytest.raises(
+        error, match=message.replace("(", r"\(").replace(")", r"\)").replace(".", r"\.")
+    ):
         GradVizCallback(**arguments)
 
 
@@ -178,11 +225,17 @@ def test_log_dir_below_a_file_fails_before_training(tmp_path):
     a_file = tmp_path / "file"
     a_file.write_text("")
     x, y = data(2)
-    with pytest.raises(ValueError, match=r"received '.*file/run/1', which cannot be created inside '.*file', a file"):
+    with pytest.raises(
+        ValueError,
+        match=r"received '.*file/run/1', which cannot be created inside '.*file', a file",
+    ):
         GradVizCallback(a_file / "run" / "1", (x, y))
 
 
 def test_dataset_of_x_only_says_what_its_element_is(tmp_path):
     x, _ = data(4)
-    with pytest.raises(ValueError, match=r"first batch of probe_data \(a tf.data.Dataset\) must be \(x, y\).*received a"):
+    with pytest.raises(
+        ValueError,
+        match=r"first batch of probe_data \(a tf.data.Dataset\) must be \(x, y\).*received a",
+    ):
         GradVizCallback(tmp_path, tf.data.Dataset.from_tensor_slices(x).batch(2))

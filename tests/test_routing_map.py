@@ -6,12 +6,12 @@ import os
 
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 
+import eventdata  # noqa: E402
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-import eventdata  # noqa: E402
 from tb_gradviz import GradVizCallback, cli  # noqa: E402
 from tb_gradviz.format import records, routing_map  # noqa: E402
 
@@ -33,12 +33,14 @@ def reference_windows(x, pool_size, strides, padding):
         rows, cols, top, left = (height - kh) // sh + 1, (width - kw) // sw + 1, 0, 0
     for i in range(rows):
         for j in range(cols):
-            windows.append([
-                (r, c)
-                for r in range(i * sh - top, i * sh - top + kh)
-                for c in range(j * sw - left, j * sw - left + kw)
-                if 0 <= r < height and 0 <= c < width
-            ])
+            windows.append(
+                [
+                    (r, c)
+                    for r in range(i * sh - top, i * sh - top + kh)
+                    for c in range(j * sw - left, j * sw - left + kw)
+                    if 0 <= r < height and 0 <= c < width
+                ]
+            )
     return windows
 
 
@@ -78,16 +80,25 @@ def tape_gradients(model, pool_name, x, y):
         for layer in downstream_layers:
             out = layer(out, training=True)
         loss = model.compute_loss(x[0], y, out)
-    return pool_input.numpy(), tape.gradient(loss, pool_input).numpy(), tape.gradient(loss, pooled).numpy()
+    return (
+        pool_input.numpy(),
+        tape.gradient(loss, pool_input).numpy(),
+        tape.gradient(loss, pooled).numpy(),
+    )
 
 
 CASES = {
     "2x2/2": (lambda: layers.MaxPooling2D(2, name="pool"), None, ((2, 2), (2, 2), "valid")),
     "3x3/2 after zero padding (ResNet50's pool1)": (
-        lambda: layers.MaxPooling2D(3, strides=2, name="pool"), layers.ZeroPadding2D(1, name="pad"), ((3, 3), (2, 2), "valid")
+        lambda: layers.MaxPooling2D(3, strides=2, name="pool"),
+        layers.ZeroPadding2D(1, name="pad"),
+        ((3, 3), (2, 2), "valid"),
     ),
-    "3x3/2 same padding": (lambda: layers.MaxPooling2D(3, strides=2, padding="same", name="pool"), None,
-                           ((3, 3), (2, 2), "same")),
+    "3x3/2 same padding": (
+        lambda: layers.MaxPooling2D(3, strides=2, padding="same", name="pool"),
+        None,
+        ((3, 3), (2, 2), "same"),
+    ),
     "global max": (lambda: layers.GlobalMaxPooling2D(name="pool"), None, (None, None, "global")),
 }
 
@@ -96,14 +107,19 @@ CASES = {
 def test_winners_and_gradients_match_a_hand_written_reference_and_gradient_tape(case, tmp_path):
     make_pool, padding_layer, (pool_size, strides, padding) = CASES[case]
     keras.utils.set_random_seed(0)
-    stack = [keras.Input((9, 9, 3)), layers.Conv2D(6, 3, padding="same", activation="relu", name="conv")]
+    stack = [
+        keras.Input((9, 9, 3)),
+        layers.Conv2D(6, 3, padding="same", activation="relu", name="conv"),
+    ]
     stack += [padding_layer] if padding_layer else []
     stack += [make_pool(), layers.Flatten(), layers.Dense(2, name="head")]
     model = keras.Sequential(stack)
     model.compile("sgd", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     x = np.random.default_rng(3).normal(size=(4, 9, 9, 3)).astype("float32")
     y = np.arange(4) % 2
-    content, rows, array = logged_map(model, "pool", x, y, tmp_path, routing_map_example=2, routing_map_channels=3)
+    content, rows, array = logged_map(
+        model, "pool", x, y, tmp_path, routing_map_example=2, routing_map_channels=3
+    )
     pool_input, input_gradient, output_gradient = tape_gradients(model, "pool", x, y)
     height, width = pool_input.shape[1:3]
     assert content["map"] == {"height": height, "width": width} and content["example"] == 2
@@ -123,24 +139,40 @@ def test_winners_and_gradients_match_a_hand_written_reference_and_gradient_tape(
         # gradients, and the order of that sum differs between TensorFlow's graph and eager
         # kernels on some CPUs (one float32 ulp seen on 3x3/2 pools: AMD EPYC, oneDNN on).
         expected = input_gradient[2, :, :, c].ravel()
-        np.testing.assert_array_equal(np.flatnonzero(row["input_gradient"]), np.flatnonzero(expected))
+        np.testing.assert_array_equal(
+            np.flatnonzero(row["input_gradient"]), np.flatnonzero(expected)
+        )
         np.testing.assert_allclose(row["input_gradient"], expected, rtol=5e-7, atol=0)  # a few ulps
-        np.testing.assert_array_equal(row["output_gradient"], output_gradient[2].reshape(-1, output_gradient.shape[-1])[:, c])
-    assert case == "global max" or any(any(row["tied"]) for row in rows)  # ReLU zeros tie whole windows
+        np.testing.assert_array_equal(
+            row["output_gradient"], output_gradient[2].reshape(-1, output_gradient.shape[-1])[:, c]
+        )
+    assert case == "global max" or any(
+        any(row["tied"]) for row in rows
+    )  # ReLU zeros tie whole windows
     assert array.nbytes <= routing_map.MAX_VALUES * 4
 
 
 def test_a_large_map_is_cropped_within_64_kib_around_the_origin_asked(tmp_path):
     keras.utils.set_random_seed(0)
-    model = keras.Sequential([keras.Input((112, 112, 8)), layers.MaxPooling2D(3, strides=2, name="pool"),
-                              layers.GlobalAveragePooling2D(), layers.Dense(2)])
+    model = keras.Sequential(
+        [
+            keras.Input((112, 112, 8)),
+            layers.MaxPooling2D(3, strides=2, name="pool"),
+            layers.GlobalAveragePooling2D(),
+            layers.Dense(2),
+        ]
+    )
     model.compile("sgd", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     x = np.random.default_rng(0).normal(size=(2, 112, 112, 8)).astype("float32")
-    content, rows, array = logged_map(model, "pool", x, np.arange(2) % 2, tmp_path / "a", routing_map_channels=8)
+    content, rows, array = logged_map(
+        model, "pool", x, np.arange(2) % 2, tmp_path / "a", routing_map_channels=8
+    )
     assert array.nbytes <= 64 * 1024 and len(rows) == 8
     crop, windows = content["crop"], content["windows"]
     assert crop["height"] < 112 and crop["row"] == 2 * windows["row"]
-    content, rows, _ = logged_map(model, "pool", x, np.arange(2) % 2, tmp_path / "b", routing_map_origin=(0, 40))
+    content, rows, _ = logged_map(
+        model, "pool", x, np.arange(2) % 2, tmp_path / "b", routing_map_origin=(0, 40)
+    )
     assert (content["crop"]["row"], content["crop"]["col"]) == (0, 40)
     plane = x[0, :, :, rows[0]["channel"]]
     windows = reference_windows(plane, (3, 3), (2, 2), "valid")
@@ -148,12 +180,20 @@ def test_a_large_map_is_cropped_within_64_kib_around_the_origin_asked(tmp_path):
     first = content["windows"]["row"] * per_row + content["windows"]["col"]
     winner, _ = reference_winners(plane, [windows[first]])
     r, q = winner[0]
-    assert rows[0]["winner"][0] == (r - content["crop"]["row"]) * content["crop"]["width"] + (q - content["crop"]["col"])
+    assert rows[0]["winner"][0] == (r - content["crop"]["row"]) * content["crop"]["width"] + (
+        q - content["crop"]["col"]
+    )
 
 
 def test_average_pools_map_gradients_without_winners(tmp_path):
-    model = keras.Sequential([keras.Input((4, 4, 2)), layers.AveragePooling2D(2, name="pool"), layers.Flatten(),
-                              layers.Dense(2)])
+    model = keras.Sequential(
+        [
+            keras.Input((4, 4, 2)),
+            layers.AveragePooling2D(2, name="pool"),
+            layers.Flatten(),
+            layers.Dense(2),
+        ]
+    )
     model.compile("sgd", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     x = np.random.default_rng(0).normal(size=(2, 4, 4, 2)).astype("float32")
     _, rows, _ = logged_map(model, "pool", x, np.arange(2) % 2, tmp_path)
@@ -163,11 +203,27 @@ def test_average_pools_map_gradients_without_winners(tmp_path):
 @pytest.mark.parametrize(
     "kwargs, error, message",
     [
-        (dict(routing_map_channels=9), ValueError, "routing_map_channels must be 1..8 channels; received 9"),
-        (dict(routing_map_channels=[1, 1]), ValueError, "at most 8 distinct channels; received [1, 1]"),
+        (
+            dict(routing_map_channels=9),
+            ValueError,
+            "routing_map_channels must be 1..8 channels; received 9",
+        ),
+        (
+            dict(routing_map_channels=[1, 1]),
+            ValueError,
+            "at most 8 distinct channels; received [1, 1]",
+        ),
         (dict(routing_map_channels="all"), TypeError, "received 'all'"),
-        (dict(routing_map_example=-1), TypeError, "routing_map_example must be an int >= 0; received -1"),
-        (dict(routing_map_origin=(1,)), TypeError, "routing_map_origin must be None or (row, col) ints >= 0"),
+        (
+            dict(routing_map_example=-1),
+            TypeError,
+            "routing_map_example must be an int >= 0; received -1",
+        ),
+        (
+            dict(routing_map_origin=(1,)),
+            TypeError,
+            "routing_map_origin must be None or (row, col) ints >= 0",
+        ),
         (dict(routing_map="yes"), TypeError, "routing_map must be True or False; received 'yes'"),
     ],
 )
@@ -177,17 +233,29 @@ def test_bad_routing_map_arguments_say_what_was_received(tmp_path, kwargs, error
 
 
 def test_an_example_beyond_the_probe_batch_is_refused_when_training_begins(tmp_path):
-    model = keras.Sequential([keras.Input((4, 4, 1)), layers.MaxPooling2D(), layers.Flatten(), layers.Dense(2)])
+    model = keras.Sequential(
+        [keras.Input((4, 4, 1)), layers.MaxPooling2D(), layers.Flatten(), layers.Dense(2)]
+    )
     model.compile("sgd", "mse")
-    callback = GradVizCallback(tmp_path, (np.zeros((2, 4, 4, 1)), np.zeros((2, 2))), routing_map_example=2)
+    callback = GradVizCallback(
+        tmp_path, (np.zeros((2, 4, 4, 1)), np.zeros((2, 2))), routing_map_example=2
+    )
     callback.set_model(model)
-    with pytest.raises(ValueError, match="routing_map_example must be below the probe batch's size, 2; received 2"):
+    with pytest.raises(
+        ValueError, match="routing_map_example must be below the probe batch's size, 2; received 2"
+    ):
         callback.on_train_begin()
 
 
 def test_routing_map_route_and_export(tmp_path, capsys):
-    model = keras.Sequential([keras.Input((4, 4, 2)), layers.MaxPooling2D(name="pool"), layers.Flatten(),
-                              layers.Dense(2, name="head")])
+    model = keras.Sequential(
+        [
+            keras.Input((4, 4, 2)),
+            layers.MaxPooling2D(name="pool"),
+            layers.Flatten(),
+            layers.Dense(2, name="head"),
+        ]
+    )
     model.compile("sgd", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     x = np.random.default_rng(0).normal(size=(2, 4, 4, 2)).astype("float32")
     callback = GradVizCallback(tmp_path / "run", (x, np.arange(2) % 2), layers=["pool", "head"])
@@ -208,11 +276,16 @@ def test_routing_map_route_and_export(tmp_path, capsys):
     exported = json.loads(capsys.readouterr().out)
     (mapped,) = exported["routing_maps"]
     assert (mapped["run"], mapped["layer"], mapped["steps"]) == ("run", "pool", [3, 7])
-    assert mapped["maps"][-1]["channels"] == gradviz.routing_map_impl(ctx, experiment, "run", "pool")["channels"]
+    assert (
+        mapped["maps"][-1]["channels"]
+        == gradviz.routing_map_impl(ctx, experiment, "run", "pool")["channels"]
+    )
 
 
 def test_a_global_pool_larger_than_the_budget_is_cropped_around_its_centre(tmp_path):
-    model = keras.Sequential([keras.Input((112, 112, 4)), layers.GlobalMaxPooling2D(name="pool"), layers.Dense(2)])
+    model = keras.Sequential(
+        [keras.Input((112, 112, 4)), layers.GlobalMaxPooling2D(name="pool"), layers.Dense(2)]
+    )
     model.compile("sgd", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     x = np.random.default_rng(0).normal(size=(2, 112, 112, 4)).astype("float32")
     x[0, 56, 57, :] = 10.0  # every channel's maximum, inside the centred crop
@@ -226,11 +299,20 @@ def test_a_global_pool_larger_than_the_budget_is_cropped_around_its_centre(tmp_p
 
 def test_a_3d_pool_maps_its_middle_depth_on_the_middle_plane_of_those_windows(tmp_path):
     keras.utils.set_random_seed(0)
-    model = keras.Sequential([keras.Input((4, 6, 6, 2)), layers.Conv3D(3, 3, padding="same", activation="relu"),
-                              layers.MaxPooling3D(2, name="pool"), layers.Flatten(), layers.Dense(2)])
+    model = keras.Sequential(
+        [
+            keras.Input((4, 6, 6, 2)),
+            layers.Conv3D(3, 3, padding="same", activation="relu"),
+            layers.MaxPooling3D(2, name="pool"),
+            layers.Flatten(),
+            layers.Dense(2),
+        ]
+    )
     model.compile("sgd", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     x = np.random.default_rng(2).normal(size=(2, 4, 6, 6, 2)).astype("float32")
-    content, rows, _ = logged_map(model, "pool", x, np.arange(2) % 2, tmp_path, routing_map_channels=[0, 2])
+    content, rows, _ = logged_map(
+        model, "pool", x, np.arange(2) % 2, tmp_path, routing_map_channels=[0, 2]
+    )
     pool_input, input_gradient, output_gradient = tape_gradients(model, "pool", x, np.arange(2) % 2)
     # Output depths 0 and 1: the middle is 1, whose windows span input depths 2 and 3; plane 3 is shown.
     assert content["depth"] == {"size": 4, "window": 1, "plane": 3}
@@ -241,11 +323,15 @@ def test_a_3d_pool_maps_its_middle_depth_on_the_middle_plane_of_those_windows(tm
         winners = []
         for i in range(3):
             for j in range(3):
-                positions = [(z, 2 * i + a, 2 * j + b) for z in (2, 3) for a in range(2) for b in range(2)]
+                positions = [
+                    (z, 2 * i + a, 2 * j + b) for z in (2, 3) for a in range(2) for b in range(2)
+                ]
                 values = [volume[p] for p in positions]
                 z, r, q = positions[values.index(max(values))]
                 winners.append(r * 6 + q if z == 3 else -1)
         assert row["winner"] == winners
         np.testing.assert_array_equal(row["input"], volume[3].ravel())
         np.testing.assert_array_equal(row["input_gradient"], input_gradient[0, 3, :, :, c].ravel())
-        np.testing.assert_array_equal(row["output_gradient"], output_gradient[0, 1, :, :, c].ravel())
+        np.testing.assert_array_equal(
+            row["output_gradient"], output_gradient[0, 1, :, :, c].ravel()
+        )

@@ -20,7 +20,6 @@ import urllib.parse
 
 import numpy as np
 import pytest
-
 from tbserver import get_json, running_tensorboard
 from test_e2e_browser import PLUGIN_FRAME, _runs_loaded, browser, gradviz_page, keep_screenshot  # noqa: F401 (fixture)
 
@@ -50,15 +49,21 @@ def _fit_stem(log_dir, image_size, layers, batch=BATCH, **map_options):
     from tb_gradviz import demos
 
     keras.utils.set_random_seed(0)
-    resnet = keras.applications.ResNet50(weights=None, input_shape=(image_size, image_size, 3), classes=4)
+    resnet = keras.applications.ResNet50(
+        weights=None, input_shape=(image_size, image_size, 3), classes=4
+    )
     hidden = resnet.get_layer("pool1_pool").output
     hidden = keras.layers.Conv2D(16, 3, padding="same", activation="relu", name="conv2")(hidden)
     hidden = keras.layers.MaxPooling2D(2, name="pool2")(hidden)
     hidden = keras.layers.GlobalAveragePooling2D(name="avg_pool")(hidden)
     model = keras.Model(resnet.inputs, keras.layers.Dense(4, name="predictions")(hidden))
-    model.compile(keras.optimizers.Adam(1e-3), keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    model.compile(
+        keras.optimizers.Adam(1e-3), keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    )
     x, y = demos.pattern_images(batch * STEPS_PER_EPOCH, image_size)
-    callback = tb_gradviz.GradVizCallback(log_dir, probe_data=(x[:batch], y[:batch]), layers=layers, **map_options)
+    callback = tb_gradviz.GradVizCallback(
+        log_dir, probe_data=(x[:batch], y[:batch]), layers=layers, **map_options
+    )
     model.fit(x, y, batch_size=batch, epochs=EPOCHS, callbacks=[callback], verbose=0)
 
 
@@ -107,7 +112,9 @@ def _windows(answer):
     rects = []
     geometry = []
     for n, k, s in zip((size["height"], size["width"]), pooling["pool_size"], pooling["strides"]):
-        before = max((math.ceil(n / s) - 1) * s + k - n, 0) // 2 if pooling["padding"] == "same" else 0
+        before = (
+            max((math.ceil(n / s) - 1) * s + k - n, 0) // 2 if pooling["padding"] == "same" else 0
+        )
         geometry.append((k, s, before))
     (kh, sh, bh), (kw, sw, bw) = geometry
     windows = answer["windows"]
@@ -146,8 +153,15 @@ def _check_max_window(page, frame, answer, channel_index, k):
     row, col = window["row"] + k // window["cols"], window["col"] + k % window["cols"]
     assert title == f"Window ({row}, {col}) of channel {channel['channel']}"
     top, left, height, width = _windows(answer)[k]
-    values = np.array([[channel["input"][(r - crop["row"]) * crop["width"] + (c - crop["col"])]
-                        for c in range(left, left + width)] for r in range(top, top + height)])
+    values = np.array(
+        [
+            [
+                channel["input"][(r - crop["row"]) * crop["width"] + (c - crop["col"])]
+                for c in range(left, left + width)
+            ]
+            for r in range(top, top + height)
+        ]
+    )
     winner = channel["winner"][k]
     r, c = _position(answer, winner)
     ties = int((values == values.max()).sum())
@@ -155,7 +169,9 @@ def _check_max_window(page, frame, answer, channel_index, k):
     # The first maximum in raster order, as the server says and as the values say.
     first = np.argmax(values.ravel())
     assert (r, c) == (top + first // width, left + first % width)
-    assert rows["winner"] == (f"({r}, {c}), the first of {ties} tied positions" if ties > 1 else f"({r}, {c})")
+    assert rows["winner"] == (
+        f"({r}, {c}), the first of {ties} tied positions" if ties > 1 else f"({r}, {c})"
+    )
     assert _close(_number(rows["maximum"]), channel["input"][winner])
     assert _close(_number(rows["sent"].split(",")[0]), channel["output_gradient"][k])
     assert rows["sent"].endswith(f", all of it to ({r}, {c})")
@@ -191,12 +207,14 @@ def test_routing_map_of_resnet50_stem(browser, stem_logs):
             answer = _api(url, RUN, "pool1_pool")
             assert answer["map"] == {"height": 34, "width": 34} and answer["windows"]["rows"] == 16
             assert view.locator(".routemap-title .layer-meta").text_content() == (
-                "Example 0 · the whole 34×34 map · 256 windows 3×3, stride 2×2, valid")
+                "Example 0 · the whole 34×34 map · 256 windows 3×3, stride 2×2, valid"
+            )
             rule = view.locator(".routemap-rule").text_content()
             assert rule == "Ties: first maximum in raster order (tensorflow on cpu)."
             # Every position: those no window reaches (the last row and column) get no gradient, as predicted.
             assert view.locator(".routemap-check").text_content() == (
-                "✓ tensorflow's input gradient is what these winners predict at all 1,156 positions compared.")
+                "✓ tensorflow's input gradient is what these winners predict at all 1,156 positions compared."
+            )
             channels = [str(c["channel"]) for c in answer["channels"]]
             channel_select = frame.get_by_label("Channel", exact=True)
             assert channel_select.locator("option").all_text_contents() == channels
@@ -206,8 +224,11 @@ def test_routing_map_of_resnet50_stem(browser, stem_logs):
             # A tied window of ReLU zeros: the first position, its top-left, wins.
             first = answer["channels"][0]
             at_winner = [first["input"][w] for w in first["winner"]]
-            zero_windows = [k for k, tied in enumerate(first["tied"])
-                            if tied and first["output_gradient"][k] != 0 and at_winner[k] == 0]
+            zero_windows = [
+                k
+                for k, tied in enumerate(first["tied"])
+                if tied and first["output_gradient"][k] != 0 and at_winner[k] == 0
+            ]
             assert zero_windows, "no tied window of zeros in channel 0"
             rows = _check_max_window(page, frame, answer, 0, zero_windows[len(zero_windows) // 2])
             assert "tied positions" in rows["winner"]
@@ -235,7 +256,9 @@ def test_routing_map_of_resnet50_stem(browser, stem_logs):
             step_slider.press("Home")
             view.locator(".map-step-value", has_text=f"{STEPS[0]} (1 of 2)").wait_for()
             earlier = _api(url, RUN, "pool1_pool", STEPS[0])
-            index = [c["channel"] for c in earlier["channels"]].index(int(channel_select.input_value()))
+            index = [c["channel"] for c in earlier["channels"]].index(
+                int(channel_select.input_value())
+            )
             _check_max_window(page, frame, earlier, index, 40)
             assert view.locator(".routemap-summary").text_content().startswith(f"Step {STEPS[0]}: ")
             # The tab's own slider moves the map too.
@@ -252,31 +275,43 @@ def test_routing_map_of_resnet50_stem(browser, stem_logs):
             _check_max_window(page, frame, pool2, 0, 21)
             cells = pool2["crop"]["height"] * pool2["crop"]["width"]
             assert view.locator(".routemap-check").text_content() == (
-                f"✓ tensorflow's input gradient is what these winners predict at all {cells:,} positions compared.")
+                f"✓ tensorflow's input gradient is what these winners predict at all {cells:,} positions compared."
+            )
             keep_screenshot(view, root / "routing_map_pool2.png")
 
             # The global average pool: even shares, no winner.
             frame.get_by_label("Layer", exact=True).select_option("avg_pool")
             view.locator(".layer-meta", has_text="one global window").wait_for()
-            assert view.locator(".routemap-rule").text_content().startswith("Average pool: each window's gradient is shared")
+            assert (
+                view.locator(".routemap-rule")
+                .text_content()
+                .startswith("Average pool: each window's gradient is shared")
+            )
             average = _api(url, RUN, "avg_pool")
             _hover_window(page, frame, average, 0)
             rows = _tooltip(frame)[1]
             n = average["map"]["height"] * average["map"]["width"]
             g = average["channels"][0]["output_gradient"][0]
-            shares = re.fullmatch(rf"(\S+) / {n} = (\S+) to each of its {n} positions", rows["sent"])
+            shares = re.fullmatch(
+                rf"(\S+) / {n} = (\S+) to each of its {n} positions", rows["sent"]
+            )
             assert shares and _close(_number(shares[1]), g) and _close(_number(shares[2]), g / n)
             assert "winner" not in rows
 
             # Dark mode: the canvases are painted again in TensorBoard's dark colours.
             frame.get_by_label("Layer", exact=True).select_option("pool1_pool")
             view.locator(".layer-meta", has_text="34×34").wait_for()
-            light = view.locator(".routemap-figure.gradient canvas.base").evaluate("c => c.toDataURL()")
+            light = view.locator(".routemap-figure.gradient canvas.base").evaluate(
+                "c => c.toDataURL()"
+            )
             page.get_by_role("button", name="Menu for changing light or dark theme").click()
             page.get_by_role("menuitem", name="Dark").click()
             frame.locator("html.dark-mode").wait_for(state="attached")
             page.get_by_role("menu").wait_for(state="detached")
-            assert view.locator(".routemap-figure.gradient canvas.base").evaluate("c => c.toDataURL()") != light
+            assert (
+                view.locator(".routemap-figure.gradient canvas.base").evaluate("c => c.toDataURL()")
+                != light
+            )
             _check_max_window(page, frame, answer, 0, zero_windows[0])
             keep_screenshot(view, root / "routing_map_pool1_pool_dark.png")
 
@@ -288,15 +323,25 @@ def test_routing_map_of_resnet50_stem(browser, stem_logs):
             _check_max_window(page, frame, large, 0, len(large["channels"][0]["winner"]) // 2)
             stack = frame.locator(".routemap-figure.input .routemap-stack")
             moves = 100
-            hover_ms = _timed_in_page(stack, f"""stack => {{
+            hover_ms = (
+                _timed_in_page(
+                    stack,
+                    f"""stack => {{
               const box = stack.getBoundingClientRect();
               for (let i = 0; i < {moves}; i++) {{
                 stack.dispatchEvent(new PointerEvent('pointermove', {{bubbles: true,
                   clientX: box.left + (i * 7.3) % box.width, clientY: box.top + (i * 3.1) % box.height}}));
               }}
-            }}""") / moves
-            draw_ms = _timed_in_page(frame.get_by_label("Channel", exact=True),
-                                     "select => select.dispatchEvent(new Event('change'))")
-            print(f"\n112x112 map, crop {large['crop']}: {hover_ms:.2f} ms a pointer move, {draw_ms:.0f} ms a redraw")
+            }}""",
+                )
+                / moves
+            )
+            draw_ms = _timed_in_page(
+                frame.get_by_label("Channel", exact=True),
+                "select => select.dispatchEvent(new Event('change'))",
+            )
+            print(
+                f"\n112x112 map, crop {large['crop']}: {hover_ms:.2f} ms a pointer move, {draw_ms:.0f} ms a redraw"
+            )
             assert hover_ms < HOVER_BOUND_MS and draw_ms < DRAW_BOUND_MS
             keep_screenshot(view, root / "routing_map_224.png")

@@ -14,9 +14,8 @@ import subprocess
 import time
 
 import pytest
-
-from tbserver import get_json, running_tensorboard
 import synthetic
+from tbserver import get_json, running_tensorboard
 from test_e2e_browser import PLUGIN_FRAME, PageProblems, browser  # noqa: F401 (fixture)
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
@@ -33,8 +32,12 @@ FIRST_FULL_GRID_BOUND_S = 40.0
 
 def _rss_mb(pid):
     """Resident memory of a process and its descendants (the Rust data server), in MB."""
-    rows = [line.split() for line in subprocess.run(
-        ["ps", "-e", "-o", "pid=,ppid=,rss="], capture_output=True, text=True, check=True).stdout.splitlines()]
+    rows = [
+        line.split()
+        for line in subprocess.run(
+            ["ps", "-e", "-o", "pid=,ppid=,rss="], capture_output=True, text=True, check=True
+        ).stdout.splitlines()
+    ]
     tree, grew = {pid}, True
     while grew:
         grew = False
@@ -46,7 +49,9 @@ def _rss_mb(pid):
 
 
 def _tensorboard_pid(port):
-    out = subprocess.run(["pgrep", "-f", f"tensorboard.main .*--port {port}"], capture_output=True, text=True).stdout
+    out = subprocess.run(
+        ["pgrep", "-f", f"tensorboard.main .*--port {port}"], capture_output=True, text=True
+    ).stdout
     (pid,) = out.split()
     return int(pid)
 
@@ -57,14 +62,19 @@ def large_logdir(tmp_path_factory):
     start = time.perf_counter()
     names, path = synthetic.write_large_run(root / "logs" / "big", layers=LAYERS, steps=STEPS)
     seconds = time.perf_counter() - start
-    print(f"\nwrote {LAYERS} layers x {STEPS} steps ({os.path.getsize(path) / 1e6:.0f} MB) in {seconds:.1f} s")
+    print(
+        f"\nwrote {LAYERS} layers x {STEPS} steps ({os.path.getsize(path) / 1e6:.0f} MB) in {seconds:.1f} s"
+    )
     return root, names
 
 
 def _all_loaded(url):
     runs = get_json(f"{url}/data/plugin/gradviz/runs")["runs"]
-    return len(runs) == 1 and len(runs[0]["layers"]) == LAYERS and all(
-        layer["max_step"] == STEPS for layer in runs[0]["layers"])
+    return (
+        len(runs) == 1
+        and len(runs[0]["layers"]) == LAYERS
+        and all(layer["max_step"] == STEPS for layer in runs[0]["layers"])
+    )
 
 
 def _timed(action, done):
@@ -77,7 +87,9 @@ def _timed(action, done):
 def test_layer_view_of_200_layers_x_1000_steps_stays_responsive(browser, large_logdir):  # noqa: F811
     root, names = large_logdir
     start = time.perf_counter()
-    with running_tensorboard(root / "logs", root / "tensorboard.log", _all_loaded, timeout=300) as url:
+    with running_tensorboard(
+        root / "logs", root / "tensorboard.log", _all_loaded, timeout=300
+    ) as url:
         loaded_s = time.perf_counter() - start
         pid = _tensorboard_pid(url.rsplit(":", 1)[1])
         loaded_rss_mb = _rss_mb(pid)
@@ -90,8 +102,10 @@ def test_layer_view_of_200_layers_x_1000_steps_stays_responsive(browser, large_l
             panel = frame.locator('.panel[data-tensor="input_gradient"]')
             grid_title = frame.locator("h2", has_text="All layers of")
 
-            times["first view"] = _timed(lambda: page.goto(f"{url}/#gradviz"),
-                                         lambda: panel.and_(frame.locator(f'[data-step="{STEPS}"]')).wait_for())
+            times["first view"] = _timed(
+                lambda: page.goto(f"{url}/#gradviz"),
+                lambda: panel.and_(frame.locator(f'[data-step="{STEPS}"]')).wait_for(),
+            )
             grid_title.filter(has_text=re.compile(f"at step {STEPS}$")).wait_for()
             times["first view + grid"] = time.perf_counter() - start - loaded_s
             assert frame.locator("table.layer-grid tbody tr").count() == LAYERS
@@ -100,33 +114,52 @@ def test_layer_view_of_200_layers_x_1000_steps_stays_responsive(browser, large_l
             layer_select = frame.get_by_label("Layer", exact=True)
             times["switch layer"] = _timed(
                 lambda: layer_select.select_option(names[150]),
-                lambda: frame.locator(".layer-name", has_text=names[150]).wait_for())
+                lambda: frame.locator(".layer-name", has_text=names[150]).wait_for(),
+            )
             panel.and_(frame.locator(f'[data-step="{STEPS}"]')).wait_for()
 
             slider = frame.get_by_label("Step", exact=True)
             slider.focus()
-            times["step to first"] = _timed(lambda: slider.press("Home"),
-                                            lambda: panel.and_(frame.locator('[data-step="1"]')).wait_for())
+            times["step to first"] = _timed(
+                lambda: slider.press("Home"),
+                lambda: panel.and_(frame.locator('[data-step="1"]')).wait_for(),
+            )
             times["grid at first step"] = _timed(
-                lambda: None, lambda: grid_title.filter(has_text=re.compile(r"at step 1$")).wait_for())
-            times["step forward"] = _timed(lambda: slider.press("ArrowRight"),
-                                           lambda: panel.and_(frame.locator('[data-step="2"]')).wait_for())
+                lambda: None,
+                lambda: grid_title.filter(has_text=re.compile(r"at step 1$")).wait_for(),
+            )
+            times["step forward"] = _timed(
+                lambda: slider.press("ArrowRight"),
+                lambda: panel.and_(frame.locator('[data-step="2"]')).wait_for(),
+            )
             times["grid at next step"] = _timed(
-                lambda: None, lambda: grid_title.filter(has_text=re.compile(r"at step 2$")).wait_for())
+                lambda: None,
+                lambda: grid_title.filter(has_text=re.compile(r"at step 2$")).wait_for(),
+            )
             times["switch layer back"] = _timed(
                 lambda: layer_select.select_option(names[3]),
-                lambda: frame.locator(".layer-name", has_text=names[3]).wait_for())
+                lambda: frame.locator(".layer-name", has_text=names[3]).wait_for(),
+            )
             panel.and_(frame.locator('[data-step="2"]')).wait_for()
             rss_mb = _rss_mb(pid)
         finally:
             page.close()
-    print(f"start -> all loaded {loaded_s:.1f} s; " + "; ".join(f"{k} {v:.2f} s" for k, v in times.items())
-          + f"; tensorboard RSS (with data server) {loaded_rss_mb:.0f} MB loaded, {rss_mb:.0f} MB at the end")
+    print(
+        f"start -> all loaded {loaded_s:.1f} s; "
+        + "; ".join(f"{k} {v:.2f} s" for k, v in times.items())
+        + f"; tensorboard RSS (with data server) {loaded_rss_mb:.0f} MB loaded, {rss_mb:.0f} MB at the end"
+    )
     assert problems.errors == []
     # Measured 3.4 GB at the end, ~0.55 GB of it the plugin's decoded stats
     # series (800 x 1000 x 86 float64): a regression that keeps more shows here.
     assert rss_mb < 6000
     assert times["first view"] < FIRST_VIEW_BOUND_S
     assert times["grid at first step"] < FIRST_FULL_GRID_BOUND_S
-    for interaction in ("switch layer", "step to first", "step forward", "grid at next step", "switch layer back"):
+    for interaction in (
+        "switch layer",
+        "step to first",
+        "step forward",
+        "grid at next step",
+        "switch layer back",
+    ):
         assert times[interaction] < INTERACTION_BOUND_S, (interaction, times)

@@ -12,6 +12,7 @@ keras = pytest.importorskip("keras")
 
 import eventdata  # noqa: E402
 from autodiff import gradients, numpy  # noqa: E402
+
 from tb_gradviz import GradVizCallback  # noqa: E402
 from tb_gradviz.capture import probe, selection, weights  # noqa: E402
 from tb_gradviz.format import records  # noqa: E402
@@ -24,18 +25,28 @@ def conv_bn_model(seed, learning_rate=0.0):
     keras.utils.set_random_seed(seed)
     model = keras.Sequential(
         # BatchNorm after the ReLU: right after the conv, it would cancel the bias's gradient to roundoff.
-        [keras.Input((8, 8, 3)), layers.Conv2D(4, 3, padding="same", name="conv"), layers.ReLU(name="relu"),
-         layers.BatchNormalization(name="bn"), layers.MaxPooling2D(name="pool"), layers.Flatten(name="flat"),
-         layers.Dense(2, name="dense")],
+        [
+            keras.Input((8, 8, 3)),
+            layers.Conv2D(4, 3, padding="same", name="conv"),
+            layers.ReLU(name="relu"),
+            layers.BatchNormalization(name="bn"),
+            layers.MaxPooling2D(name="pool"),
+            layers.Flatten(name="flat"),
+            layers.Dense(2, name="dense"),
+        ],
         name="cnn",
     )
-    model.compile(keras.optimizers.Adam(learning_rate) if learning_rate else keras.optimizers.SGD(0.0), "mse")
+    model.compile(
+        keras.optimizers.Adam(learning_rate) if learning_rate else keras.optimizers.SGD(0.0), "mse"
+    )
     return model
 
 
 def data(n, seed=0):
     rng = np.random.default_rng(seed)
-    return rng.normal(size=(n, 8, 8, 3)).astype("float32"), rng.normal(size=(n, 2)).astype("float32")
+    return rng.normal(size=(n, 8, 8, 3)).astype("float32"), rng.normal(size=(n, 2)).astype(
+        "float32"
+    )
 
 
 def weight_gradient(model, variable, x, y, scale=1.0):
@@ -57,20 +68,42 @@ def weight_gradient(model, variable, x, y, scale=1.0):
 def test_weight_gradients_and_values_equal_the_frameworks_own(tmp_path):
     model = conv_bn_model(seed=1)
     x, y = data(8, seed=1)
-    model.fit(x, y, batch_size=8, epochs=1, verbose=0, callbacks=[GradVizCallback(tmp_path, (x, y), layers=CHOSEN, weights=True)])
+    model.fit(
+        x,
+        y,
+        batch_size=8,
+        epochs=1,
+        verbose=0,
+        callbacks=[GradVizCallback(tmp_path, (x, y), layers=CHOSEN, weights=True)],
+    )
 
     log = eventdata.load(tmp_path)
-    for layer, names in (("conv", ("kernel", "bias")), ("bn", ("gamma", "beta")), ("dense", ("kernel", "bias"))):
+    for layer, names in (
+        ("conv", ("kernel", "bias")),
+        ("bn", ("gamma", "beta")),
+        ("dense", ("kernel", "bias")),
+    ):
         for name in names:
             variable = getattr(model.get_layer(layer), name)
-            eventdata.assert_record_matches(log, layer, f"weight/{name}", numpy(variable), rel=1e-12)
+            eventdata.assert_record_matches(
+                log, layer, f"weight/{name}", numpy(variable), rel=1e-12
+            )
             expected = weight_gradient(model, variable, x, y)
             # A sum that cancels (BatchNorm's beta) is compared to the sum of magnitudes.
             eventdata.assert_record_matches(
-                log, layer, f"weight_gradient/{name}", expected, rel=1e-5, abs=1e-6 * np.abs(expected).sum()
+                log,
+                layer,
+                f"weight_gradient/{name}",
+                expected,
+                rel=1e-5,
+                abs=1e-6 * np.abs(expected).sum(),
             )
             content = eventdata.content(log, records.stats_tag(layer, f"weight_gradient/{name}"))
-            assert (content["role"], content["weight"], content["shape"]) == ("weight_gradient", name, list(variable.shape))
+            assert (content["role"], content["weight"], content["shape"]) == (
+                "weight_gradient",
+                name,
+                list(variable.shape),
+            )
             assert content["loss_scaled"] is False
     # The pooling layer has no weights; moving statistics are not trainable.
     tags = eventdata.tensor_tags(log)
@@ -83,7 +116,14 @@ def test_weight_gradients_and_values_equal_the_frameworks_own(tmp_path):
 def test_without_weights_nothing_of_the_weights_is_written(tmp_path):
     model = conv_bn_model(seed=1)
     x, y = data(8)
-    model.fit(x, y, batch_size=8, epochs=2, verbose=0, callbacks=[GradVizCallback(tmp_path, (x, y), layers=CHOSEN)])
+    model.fit(
+        x,
+        y,
+        batch_size=8,
+        epochs=2,
+        verbose=0,
+        callbacks=[GradVizCallback(tmp_path, (x, y), layers=CHOSEN)],
+    )
     tags = eventdata.tensor_tags(eventdata.load(tmp_path))
     assert tags and not [t for t in tags if "/weight" in t or "/update/" in t]
 
@@ -96,7 +136,9 @@ class WeightCopies(keras.callbacks.Callback):
         self.copies = []
 
     def on_epoch_end(self, epoch, logs=None):
-        self.copies.append({v.path: numpy(v).astype(np.float64) for v in self.model.trainable_variables})
+        self.copies.append(
+            {v.path: numpy(v).astype(np.float64) for v in self.model.trainable_variables}
+        )
 
 
 def test_update_ratio_equals_one_computed_from_weight_copies(tmp_path):
@@ -111,18 +153,29 @@ def test_update_ratio_equals_one_computed_from_weight_copies(tmp_path):
     for layer in ("conv", "bn", "dense"):
         for variable in model.get_layer(layer).trainable_weights:
             logged = eventdata.values(log, records.update_tag(layer, variable.name))
-            assert [step for step, _ in logged] == [6, 9]  # from the second log event on; 3 steps an epoch
+            assert [step for step, _ in logged] == [
+                6,
+                9,
+            ]  # from the second log event on; 3 steps an epoch
             for (step, vector), before, after in zip(logged, copies.copies, copies.copies[1:]):
                 update = dict(zip(records.UPDATE_FIELDS, vector))
                 w, previous = after[variable.path], before[variable.path]
                 assert update["interval"] == 3
                 assert update["weight_norm"] == pytest.approx(np.linalg.norm(w), rel=1e-12)
-                assert update["update_norm"] == pytest.approx(np.linalg.norm(w - previous), rel=1e-12)
-                assert update["update_ratio"] == pytest.approx(np.linalg.norm(w - previous) / np.linalg.norm(w), rel=1e-12)
+                assert update["update_norm"] == pytest.approx(
+                    np.linalg.norm(w - previous), rel=1e-12
+                )
+                assert update["update_ratio"] == pytest.approx(
+                    np.linalg.norm(w - previous) / np.linalg.norm(w), rel=1e-12
+                )
                 assert update["update_norm"] > 0
                 checked += 1
             content = eventdata.content(log, records.update_tag(layer, variable.name))
-            assert (content["kind"], content["weight"], content["tensor"]) == ("update", variable.name, f"weight/{variable.name}")
+            assert (content["kind"], content["weight"], content["tensor"]) == (
+                "update",
+                variable.name,
+                f"weight/{variable.name}",
+            )
     assert checked == 12
 
 
@@ -131,7 +184,15 @@ def test_training_is_bit_identical_with_weights_on(tmp_path):
     runs = []
     for with_callback in (False, True):
         model = conv_bn_model(seed=7, learning_rate=0.01)
-        callbacks = [GradVizCallback(tmp_path, (x[:8], y[:8]), layers=CHOSEN, every_n_batches=1, weights=True)] if with_callback else []
+        callbacks = (
+            [
+                GradVizCallback(
+                    tmp_path, (x[:8], y[:8]), layers=CHOSEN, every_n_batches=1, weights=True
+                )
+            ]
+            if with_callback
+            else []
+        )
         keras.utils.set_random_seed(11)
         history = model.fit(x, y, batch_size=8, epochs=2, verbose=0, callbacks=callbacks)
         state = [numpy(v) for v in model.variables + model.optimizer.variables]
@@ -151,9 +212,19 @@ def test_mixed_precision_weight_gradients_are_unscaled(tmp_path, policy):
         model = conv_bn_model(seed=3)
         if policy == "mixed_float16":
             # A scale this model's float16 gradients do not overflow at (Keras starts at 2**15).
-            model.compile(keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(0.0), initial_scale=256.0), "mse")
+            model.compile(
+                keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(0.0), initial_scale=256.0),
+                "mse",
+            )
         x, y = data(8, seed=3)
-        model.fit(x, y, batch_size=8, epochs=1, verbose=0, callbacks=[GradVizCallback(tmp_path, (x, y), layers=["conv"], weights=True)])
+        model.fit(
+            x,
+            y,
+            batch_size=8,
+            epochs=1,
+            verbose=0,
+            callbacks=[GradVizCallback(tmp_path, (x, y), layers=["conv"], weights=True)],
+        )
         scaled = policy == "mixed_float16"
         scale = float(numpy(model.optimizer.scale_loss(keras.ops.ones(())))) if scaled else 1.0
         assert scale == (256.0 if scaled else 1.0)
@@ -161,11 +232,21 @@ def test_mixed_precision_weight_gradients_are_unscaled(tmp_path, policy):
         expected = weight_gradient(model, kernel, x, y, scale).astype(np.float64) / scale
         log = eventdata.load(tmp_path)
         content = eventdata.content(log, records.stats_tag("conv", "weight_gradient/kernel"))
-        assert (content["dtype"], content["loss_scaled"]) == ("float32", scaled)  # float32 variables
+        assert (content["dtype"], content["loss_scaled"]) == (
+            "float32",
+            scaled,
+        )  # float32 variables
         logged = eventdata.stats(log, "conv", "weight_gradient/kernel")
-        assert (logged["count"], logged["nan"], logged["pos_inf"], logged["neg_inf"]) == (expected.size, 0, 0, 0)
+        assert (logged["count"], logged["nan"], logged["pos_inf"], logged["neg_inf"]) == (
+            expected.size,
+            0,
+            0,
+            0,
+        )
         assert logged["std"] == pytest.approx(expected.std(), rel=0.02)
-        assert logged["max"] == pytest.approx(expected.max(), rel=0.02, abs=0.02 * np.abs(expected).max())
+        assert logged["max"] == pytest.approx(
+            expected.max(), rel=0.02, abs=0.02 * np.abs(expected).max()
+        )
     finally:
         keras.mixed_precision.set_dtype_policy("float32")
 
@@ -174,10 +255,15 @@ def test_each_weight_is_recorded_once_by_the_deepest_chosen_layer():
     keras.utils.set_random_seed(0)
     inner = keras.Sequential([keras.Input((4,)), layers.Dense(3, name="d1")], name="inner")
     frozen = layers.Dense(2, name="frozen")
-    model = keras.Sequential([keras.Input((4,)), inner, frozen, layers.Dense(1, name="head")], name="outer")
+    model = keras.Sequential(
+        [keras.Input((4,)), inner, frozen, layers.Dense(1, name="head")], name="outer"
+    )
     frozen.trainable = False
     chosen = selection.select_layers(model, ["inner", "inner/d1", "frozen", "head"])
-    owned = {path: [(name, v.path) for name, v in pairs] for path, pairs in weights.chosen_weights(chosen).items()}
+    owned = {
+        path: [(name, v.path) for name, v in pairs]
+        for path, pairs in weights.chosen_weights(chosen).items()
+    }
     assert owned == {
         "inner": [],
         "inner/d1": [("kernel", "inner/d1/kernel"), ("bias", "inner/d1/bias")],
@@ -201,7 +287,9 @@ def test_host_and_device_statistics_give_the_same_weight_records():
     summed = records.SUMMED_STATS
     for (tag, a, _), (_, b, _) in zip(host, device):
         if tag in weight_tags and tag.endswith("/stats"):
-            exact = np.setdiff1d(np.arange(records.STATS_LENGTH), np.arange(records.STATS_LENGTH)[summed])
+            exact = np.setdiff1d(
+                np.arange(records.STATS_LENGTH), np.arange(records.STATS_LENGTH)[summed]
+            )
             np.testing.assert_array_equal(a[exact], b[exact], err_msg=tag)
             np.testing.assert_allclose(a[summed], b[summed], rtol=1e-9, atol=1e-15, err_msg=tag)
         elif tag in weight_tags:
@@ -219,7 +307,9 @@ def test_update_records_are_the_same_from_the_passs_host_arrays_and_from_the_var
     model = conv_bn_model(seed=5, learning_rate=0.01)
     x, y = data(8, seed=5)
     chosen = selection.select_layers(model, CHOSEN)
-    probes = {s: probe.new_capture(model, chosen, statistics=s, weights=True) for s in ("host", "device")}
+    probes = {
+        s: probe.new_capture(model, chosen, statistics=s, weights=True) for s in ("host", "device")
+    }
     trackers = {s: weights.Updates() for s in probes}
     written = {s: [] for s in probes}
     for step in (1, 2):
@@ -237,27 +327,47 @@ def test_update_records_are_the_same_from_the_passs_host_arrays_and_from_the_var
 
 def test_tensorboards_own_histograms_dashboard_serves_the_weight_histograms(tmp_path):
     from tensorboard.plugins.histogram import histograms_plugin
-
     from test_plugin import make_app
 
     model = conv_bn_model(seed=6)
     x, y = data(8, seed=6)
-    model.fit(x, y, batch_size=8, epochs=1, verbose=0, callbacks=[GradVizCallback(tmp_path / "run", (x, y), layers=CHOSEN, weights=True)])
+    model.fit(
+        x,
+        y,
+        batch_size=8,
+        epochs=1,
+        verbose=0,
+        callbacks=[GradVizCallback(tmp_path / "run", (x, y), layers=CHOSEN, weights=True)],
+    )
 
     client, _ = make_app(tmp_path, other_plugins=[histograms_plugin.HistogramsPlugin])
 
     tags = client.get("/data/plugin/histograms/tags").json["run"]
     log = eventdata.load(tmp_path / "run")
-    for layer, names in (("conv", ("kernel", "bias")), ("bn", ("gamma", "beta")), ("dense", ("kernel", "bias"))):
+    for layer, names in (
+        ("conv", ("kernel", "bias")),
+        ("bn", ("gamma", "beta")),
+        ("dense", ("kernel", "bias")),
+    ):
         for role in ("weight", "weight_gradient"):
             for name in names:
                 tag = records.histogram_tag(layer, f"{role}/{name}")
-                assert tags[tag]["description"] == f"<p>tb_gradviz: {role}/{name} of {layer}</p>"  # rendered Markdown
-                response = client.get("/data/plugin/histograms/histograms", query_string={"run": "run", "tag": tag})
+                assert (
+                    tags[tag]["description"] == f"<p>tb_gradviz: {role}/{name} of {layer}</p>"
+                )  # rendered Markdown
+                response = client.get(
+                    "/data/plugin/histograms/histograms", query_string={"run": "run", "tag": tag}
+                )
                 assert response.status_code == 200
                 ((_, step, buckets),) = response.json
                 assert step == 1
-                np.testing.assert_array_equal(np.array(buckets), eventdata.histogram(log, layer, f"{role}/{name}"))
-                if role == "weight":  # the weights as the step left them (SGD(0) leaves them as built)
+                np.testing.assert_array_equal(
+                    np.array(buckets), eventdata.histogram(log, layer, f"{role}/{name}")
+                )
+                if (
+                    role == "weight"
+                ):  # the weights as the step left them (SGD(0) leaves them as built)
                     expected = numpy(getattr(model.get_layer(layer), name)).astype(np.float64)
-                    np.testing.assert_array_equal(np.array(buckets), records.linear_histogram(expected))
+                    np.testing.assert_array_equal(
+                        np.array(buckets), records.linear_histogram(expected)
+                    )

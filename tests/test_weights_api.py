@@ -9,27 +9,45 @@ import math
 
 import numpy as np
 import pytest
-
 from test_plugin import PREFIX, get_json, make_app
+
 from tb_gradviz.format import events, records
 
-CONTENT = {"layer_index": 0, "layer_class": "Conv2D", "layer_dtype": "float32", "pooling": None, "backend": "torch"}
+CONTENT = {
+    "layer_index": 0,
+    "layer_class": "Conv2D",
+    "layer_dtype": "float32",
+    "pooling": None,
+    "backend": "torch",
+}
 # weight -> (values, gradient); the update records at steps 2 and 4: (weight_norm, update_norm, interval)
 WEIGHTS = {
     "kernel": (np.arange(-6.0, 6.0).reshape(3, 4), np.linspace(-1e-3, 2e-3, 12).reshape(3, 4)),
     "bias": (np.zeros(4), np.array([0.0, 1e-4, -1e-4, 0.0])),
 }
-UPDATES = {2: {"kernel": (20.0, 0.02, 2), "bias": (0.0, 0.0, 2)}, 4: {"kernel": (20.5, 0.041, 2), "bias": (0.01, 0.003, 2)}}
+UPDATES = {
+    2: {"kernel": (20.0, 0.02, 2), "bias": (0.0, 0.0, 2)},
+    4: {"kernel": (20.5, 0.041, 2), "bias": (0.01, 0.003, 2)},
+}
 
 
 def tensor_records(layer, name, role, index, values, weight=None):
     layer_index = {"conv": 0, "pool": 1}[layer]
-    content = dict(CONTENT, layer_index=layer_index, role=role, index=index, shape=list(values.shape), dtype="float32")
+    content = dict(
+        CONTENT,
+        layer_index=layer_index,
+        role=role,
+        index=index,
+        shape=list(values.shape),
+        dtype="float32",
+    )
     if weight is not None:
         content["weight"] = weight
     if role in records.GRADIENT_ROLES:
         content["loss_scaled"] = False
-    return events.tensor_records(layer, name, records.linear_histogram(values), records.stats_vector(values), content)
+    return events.tensor_records(
+        layer, name, records.linear_histogram(values), records.stats_vector(values), content
+    )
 
 
 def write_weights_run(logdir):
@@ -43,10 +61,23 @@ def write_weights_run(logdir):
             for role in records.WEIGHT_ROLES:
                 for index, (weight, arrays) in enumerate(WEIGHTS.items()):
                     values = arrays[0] if role == records.WEIGHT else arrays[1]
-                    written += tensor_records("conv", records.weight_tensor_name(role, weight), role, index, values, weight)
+                    written += tensor_records(
+                        "conv",
+                        records.weight_tensor_name(role, weight),
+                        role,
+                        index,
+                        values,
+                        weight,
+                    )
             for weight, (norm, update, interval) in UPDATES.get(step, {}).items():
-                update_content = dict(CONTENT, weight=weight, tensor=records.weight_tensor_name(records.WEIGHT, weight))
-                written += events.update_records("conv", weight, records.update_vector(norm, update, interval), update_content)
+                update_content = dict(
+                    CONTENT,
+                    weight=weight,
+                    tensor=records.weight_tensor_name(records.WEIGHT, weight),
+                )
+                written += events.update_records(
+                    "conv", weight, records.update_vector(norm, update, interval), update_content
+                )
             log.write(step, written)
     finally:
         log.close()
@@ -80,12 +111,18 @@ def test_updates_serves_each_weights_records_over_steps(client):
     assert (body["run"], body["layer"]) == ("weights", "conv")
     kernel, bias = body["weights"]
     assert kernel == {
-        "weight": "kernel", "steps": [2, 4], "weight_norm": [20.0, 20.5], "update_norm": [0.02, 0.041],
-        "update_ratio": [0.02 / 20.0, 0.041 / 20.5], "interval": [2, 2],
+        "weight": "kernel",
+        "steps": [2, 4],
+        "weight_norm": [20.0, 20.5],
+        "update_norm": [0.02, 0.041],
+        "update_ratio": [0.02 / 20.0, 0.041 / 20.5],
+        "interval": [2, 2],
         "size": ["usual", "usual"],  # 5e-4 and 1e-3 per step
     }
     assert bias["weight"] == "bias"
-    assert bias["update_ratio"][0] == "NaN"  # a zero weight that did not move (TensorBoard writes NaN so)
+    assert (
+        bias["update_ratio"][0] == "NaN"
+    )  # a zero weight that did not move (TensorBoard writes NaN so)
     assert bias["update_ratio"][1] == 0.003 / 0.01
     assert bias["size"] == [None, "big"]  # 0.15 per step
 
@@ -101,10 +138,16 @@ def test_series_of_a_weight_gradient_is_the_numpy_reference(client):
 def test_step_gives_each_weights_update_and_the_layers_ratio(client):
     conv, pool = get_json(client, "/step", run="weights")["layers"]
     assert conv["updates"]["kernel"] == {
-        "weight_norm": 20.5, "update_norm": 0.041, "update_ratio": 0.041 / 20.5, "interval": 2, "size": "usual",
+        "weight_norm": 20.5,
+        "update_norm": 0.041,
+        "update_ratio": 0.041 / 20.5,
+        "interval": 2,
+        "size": "usual",
         "step": 4,
     }
-    assert conv["update_ratio"] == pytest.approx(math.hypot(0.041, 0.003) / math.hypot(20.5, 0.01), rel=1e-15)
+    assert conv["update_ratio"] == pytest.approx(
+        math.hypot(0.041, 0.003) / math.hypot(20.5, 0.01), rel=1e-15
+    )
     assert conv["update_size"] == "usual"
     kernel = WEIGHTS["kernel"][1]
     assert conv["flow"]["weight_gradient"]["rms"] == pytest.approx(
@@ -135,5 +178,7 @@ def test_updates_answers_bad_requests_with_their_status(client, query, status):
 
 
 def test_updates_answers_other_methods_with_405(client):
-    response = client.open(PREFIX + "/updates", method="POST", query_string={"run": "weights", "layer": "conv"})
+    response = client.open(
+        PREFIX + "/updates", method="POST", query_string={"run": "weights", "layer": "conv"}
+    )
     assert (response.status_code, response.headers["Allow"]) == (405, "GET, HEAD")

@@ -12,15 +12,14 @@ the test's tmp folder (and to TB_GRADVIZ_ARTIFACTS when set).
 
 import math
 
-import numpy as np
-import pytest
-
 import eventdata
+import pytest
 import small_runs
 from tbserver import get_json, running_tensorboard
-from tb_gradviz.format import records
 from test_e2e_browser import PLUGIN_FRAME, _runs_loaded, browser, gradviz_page, keep_screenshot  # noqa: F401 (fixture)
 from test_flow_browser import UPDATE_PANEL, _check_points, _read_chart, _step
+
+from tb_gradviz.format import records
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -32,12 +31,20 @@ STEPS_PER_EPOCH = 2
 STEPS = [STEPS_PER_EPOCH * (epoch + 1) for epoch in range(EPOCHS)]
 LAYERS = ["conv", "bn", "pool", "flatten", "head"]
 WEIGHTS = {"conv": ["kernel", "bias"], "bn": ["gamma", "beta"], "head": ["kernel", "bias"]}
-SIZES = {("conv", "kernel"): 3 * 3 * 3 * 4, ("conv", "bias"): 4, ("bn", "gamma"): 4, ("bn", "beta"): 4,
-         ("head", "kernel"): 4 * 4 * 4 * 3, ("head", "bias"): 3}
+SIZES = {
+    ("conv", "kernel"): 3 * 3 * 3 * 4,
+    ("conv", "bias"): 4,
+    ("bn", "gamma"): 4,
+    ("bn", "beta"): 4,
+    ("head", "kernel"): 4 * 4 * 4 * 3,
+    ("head", "bias"): 3,
+}
 
 
 def _train(log_dir, weights):
-    small_runs.fit_weights_cnn(log_dir, 0, BATCH, PROBE_BATCH, STEPS_PER_EPOCH, EPOCHS, weights=weights)
+    small_runs.fit_weights_cnn(
+        log_dir, 0, BATCH, PROBE_BATCH, STEPS_PER_EPOCH, EPOCHS, weights=weights
+    )
 
 
 @pytest.fixture(scope="module")
@@ -117,11 +124,20 @@ def test_weights_row_shows_the_recorded_weights_and_updates(browser, tensorboard
             for row in rows:
                 weight = row["weight"]
                 # Its values and its gradient, as the layer's tensors are shown, at the last step.
-                assert [p["tensor"] for p in row["panels"]] == [f"weight/{weight}", f"weight_gradient/{weight}"]
-                assert [p["title"] for p in row["panels"]] == [f"{weight} (values)", f"Gradient w.r.t. {weight}"]
+                assert [p["tensor"] for p in row["panels"]] == [
+                    f"weight/{weight}",
+                    f"weight_gradient/{weight}",
+                ]
+                assert [p["title"] for p in row["panels"]] == [
+                    f"{weight} (values)",
+                    f"Gradient w.r.t. {weight}",
+                ]
                 for panel in row["panels"]:
-                    stats = records.decode_stats(dict(eventdata.values(
-                        log, records.stats_tag(layer, panel["tensor"])))[STEPS[-1]])
+                    stats = records.decode_stats(
+                        dict(eventdata.values(log, records.stats_tag(layer, panel["tensor"])))[
+                            STEPS[-1]
+                        ]
+                    )
                     assert panel["step"] == STEPS[-1] and panel["side"] == "weight"
                     assert stats["count"] == SIZES[(layer, weight)]
                     assert panel["count"] == f"{SIZES[(layer, weight)]:,}"
@@ -135,16 +151,23 @@ def test_weights_row_shows_the_recorded_weights_and_updates(browser, tensorboard
                 assert update["weightNorm"] == recorded["weight_norm"]
                 assert update["updateNorm"] == recorded["update_norm"]
                 assert update["interval"] == recorded["interval"] == STEPS_PER_EPOCH
-                assert math.isclose(_shown_number(update["ratioText"]), recorded["update_ratio"], rel_tol=5e-3)
+                assert math.isclose(
+                    _shown_number(update["ratioText"]), recorded["update_ratio"], rel_tol=5e-3
+                )
                 assert update["detail"].startswith(f"Update at step {STEPS[-1]}: |Δw| ")
                 assert update["detail"].endswith(f", over {STEPS_PER_EPOCH} steps")
                 # The ratio over steps: a dot per update record (none at the first log event), and the 1e-3 guide.
-                assert update["dots"] == [[step, _update_record(log, layer, weight, step)["update_ratio"]]
-                                          for step in STEPS[1:]]
+                assert update["dots"] == [
+                    [step, _update_record(log, layer, weight, step)["update_ratio"]]
+                    for step in STEPS[1:]
+                ]
                 assert update["guides"] == 1 and update["guideLabel"] == "10⁻³: usual size"
                 assert update["current"]
         hint = frame.locator(".weights-section .hint").text_content()
-        assert "About 10⁻³ per step is the usual healthy size" in hint and "10⁻⁵ or less means the weight barely moves" in hint
+        assert (
+            "About 10⁻³ per step is the usual healthy size" in hint
+            and "10⁻⁵ or less means the weight barely moves" in hint
+        )
         keep_screenshot(frame.locator(".weights-section"), root / "weights.png")
 
         # At the first log event a weight has values and a gradient, but no update yet.
@@ -153,8 +176,11 @@ def test_weights_row_shows_the_recorded_weights_and_updates(browser, tensorboard
         slider.press("Home")
         frame.locator(f'.panel[data-tensor="weight/kernel"][data-step="{STEPS[0]}"]').wait_for()
         rows = _read_weights(frame)
-        assert all(row["update"]["step"] is None and "No update at or before this step" in row["update"]["empty"]
-                   for row in rows)
+        assert all(
+            row["update"]["step"] is None
+            and "No update at or before this step" in row["update"]["empty"]
+            for row in rows
+        )
         assert all(not row["update"]["current"] for row in rows)
         slider.press("End")
 
@@ -167,12 +193,22 @@ def test_weights_row_shows_the_recorded_weights_and_updates(browser, tensorboard
         _open(frame, WEIGHTS_RUN, "conv")
         assert frame.get_by_label("Tensor", exact=True).input_value() == "input_gradient"
         picker = frame.get_by_label("Tensor", exact=True)
-        assert picker.locator(":scope > option").all_text_contents() == ["activation", "input_gradient", "output_gradient"]
+        assert picker.locator(":scope > option").all_text_contents() == [
+            "activation",
+            "input_gradient",
+            "output_gradient",
+        ]
         assert picker.locator('optgroup[label="Weights"] option').all_text_contents() == [
-            "weight/kernel", "weight/bias", "weight_gradient/kernel", "weight_gradient/bias"]
+            "weight/kernel",
+            "weight/bias",
+            "weight_gradient/kernel",
+            "weight_gradient/bias",
+        ]
         # A weight's gradient compared with a run logged without weights: that run is not offered.
         picker.select_option("weight_gradient/kernel")
-        assert frame.get_by_label("Against run", exact=True).locator("option").all_text_contents() == ["(none)"]
+        assert frame.get_by_label("Against run", exact=True).locator(
+            "option"
+        ).all_text_contents() == ["(none)"]
         frame.locator(".run-legend li").first.wait_for()
         assert frame.locator(".run-legend li").all_text_contents() == [WEIGHTS_RUN]
         picker.select_option("input_gradient")
@@ -186,8 +222,12 @@ def test_weights_row_shows_the_recorded_weights_and_updates(browser, tensorboard
         assert headers[-1] == "Update ratio" and len(headers) == 9
         snapshot = _step(url, WEIGHTS_RUN)
         cells = grid.locator("tbody tr").evaluate_all(
-            "rows => rows.map((row) => row.querySelector('.update-cell').dataset.value ?? null)")
-        assert cells == [None if layer["update_ratio"] is None else str(layer["update_ratio"]) for layer in snapshot["layers"]]
+            "rows => rows.map((row) => row.querySelector('.update-cell').dataset.value ?? null)"
+        )
+        assert cells == [
+            None if layer["update_ratio"] is None else str(layer["update_ratio"])
+            for layer in snapshot["layers"]
+        ]
         assert grid.locator(".grid-tensor").count() == 3 * len(LAYERS)
 
 
@@ -197,42 +237,69 @@ def test_gradient_flow_shows_weight_gradients_and_update_ratios(browser, tensorb
         frame = page.frame_locator(PLUGIN_FRAME)
         frame.locator(".flow-chart").wait_for()
         frame.get_by_label("Run", exact=True).select_option(WEIGHTS_RUN)
-        frame.locator(f'.flow-point[data-run="{WEIGHTS_RUN}"][data-role="{UPDATE_PANEL}"]').first.wait_for()
+        frame.locator(
+            f'.flow-point[data-run="{WEIGHTS_RUN}"][data-role="{UPDATE_PANEL}"]'
+        ).first.wait_for()
         snapshot = _step(url, WEIGHTS_RUN)
         chart = _read_chart(frame)
         assert [panel["role"] for panel in chart["panels"]] == [
-            "output_gradient", "input_gradient", "activation", "weight_gradient", UPDATE_PANEL]
+            "output_gradient",
+            "input_gradient",
+            "activation",
+            "weight_gradient",
+            UPDATE_PANEL,
+        ]
         points = _check_points(chart, snapshot, WEIGHTS_RUN)
         ratios = {p["layer"]: p["value"] for p in points if p["role"] == UPDATE_PANEL}
-        assert ratios == {layer["layer"]: layer["update_ratio"] for layer in snapshot["layers"]
-                          if layer["update_ratio"] is not None}
+        assert ratios == {
+            layer["layer"]: layer["update_ratio"]
+            for layer in snapshot["layers"]
+            if layer["update_ratio"] is not None
+        }
         assert sorted(ratios) == sorted(WEIGHTS)
-        rms = {p["layer"]: p["value"] for p in points if p["role"] == "weight_gradient" and p["stat"] == "rms"}
-        assert rms == {layer["layer"]: layer["flow"]["weight_gradient"]["rms"] for layer in snapshot["layers"]
-                       if "weight_gradient" in layer["flow"]}
+        rms = {
+            p["layer"]: p["value"]
+            for p in points
+            if p["role"] == "weight_gradient" and p["stat"] == "rms"
+        }
+        assert rms == {
+            layer["layer"]: layer["flow"]["weight_gradient"]["rms"]
+            for layer in snapshot["layers"]
+            if "weight_gradient" in layer["flow"]
+        }
         assert sorted(rms) == sorted(WEIGHTS)
         # Layers without weights are stepped over: one line across conv, bn and head.
-        assert frame.locator(f"path.flow-line.series-0.pin-0.stat-update_ratio").count() == 1
+        assert frame.locator("path.flow-line.series-0.pin-0.stat-update_ratio").count() == 1
         assert frame.locator(".update-panel .guide-label").text_content() == "10⁻³: usual size"
-        assert "About 10⁻³ per step is the usual healthy size" in frame.locator(".flow-update-note").text_content()
+        assert (
+            "About 10⁻³ per step is the usual healthy size"
+            in frame.locator(".flow-update-note").text_content()
+        )
         keep_screenshot(frame.locator(".flow-section"), root / "gradient_flow_weights.png")
 
         # At the first log event there is no update yet: the panel stays, empty.
         slider = frame.get_by_label("Step", exact=True)
         slider.focus()
         slider.press("Home")
-        frame.locator(f'.flow-point[data-run="{WEIGHTS_RUN}"][data-step="{STEPS[0]}"]').first.wait_for()
+        frame.locator(
+            f'.flow-point[data-run="{WEIGHTS_RUN}"][data-step="{STEPS[0]}"]'
+        ).first.wait_for()
         chart = _read_chart(frame)
         assert [panel["role"] for panel in chart["panels"]][-1] == UPDATE_PANEL
         _check_points(chart, _step(url, WEIGHTS_RUN, STEPS[0]), WEIGHTS_RUN)
         assert not [p for p in chart["points"] if p["role"] == UPDATE_PANEL]
-        assert "no update at or before this step" in frame.locator(".update-panel .empty-text").text_content()
+        assert (
+            "no update at or before this step"
+            in frame.locator(".update-panel .empty-text").text_content()
+        )
 
 
 def test_a_run_without_weights_looks_as_before(browser, tensorboard):
     url, _, _ = tensorboard
     runs = {run["run"]: run for run in get_json(f"{url}/data/plugin/gradviz/runs")["runs"]}
-    assert all(layer["weights"] == [] and layer["updates"] == [] for layer in runs[PLAIN_RUN]["layers"])
+    assert all(
+        layer["weights"] == [] and layer["updates"] == [] for layer in runs[PLAIN_RUN]["layers"]
+    )
     with gradviz_page(browser, url) as page:
         frame = page.frame_locator(PLUGIN_FRAME)
         frame.locator(".flow-chart").wait_for()
@@ -242,11 +309,19 @@ def test_a_run_without_weights_looks_as_before(browser, tensorboard):
         assert frame.locator(".weights-section").is_hidden()
         assert frame.locator(".weight-row, .update-panel, .update-chart").count() == 0
         chart = _read_chart(frame)
-        assert [panel["role"] for panel in chart["panels"]] == ["output_gradient", "input_gradient", "activation"]
+        assert [panel["role"] for panel in chart["panels"]] == [
+            "output_gradient",
+            "input_gradient",
+            "activation",
+        ]
         _check_points(chart, _step(url, PLAIN_RUN), PLAIN_RUN)
         assert frame.locator(".flow-update-note").count() == 0
         picker = frame.get_by_label("Tensor", exact=True)
-        assert picker.locator("option").all_text_contents() == ["activation", "input_gradient", "output_gradient"]
+        assert picker.locator("option").all_text_contents() == [
+            "activation",
+            "input_gradient",
+            "output_gradient",
+        ]
         assert picker.locator("optgroup").count() == 0
         frame.locator("h2", has_text=f"All layers of {PLAIN_RUN} at step {STEPS[-1]}").wait_for()
         assert "Update ratio" not in frame.locator("table.layer-grid thead").text_content()

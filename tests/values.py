@@ -11,7 +11,9 @@ def awkward_rows(rng, size):
     magnitude edge (both signs), and a wide spread of magnitudes."""
     f32 = np.float32
     edges = records.LOG_EDGES.astype(f32)
-    near = np.concatenate([edges, np.nextafter(edges, f32(0)), np.nextafter(edges, f32(np.inf)), [1e-13, 1e-37, 3e38]])
+    near = np.concatenate(
+        [edges, np.nextafter(edges, f32(0)), np.nextafter(edges, f32(np.inf)), [1e-13, 1e-37, 3e38]]
+    )
     near = np.concatenate([near, -near]).astype(f32)
     rows = [
         rng.standard_normal(size).astype(f32),
@@ -35,5 +37,9 @@ def assert_same_stats(actual, expected, rtol, atol=0.0, err_msg=""):
     exact[records.SUMMED_STATS] = False
     np.testing.assert_array_equal(actual[..., exact], expected[..., exact], err_msg=err_msg)
     np.testing.assert_allclose(
-        actual[..., records.SUMMED_STATS], expected[..., records.SUMMED_STATS], rtol=rtol, atol=atol, err_msg=err_msg
+        actual[..., records.SUMMED_STATS],
+        expected[..., records.SUMMED_STATS],
+        rtol=rtol,
+        atol=atol,
+        err_msg=err_msg,
     )

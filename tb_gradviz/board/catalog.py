@@ -26,7 +26,9 @@ class SkipWarning:
             if reason in self._warned:
                 return
             self._warned.add(reason)
-        logger.warning("tb_gradviz skips series with %s (sample: run %r, tag %r): %s", reason, run, tag, detail)
+        logger.warning(
+            "tb_gradviz skips series with %s (sample: run %r, tag %r): %s", reason, run, tag, detail
+        )
 
 
 def layer_index(run, time_series_by_tag, skip_warning):
@@ -48,7 +50,14 @@ def layer_index(run, time_series_by_tag, skip_warning):
             continue
         layer = layers.setdefault(
             content["layer"],
-            {"info": content, "tensors": {}, "routing": None, "units": None, "routing_map": None, "updates": {}},
+            {
+                "info": content,
+                "tensors": {},
+                "routing": None,
+                "units": None,
+                "routing_map": None,
+                "updates": {},
+            },
         )
         if content["kind"] == metadata.KIND_ROUTING:
             layer["routing"] = (tag, content, time_series)
@@ -71,7 +80,10 @@ def weight_updates(layer):
         if content["role"] == records.WEIGHT
     }
     updates = layer["updates"]
-    return {weight: updates[weight] for weight in sorted(updates, key=lambda w: (indexes.get(w, len(indexes)), w))}
+    return {
+        weight: updates[weight]
+        for weight in sorted(updates, key=lambda w: (indexes.get(w, len(indexes)), w))
+    }
 
 
 def parse_content(time_series, run, tag, skip_warning):

@@ -93,7 +93,9 @@ def parse_flags(text):
     chosen = [name.strip() for name in text.split(",") if name.strip()]
     unknown = [name for name in chosen if name not in FLAGS]
     if unknown or not chosen:
-        raise ValueError(f"flags must be a comma-separated list of {', '.join(FLAGS)}; received {text!r}")
+        raise ValueError(
+            f"flags must be a comma-separated list of {', '.join(FLAGS)}; received {text!r}"
+        )
     return chosen
 
 
@@ -110,12 +112,20 @@ def role_flow(stats_list):
     finite = sum(_finite_count(s) for s in stats_list)
     count = sum(s["count"] for s in stats_list)
     if finite:
-        squares = sum(_finite_count(s) * (s["mean"] ** 2 + s["std"] ** 2) for s in stats_list if _finite_count(s))
+        squares = sum(
+            _finite_count(s) * (s["mean"] ** 2 + s["std"] ** 2)
+            for s in stats_list
+            if _finite_count(s)
+        )
         rms = math.sqrt(squares / finite)
         max_abs = max(max(abs(s["min"]), abs(s["max"])) for s in stats_list if _finite_count(s))
     else:
         rms = max_abs = math.nan
-    return {"rms": rms, "max_abs": max_abs, "zero_fraction": sum(s["zeros"] for s in stats_list) / count if count else math.nan}
+    return {
+        "rms": rms,
+        "max_abs": max_abs,
+        "zero_fraction": sum(s["zeros"] for s in stats_list) / count if count else math.nan,
+    }
 
 
 def layer_flow(tensors):
@@ -182,6 +192,9 @@ def layer_flags(layer, reference, ratio=DEFAULT_RATIO, judged=True):
         listed = ", ".join(map(str, units["listed"]))
         more = "" if len(units["listed"]) == units["dead_channels"] else ", ..."
         flags.append(
-            {"flag": "dead", "detail": f"{units['dead_channels']} of {units['channels']} channels never non-zero: {listed}{more}"}
+            {
+                "flag": "dead",
+                "detail": f"{units['dead_channels']} of {units['channels']} channels never non-zero: {listed}{more}",
+            }
         )
     return flags

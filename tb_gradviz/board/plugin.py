@@ -12,13 +12,11 @@ import importlib.resources
 import os
 import re
 
-from werkzeug import wrappers
-
-from tensorboard import errors
-from tensorboard import plugin_util
+from tensorboard import errors, plugin_util
 from tensorboard.backend import http_util
 from tensorboard.plugins import base_plugin
 from tensorboard.plugins.histogram import metadata as histogram_metadata
+from werkzeug import wrappers
 
 from tb_gradviz.board import health, responses, store
 from tb_gradviz.format import metadata, records
@@ -51,7 +49,9 @@ class _MethodNotAllowedError(errors.PublicError):
     http_code = 405
 
     def __init__(self, method):
-        super().__init__(f"Method not allowed: {method}; this route answers {', '.join(_ALLOWED_METHODS)}")
+        super().__init__(
+            f"Method not allowed: {method}; this route answers {', '.join(_ALLOWED_METHODS)}"
+        )
         self.headers = [("Allow", ", ".join(_ALLOWED_METHODS))]
 
 
@@ -100,7 +100,9 @@ def _single_arg(request, name, required=True):
     """
     values = request.args.getlist(name)
     if len(values) > 1:
-        raise errors.InvalidArgumentError(f"query argument {name!r} given {len(values)} times; give it once")
+        raise errors.InvalidArgumentError(
+            f"query argument {name!r} given {len(values)} times; give it once"
+        )
     if not values:
         if required:
             raise errors.InvalidArgumentError(f"missing query argument {name!r}")
@@ -130,7 +132,9 @@ def _parse_ratio(text):
     except ValueError:
         ratio = float("nan")
     if not 1 < ratio < float("inf"):
-        raise errors.InvalidArgumentError(f"ratio must be a finite number above 1; received {text[:40]!r}")
+        raise errors.InvalidArgumentError(
+            f"ratio must be a finite number above 1; received {text[:40]!r}"
+        )
     return ratio
 
 
@@ -178,7 +182,9 @@ class GradVizPlugin(base_plugin.TBPlugin):
         return (metadata.PLUGIN_NAME,)
 
     def frontend_metadata(self):
-        return base_plugin.FrontendMetadata(es_module_path=_STATIC_ROUTE + "/index.js", tab_name="GradViz")
+        return base_plugin.FrontendMetadata(
+            es_module_path=_STATIC_ROUTE + "/index.js", tab_name="GradViz"
+        )
 
     def _store(self, ctx, experiment, run=None):
         return store.RunStore(self._data_provider, self._caches, ctx, experiment, run)
@@ -216,10 +222,14 @@ class GradVizPlugin(base_plugin.TBPlugin):
         histograms = None
         if histogram_series is not None:
             histogram_tag = content["histogram_tag"]
-            histograms = run_store.read_later({histogram_tag: histogram_series}, records.HISTOGRAM, histogram_metadata.PLUGIN_NAME)
+            histograms = run_store.read_later(
+                {histogram_tag: histogram_series}, records.HISTOGRAM, histogram_metadata.PLUGIN_NAME
+            )
         tag = records.stats_tag(layer, tensor)
         stats = run_store.read({tag: stats_series}, records.STATS)[tag]
-        return responses.series_body(run, content, stats, histograms.result()[histogram_tag] if histograms else None)
+        return responses.series_body(
+            run, content, stats, histograms.result()[histogram_tag] if histograms else None
+        )
 
     def routing_impl(self, ctx, experiment, run, layer):
         """Returns the `/routing` body: the routing records of a pooling layer.
@@ -238,7 +248,9 @@ class GradVizPlugin(base_plugin.TBPlugin):
         run_store = self._store(ctx, experiment, run)
         content, time_series = run_store.routing(layer)
         tag = records.routing_tag(layer)
-        return responses.routing_body(run, content, run_store.read({tag: time_series}, records.ROUTING)[tag])
+        return responses.routing_body(
+            run, content, run_store.read({tag: time_series}, records.ROUTING)[tag]
+        )
 
     def step_impl(self, ctx, experiment, run, step=None, ratio=health.DEFAULT_RATIO):
         """Returns the `/step` body: every layer of a run at its latest step `<= step`, with its flags.
@@ -260,7 +272,9 @@ class GradVizPlugin(base_plugin.TBPlugin):
         run_store = self._store(ctx, experiment, run)
         layers = run_store.layers()
         limit = _INT64_MAX if step is None else step
-        stats_series = {tag: ts for layer in layers.values() for tag, _, ts in layer["tensors"].values()}
+        stats_series = {
+            tag: ts for layer in layers.values() for tag, _, ts in layer["tensors"].values()
+        }
 
         def series_of(kind):
             return {layer[kind][0]: layer[kind][2] for layer in layers.values() if layer[kind]}
@@ -273,7 +287,11 @@ class GradVizPlugin(base_plugin.TBPlugin):
                 "routing": run_store.read_at(series_of("routing"), records.ROUTING, limit),
                 "units": run_store.read_at(series_of("units"), records.UNITS, limit),
                 "updates": run_store.read_at(
-                    {tag: ts for layer in layers.values() for tag, _, ts in layer["updates"].values()},
+                    {
+                        tag: ts
+                        for layer in layers.values()
+                        for tag, _, ts in layer["updates"].values()
+                    },
                     records.UPDATE,
                     limit,
                 ),
@@ -301,8 +319,12 @@ class GradVizPlugin(base_plugin.TBPlugin):
         """
         run_store = self._store(ctx, experiment, run)
         found = run_store.updates(layer)
-        series = run_store.read({tag: time_series for tag, _, time_series in found.values()}, records.UPDATE)
-        return responses.updates_body(run, layer, {weight: series[tag] for weight, (tag, _, _) in found.items()})
+        series = run_store.read(
+            {tag: time_series for tag, _, time_series in found.values()}, records.UPDATE
+        )
+        return responses.updates_body(
+            run, layer, {weight: series[tag] for weight, (tag, _, _) in found.items()}
+        )
 
     def routing_map_impl(self, ctx, experiment, run, layer, step=None):
         """Returns the `/routing_map` body: a pooling layer's routing map at its latest step `<= step`.
@@ -323,9 +345,13 @@ class GradVizPlugin(base_plugin.TBPlugin):
         content, time_series = run_store.routing_map(layer)
         tag = records.routing_map_tag(layer)
         limit = _INT64_MAX if step is None else step
-        body = responses.routing_map_body(run, content, run_store.read({tag: time_series}, records.ROUTING_MAP)[tag], limit)
+        body = responses.routing_map_body(
+            run, content, run_store.read({tag: time_series}, records.ROUTING_MAP)[tag], limit
+        )
         if body is None:
-            raise errors.NotFoundError(f"layer {layer!r} of run {run!r} has no routing map at a step <= {limit}")
+            raise errors.NotFoundError(
+                f"layer {layer!r} of run {run!r} has no routing map at a step <= {limit}"
+            )
         return body
 
     # Routes: read the request, call an *_impl, respond.

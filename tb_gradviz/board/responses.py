@@ -49,7 +49,9 @@ def layer_summary(name, layer):
     info = layer["info"]
     pooling = layer["routing"][1].get("pooling") if layer["routing"] else None
     if pooling is None:
-        pooling = next((t[1]["pooling"] for t in layer["tensors"].values() if t[1].get("pooling")), None)
+        pooling = next(
+            (t[1]["pooling"] for t in layer["tensors"].values() if t[1].get("pooling")), None
+        )
     contents = sorted((content for _, content, _ in layer["tensors"].values()), key=_tensor_order)
     tensors = [
         {
@@ -63,7 +65,9 @@ def layer_summary(name, layer):
         for content in contents
     ]
     weights = [t["weight"] for t in tensors if t["role"] == records.WEIGHT]
-    steps = [series.max_step for _, _, series in layer["tensors"].values() if series.max_step is not None]
+    steps = [
+        series.max_step for _, _, series in layer["tensors"].values() if series.max_step is not None
+    ]
     return {
         "layer": name,
         "layer_index": info["layer_index"],
@@ -94,7 +98,12 @@ def runs_body(layer_indexes):
 def _histogram_columns(histograms, steps):
     """The linear histograms (a `store.Series` or None) aligned with `steps`, None where missing."""
     empty = [None] * len(steps)
-    result = {"buckets": records.HISTOGRAM_BUCKETS, "low": empty, "high": list(empty), "counts": list(empty)}
+    result = {
+        "buckets": records.HISTOGRAM_BUCKETS,
+        "low": empty,
+        "high": list(empty),
+        "counts": list(empty),
+    }
     if histograms is None or not len(steps):
         return result
     # The last record of a step wins, as the stats rows are also sorted stably by step.
@@ -122,19 +131,33 @@ def series_body(run, content, stats, histograms):
         "wall_times": stats.wall_times.tolist(),
         "stats": {name: columns[name].tolist() for name in records.STATS_FIELDS},
         "histogram": _histogram_columns(histograms, stats.steps),
-        "log": {"edges": LOG_EDGES, "negative": columns["negative"].tolist(), "positive": columns["positive"].tolist()},
+        "log": {
+            "edges": LOG_EDGES,
+            "negative": columns["negative"].tolist(),
+            "positive": columns["positive"].tolist(),
+        },
     }
 
 
 def routing_body(run, content, routing):
     """The `/routing` body of a pooling layer: its routing `store.Series`, field by field, and the mass verdicts."""
     dtype = content.get("layer_dtype")
-    verdicts = [records.mass_conservation(records.decode_routing(row), dtype) for row in routing.values]
+    verdicts = [
+        records.mass_conservation(records.decode_routing(row), dtype) for row in routing.values
+    ]
     columns = records.routing_columns(routing.values)
-    body = {"run": run, "layer": content["layer"], "pooling": content.get("pooling"), "steps": routing.steps.tolist()}
+    body = {
+        "run": run,
+        "layer": content["layer"],
+        "pooling": content.get("pooling"),
+        "steps": routing.steps.tolist(),
+    }
     for name, column in columns.items():
         body[name] = _counts(column) if name in records.ROUTING_COUNT_FIELDS else column.tolist()
-    body["mass"] = {key: [v[key] for v in verdicts] for key in ("difference", "relative", "tolerance", "conserved")}
+    body["mass"] = {
+        key: [v[key] for v in verdicts]
+        for key in ("difference", "relative", "tolerance", "conserved")
+    }
     return body
 
 
@@ -152,14 +175,22 @@ def _layer_at(name, layer, series_by_kind, limit):
     tensors = {}
     for content, series, row in sorted(found, key=lambda item: _tensor_order(item[0])):
         values, log = _stats_row(series.values[row])
-        tensors[content["tensor"]] = {"step": int(series.steps[row]), "role": content["role"], "stats": values, "log": log}
+        tensors[content["tensor"]] = {
+            "step": int(series.steps[row]),
+            "role": content["role"],
+            "stats": values,
+            "log": log,
+        }
     routing_at = units_at = None
     if layer["routing"] is not None:
         tag, content, _ = layer["routing"]
         series = series_by_kind["routing"][tag]
         row = series.index_at_or_before(step)
         if row is not None:
-            routing_at = dict(_routing_row(series.values[row], content.get("layer_dtype")), step=int(series.steps[row]))
+            routing_at = dict(
+                _routing_row(series.values[row], content.get("layer_dtype")),
+                step=int(series.steps[row]),
+            )
     if layer["units"] is not None:
         series = series_by_kind["units"][layer["units"][0]]
         row = series.index_at_or_before(step)
@@ -186,7 +217,9 @@ def _layer_at(name, layer, series_by_kind, limit):
         "units": units_at,
         "updates": updates_at,
         "update_ratio": update_ratio,
-        "update_size": None if update_ratio is None else health.update_size(update_ratio, _layer_interval(updates_at)),
+        "update_size": None
+        if update_ratio is None
+        else health.update_size(update_ratio, _layer_interval(updates_at)),
         "flow": health.layer_flow(tensors),
     }
 
@@ -225,7 +258,9 @@ def step_body(run, layers, series_by_kind, limit, ratio=health.DEFAULT_RATIO):
     reference = health.reference_layer(snapshots)
     judged = health.judged_layers(snapshots, reference)
     for snapshot in snapshots:
-        snapshot["flags"] = health.layer_flags(snapshot, reference, ratio, snapshot["layer"] in judged)
+        snapshot["flags"] = health.layer_flags(
+            snapshot, reference, ratio, snapshot["layer"] in judged
+        )
     return {
         "run": run,
         "step": max(snapshot["step"] for snapshot in snapshots),
@@ -251,7 +286,9 @@ def updates_body(run, layer, series_by_weight):
         entry = {"weight": weight, "steps": series.steps.tolist()}
         entry.update({name: column.tolist() for name, column in columns.items()})
         entry["interval"] = _counts(columns["interval"])
-        entry["size"] = [health.update_size(r, i) for r, i in zip(entry["update_ratio"], entry["interval"])]
+        entry["size"] = [
+            health.update_size(r, i) for r, i in zip(entry["update_ratio"], entry["interval"])
+        ]
         weights.append(entry)
     return {"run": run, "layer": layer, "weights": weights}
 
@@ -263,7 +300,11 @@ def routing_map_body(run, content, series, limit):
     settings) are left out.
     """
     values = content.get("values")
-    rows = [(int(step), array) for step, array in zip(series.steps.tolist(), series.values) if array.shape[1] == values]
+    rows = [
+        (int(step), array)
+        for step, array in zip(series.steps.tolist(), series.values)
+        if array.shape[1] == values
+    ]
     steps = [step for step, _ in rows]
     at = [entry for entry in rows if entry[0] <= limit]
     if not at:

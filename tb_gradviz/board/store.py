@@ -12,7 +12,6 @@ import concurrent.futures
 import threading
 
 import numpy as np
-
 from tensorboard import errors
 from tensorboard.data import provider
 from tensorboard.plugins.histogram import metadata as histogram_metadata
@@ -74,9 +73,13 @@ def decode_series(data, layout):
         # list, for the reader to match against that metadata.
         kept.sort(key=lambda entry: entry[0])
         steps = np.array([step for step, _, _ in kept], dtype=np.int64)
-        return Series(steps, np.array([w for _, w, _ in kept], dtype=np.float64), [a for _, _, a in kept])
+        return Series(
+            steps, np.array([w for _, w, _ in kept], dtype=np.float64), [a for _, _, a in kept]
+        )
     if not kept:
-        return Series(np.zeros(0, np.int64), np.zeros(0), np.zeros((0,) + tuple(n or 0 for n in layout.shape)))
+        return Series(
+            np.zeros(0, np.int64), np.zeros(0), np.zeros((0,) + tuple(n or 0 for n in layout.shape))
+        )
     steps = np.array([step for step, _, _ in kept], dtype=np.int64)
     wall_times = np.array([wall_time for _, wall_time, _ in kept], dtype=np.float64)
     values = np.stack([array for _, _, array in kept])
@@ -152,15 +155,24 @@ class RunStore:
     # Listing.
 
     def _list(self, plugin_name, run=None, tag=None):
-        run_tag_filter = provider.RunTagFilter(runs=None if run is None else [run], tags=None if tag is None else [tag])
+        run_tag_filter = provider.RunTagFilter(
+            runs=None if run is None else [run], tags=None if tag is None else [tag]
+        )
         listing = self._provider.list_tensors(
-            self._ctx, experiment_id=self._experiment, plugin_name=plugin_name, run_tag_filter=run_tag_filter
+            self._ctx,
+            experiment_id=self._experiment,
+            plugin_name=plugin_name,
+            run_tag_filter=run_tag_filter,
         )
         if plugin_name == metadata.PLUGIN_NAME:
             # Each series under its own version: see `_listed`.
             for listed_run, time_series_by_tag in listing.items():
                 for listed_tag, time_series in time_series_by_tag.items():
-                    self._caches.listings.put((self._experiment, listed_run, listed_tag), _version(time_series), time_series)
+                    self._caches.listings.put(
+                        (self._experiment, listed_run, listed_tag),
+                        _version(time_series),
+                        time_series,
+                    )
         return listing
 
     def list_runs(self):
@@ -202,7 +214,9 @@ class RunStore:
         """
         if histogram_series is None:
             return self._list_one(metadata.PLUGIN_NAME, tag)
-        time_series = self._caches.listings.get((self._experiment, self.run, tag), _version(histogram_series))
+        time_series = self._caches.listings.get(
+            (self._experiment, self.run, tag), _version(histogram_series)
+        )
         if time_series is None:
             # One call lists the whole run for about what one tag costs.
             time_series = self._list(metadata.PLUGIN_NAME, run=self.run).get(self.run, {}).get(tag)
@@ -230,9 +244,13 @@ class RunStore:
             or content["layer"] != layer
             or content["tensor"] != tensor
         ):
-            raise errors.NotFoundError(f"no tensor {tensor!r} of layer {layer!r} in run {self.run!r}")
+            raise errors.NotFoundError(
+                f"no tensor {tensor!r} of layer {layer!r} in run {self.run!r}"
+            )
         if content["histogram_tag"] != histogram_tag:
-            histogram_series = self._list_one(histogram_metadata.PLUGIN_NAME, content["histogram_tag"])
+            histogram_series = self._list_one(
+                histogram_metadata.PLUGIN_NAME, content["histogram_tag"]
+            )
         return content, time_series, histogram_series
 
     def routing(self, layer):
@@ -312,7 +330,9 @@ class RunStore:
         """
         result, full, last_only = {}, {}, {}
         for tag, time_series in time_series_by_tag.items():
-            cached = self._caches.series.get(self._key(metadata.PLUGIN_NAME, tag, ALL_SAMPLES), _version(time_series))
+            cached = self._caches.series.get(
+                self._key(metadata.PLUGIN_NAME, tag, ALL_SAMPLES), _version(time_series)
+            )
             if cached is not None:
                 result[tag] = cached
             elif time_series.max_step is not None and time_series.max_step <= limit:
@@ -325,7 +345,9 @@ class RunStore:
             # the row wanted is further back.
             return len(series.steps) == 1 and int(series.steps[0]) == time_series.max_step
 
-        last, refused = self._read_cached(last_only, layout, metadata.PLUGIN_NAME, 1, accept=is_listed_last_point)
+        last, refused = self._read_cached(
+            last_only, layout, metadata.PLUGIN_NAME, 1, accept=is_listed_last_point
+        )
         result.update(last)
         full.update(refused)
         result.update(self.read(full, layout))
@@ -348,7 +370,9 @@ class RunStore:
         """
         result, stale, refused = {}, {}, {}
         for tag, time_series in time_series_by_tag.items():
-            series = self._caches.series.get(self._key(plugin_name, tag, downsample), _version(time_series))
+            series = self._caches.series.get(
+                self._key(plugin_name, tag, downsample), _version(time_series)
+            )
             if series is None:
                 stale[tag] = time_series
             else:
@@ -359,7 +383,9 @@ class RunStore:
             if accept is not None and not accept(series, time_series):
                 refused[tag] = time_series
                 continue
-            self._caches.series.put(self._key(plugin_name, tag, downsample), _version(time_series), series)
+            self._caches.series.put(
+                self._key(plugin_name, tag, downsample), _version(time_series), series
+            )
             result[tag] = series
         return result, refused
 
@@ -380,7 +406,9 @@ class RunStore:
                     experiment_id=self._experiment,
                     plugin_name=plugin_name,
                     downsample=downsample,
-                    run_tag_filter=provider.RunTagFilter(runs=[self.run], tags=tags[start : start + batch]),
+                    run_tag_filter=provider.RunTagFilter(
+                        runs=[self.run], tags=tags[start : start + batch]
+                    ),
                 ).get(self.run, {})
             )
         return data

@@ -13,14 +13,14 @@ import warnings
 import keras
 import numpy as np
 
-from tb_gradviz.format import events
-from tb_gradviz.format import records
-from tb_gradviz.format import routing_map
+from tb_gradviz.format import events, records, routing_map
 
 
 def host_map(slices, divisor=None):
     """A routing map's slices as numpy (float16/bfloat16 widened), the gradients divided by the loss scale."""
-    x, input_gradient, output_gradient = (np.asarray(keras.ops.convert_to_numpy(t), dtype=np.float64) for t in slices)
+    x, input_gradient, output_gradient = (
+        np.asarray(keras.ops.convert_to_numpy(t), dtype=np.float64) for t in slices
+    )
     if divisor is not None:
         input_gradient, output_gradient = input_gradient / divisor, output_gradient / divisor
     return x, input_gradient, output_gradient
@@ -55,7 +55,9 @@ def step_records(plans, summaries, routings, skipped, units, maps=(), map_settin
         if plan.has_routing:
             result += events.routing_records(plan.chosen.path, next(routings), layer_content)
         if plan.units_axis is not None:
-            units_content = dict(layer_content, tensor=plan.tensors[0].name, channel_axis=plan.units_axis)
+            units_content = dict(
+                layer_content, tensor=plan.tensors[0].name, channel_axis=plan.units_axis
+            )
             vector = records.units_vector(keras.ops.convert_to_numpy(next(units)))
             result += events.units_records(plan.chosen.path, vector, units_content)
         if plan.map_cut is not None:
@@ -69,7 +71,18 @@ def step_records(plans, summaries, routings, skipped, units, maps=(), map_settin
 # `records.summary_from_sums`' arguments from `zeros` to `squares`, then the
 # plain sum and the sum of magnitudes of all values (the routing record's,
 # NaN when a value is).
-DEVICE_SUMS = ("zeros", "nans", "pos_inf", "neg_inf", "low", "high", "total", "squares", "raw_sum", "raw_abs_sum")
+DEVICE_SUMS = (
+    "zeros",
+    "nans",
+    "pos_inf",
+    "neg_inf",
+    "low",
+    "high",
+    "total",
+    "squares",
+    "raw_sum",
+    "raw_abs_sum",
+)
 
 
 def device_records(plans, rows, routing_counts, skipped, units, maps=(), map_settings=None):
@@ -89,11 +102,18 @@ def device_records(plans, rows, routing_counts, skipped, units, maps=(), map_set
         for t in plan.tensors:
             n, sums, linear, magnitude = by_name[t.name] = next(rows)
             summaries.append(
-                records.summary_from_sums(n, *sums[:8], linear, magnitude.astype(np.float64), len(linear))
+                records.summary_from_sums(
+                    n, *sums[:8], linear, magnitude.astype(np.float64), len(linear)
+                )
             )
         if plan.has_routing:
-            input_sums, output_sums = by_name[records.INPUT_GRADIENT][1], by_name[records.OUTPUT_GRADIENT][1]
-            routings.append(np.array([*map(float, next(counts)), input_sums[8], output_sums[8], output_sums[9]]))
+            input_sums, output_sums = (
+                by_name[records.INPUT_GRADIENT][1],
+                by_name[records.OUTPUT_GRADIENT][1],
+            )
+            routings.append(
+                np.array([*map(float, next(counts)), input_sums[8], output_sums[8], output_sums[9]])
+            )
     return step_records(plans, summaries, routings, skipped, units, maps, map_settings)
 
 
@@ -113,7 +133,12 @@ def host_routing(counts, input_gradient, output_gradient, divisor=None):
     input_gradient, output_gradient = unscaled(input_gradient), unscaled(output_gradient)
     with np.errstate(invalid="ignore"):  # inf - inf in a sum is NaN, as on the device
         return np.array(
-            [*map(float, counts), input_gradient.sum(), output_gradient.sum(), np.abs(output_gradient).sum()],
+            [
+                *map(float, counts),
+                input_gradient.sum(),
+                output_gradient.sum(),
+                np.abs(output_gradient).sum(),
+            ],
             dtype=np.float64,
         )
 
@@ -201,7 +226,9 @@ def host_weights(plans, arrays):
     return result
 
 
-def host_records(plans, arrays, divisor, routing_counts, skipped, units, maps=(), map_settings=None):
+def host_records(
+    plans, arrays, divisor, routing_counts, skipped, units, maps=(), map_settings=None
+):
     """Returns `run`'s result from the captured tensors, summarised on the host.
 
     Args:
@@ -217,7 +244,9 @@ def host_records(plans, arrays, divisor, routing_counts, skipped, units, maps=()
       maps, map_settings: as for `step_records`.
     """
     tensors = [t for plan in plans for t in plan.tensors]
-    summaries = host_summaries([(a, divisor if t.loss_scaled else None) for a, t in zip(arrays, tensors)])
+    summaries = host_summaries(
+        [(a, divisor if t.loss_scaled else None) for a, t in zip(arrays, tensors)]
+    )
     by_tensor = iter(arrays)
     counts = iter(routing_counts)
     routings = []
@@ -225,6 +254,11 @@ def host_records(plans, arrays, divisor, routing_counts, skipped, units, maps=()
         values = {t.name: next(by_tensor) for t in plan.tensors}
         if plan.has_routing:
             routings.append(
-                host_routing(next(counts), values[records.INPUT_GRADIENT], values[records.OUTPUT_GRADIENT], divisor)
+                host_routing(
+                    next(counts),
+                    values[records.INPUT_GRADIENT],
+                    values[records.OUTPUT_GRADIENT],
+                    divisor,
+                )
             )
     return step_records(plans, summaries, routings, skipped, units, maps, map_settings)

@@ -6,13 +6,10 @@ import sys
 import keras
 import numpy as np
 
-from tb_gradviz.capture import probe
-from tb_gradviz.format import events
-from tb_gradviz.format import records
-from tb_gradviz.format import routing_map as routing_map_module
-from tb_gradviz.capture import selection
-from tb_gradviz.format import storage
+from tb_gradviz.capture import probe, selection
 from tb_gradviz.capture import weights as weights_module
+from tb_gradviz.format import events, records, storage
+from tb_gradviz.format import routing_map as routing_map_module
 
 
 class GradVizCallback(keras.callbacks.Callback):
@@ -125,12 +122,16 @@ class GradVizCallback(keras.callbacks.Callback):
         if not isinstance(training, bool):
             raise TypeError(f"training must be True or False; received {training!r}")
         if not isinstance(stop_on_nonfinite, bool):
-            raise TypeError(f"stop_on_nonfinite must be True or False; received {stop_on_nonfinite!r}")
+            raise TypeError(
+                f"stop_on_nonfinite must be True or False; received {stop_on_nonfinite!r}"
+            )
         if not isinstance(routing_map, bool):
             raise TypeError(f"routing_map must be True or False; received {routing_map!r}")
         if not isinstance(weights, bool):
             raise TypeError(f"weights must be True or False; received {weights!r}")
-        map_settings = routing_map_module.Settings(routing_map_example, routing_map_channels, routing_map_origin)
+        map_settings = routing_map_module.Settings(
+            routing_map_example, routing_map_channels, routing_map_origin
+        )
         self.log_dir = log_dir
         self.layers = selection.check_layer_spec(layers)
         self.every_n_epochs = every_n_epochs
@@ -153,7 +154,11 @@ class GradVizCallback(keras.callbacks.Callback):
     def on_train_begin(self, logs=None):
         if self._capture is None or self._capture.model is not self.model:
             chosen = selection.select_layers(self.model, self.layers)
-            if self.loss is None and getattr(self.model, "_compile_loss", None) is None and not self.model.losses:
+            if (
+                self.loss is None
+                and getattr(self.model, "_compile_loss", None) is None
+                and not self.model.losses
+            ):
                 raise ValueError(
                     "GradVizCallback needs a loss: compile the model with one, or pass loss= "
                     "(a Keras loss name, function or Loss instance)"
@@ -167,7 +172,11 @@ class GradVizCallback(keras.callbacks.Callback):
                         f"received {self.routing_map.example}"
                     )
             self._capture = probe.new_capture(
-                self.model, chosen, loss=self.loss, training=self.training, routing_map=self.routing_map,
+                self.model,
+                chosen,
+                loss=self.loss,
+                training=self.training,
+                routing_map=self.routing_map,
                 weights=self.weights,
             )
             self._updates = weights_module.Updates() if self.weights else None
@@ -215,9 +224,13 @@ class GradVizCallback(keras.callbacks.Callback):
             written += self._updates.records(self._capture.plans, step, host_weights)
         self._log.write(step, written)
         if self.stop_on_nonfinite:
-            nonfinite = [tag for tag, values, _ in written if records.stats_has_nonfinite(tag, values)]
+            nonfinite = [
+                tag for tag, values, _ in written if records.stats_has_nonfinite(tag, values)
+            ]
             if nonfinite:
-                print(f"GradVizCallback: step {step}: NaN or Inf recorded in {', '.join(nonfinite)}; stopping training")
+                print(
+                    f"GradVizCallback: step {step}: NaN or Inf recorded in {', '.join(nonfinite)}; stopping training"
+                )
                 self.model.stop_training = True
 
     def _writes_summaries(self):
@@ -339,7 +352,9 @@ def probe_batch(probe_data):
     x, y, *rest = probe_data
     sample_weight = rest[0] if rest else None
     if x is None or y is None:
-        raise ValueError(f"{source} must hold both x and y; received x={type(x).__name__}, y={type(y).__name__}")
+        raise ValueError(
+            f"{source} must hold both x and y; received x={type(x).__name__}, y={type(y).__name__}"
+        )
     x, y = (keras.tree.map_structure(_as_tensor, part) for part in (x, y))
     if sample_weight is not None:
         sample_weight = _as_tensor(sample_weight)
@@ -359,7 +374,11 @@ def probe_batch(probe_data):
 
 def _first_batch(probe_data):
     """Returns `(batch, description)`: `probe_data` itself, or the first batch of a source of batches."""
-    if isinstance(probe_data, (tuple, list, dict)) or keras.ops.is_tensor(probe_data) or isinstance(probe_data, np.ndarray):
+    if (
+        isinstance(probe_data, (tuple, list, dict))
+        or keras.ops.is_tensor(probe_data)
+        or isinstance(probe_data, np.ndarray)
+    ):
         return probe_data, "probe_data"
     kind = _source_kind(probe_data)
     if kind is None:

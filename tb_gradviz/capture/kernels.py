@@ -47,7 +47,7 @@ def _octave_bins_and_edges(exponent_fields):
     bins = np.searchsorted(records.LOG_EDGES, lows, side="right").astype(np.int64)
     edges = np.full(len(fields), np.inf)
     for e in fields:
-        inside = records.LOG_EDGES[(records.LOG_EDGES > lows[e]) & (records.LOG_EDGES < highs[e])]
+        inside = records.LOG_EDGES[(lows[e] < records.LOG_EDGES) & (highs[e] > records.LOG_EDGES)]
         assert inside.size <= 1, "a binary octave holds two half-decade edges"
         if inside.size:
             edges[e] = inside[0]
@@ -158,7 +158,9 @@ def _summary_float32(values, buckets, octave, octave_bin, octave_edge):
             _linear_buckets(block, low, width, buckets - 1, linear)
         _count_pairs(bits[begin : begin + _BLOCK], linear, octave, joint)
     pairs = (joint[0] + joint[1]).reshape(buckets, columns)
-    return _records(n, zeros, 0, 0, 0, low, high, total, squares, pairs.sum(axis=1), pairs.sum(axis=0), buckets)
+    return _records(
+        n, zeros, 0, 0, 0, low, high, total, squares, pairs.sum(axis=1), pairs.sum(axis=0), buckets
+    )
 
 
 # The records from the sums and counts: records' one assembly, compiled.
@@ -212,7 +214,9 @@ def _summary(values, divisor, buckets, octave_bin, octave_edge):
         squares += d * d
         if high > low:
             linear[min(int(np.floor((v - low) / width)), buckets - 1)] += 1
-    return _records(n, zeros, nans, pos_inf, neg_inf, low, high, total, squares, linear, magnitude, buckets)
+    return _records(
+        n, zeros, nans, pos_inf, neg_inf, low, high, total, squares, linear, magnitude, buckets
+    )
 
 
 @numba.njit(nogil=True, cache=True, fastmath=_SUM)
@@ -236,7 +240,11 @@ def update_sums(current, previous):
       previous: a contiguous array of the same shape and dtype, overwritten.
     """
     current = np.ascontiguousarray(current).reshape(-1)
-    if previous.dtype != current.dtype or previous.size != current.size or not previous.flags.c_contiguous:
+    if (
+        previous.dtype != current.dtype
+        or previous.size != current.size
+        or not previous.flags.c_contiguous
+    ):
         raise ValueError(
             f"previous must be a contiguous {current.dtype} array of {current.size} values; "
             f"received {previous.dtype}, {previous.size} values"
@@ -259,7 +267,9 @@ def summary(values, divisor=None, buckets=records.HISTOGRAM_BUCKETS):
     flat = np.ascontiguousarray(values).reshape(-1)
     if divisor is None and flat.dtype == np.float32:
         return _summary_float32(flat, int(buckets), _FLOAT32_OCTAVE, _OCTAVE_BIN, _OCTAVE_EDGE)
-    return _summary(flat, 1.0 if divisor is None else float(divisor), int(buckets), _OCTAVE_BIN, _OCTAVE_EDGE)
+    return _summary(
+        flat, 1.0 if divisor is None else float(divisor), int(buckets), _OCTAVE_BIN, _OCTAVE_EDGE
+    )
 
 
 def _usable_cpus():

@@ -34,15 +34,16 @@ from dataclasses import dataclass, field
 import keras
 import numpy as np
 
-from tb_gradviz.format import records
-from tb_gradviz.format import routing_map
 from tb_gradviz.capture import weights as weights_module
 from tb_gradviz.capture.selection import pooling_description
+from tb_gradviz.format import records, routing_map
 
 BACKENDS = ("tensorflow", "jax", "torch")
 
 
-def new_capture(model, chosen, loss=None, training=True, statistics=None, routing_map=None, weights=False):
+def new_capture(
+    model, chosen, loss=None, training=True, statistics=None, routing_map=None, weights=False
+):
     """Returns the probe pass of `model` for the Keras backend in use.
 
     Args:
@@ -107,7 +108,9 @@ class ProbePass:
     def __init__(self, model, chosen, loss, training, statistics, default_statistics):
         statistics = default_statistics() if statistics is None else statistics
         if statistics not in STATISTICS:
-            raise ValueError(f"statistics must be one of {STATISTICS} or None; received {statistics!r}")
+            raise ValueError(
+                f"statistics must be one of {STATISTICS} or None; received {statistics!r}"
+            )
         self.statistics = statistics
         self.model = model
         self.chosen = list(chosen)
@@ -167,7 +170,9 @@ def recording_calls(chosen, is_float, wraps):
         recording = recordings[c.path]
         # object.__setattr__: Keras' __setattr__ would try to track the function.
         wrap_input, wrap_output = wraps(c.path)
-        object.__setattr__(layer, "call", _recording_call(original, recording, is_float, wrap_input, wrap_output))
+        object.__setattr__(
+            layer, "call", _recording_call(original, recording, is_float, wrap_input, wrap_output)
+        )
         originals.append((layer, had_own_call, original))
     try:
         yield recordings
@@ -223,7 +228,9 @@ class LayerPlan:
     pooling: dict = None
     has_routing: bool = False
     device: str = None  # where the pass ran, e.g. "cpu" or "cuda:0"
-    units_axis: int = None  # the channel axis of the first activation, when a units record is written
+    units_axis: int = (
+        None  # the channel axis of the first activation, when a units record is written
+    )
     map_cut: dict = None  # where the routing map is cut (`routing_map.layout`), when one is written
     weights: list = field(default_factory=list)  # the `(name, variable)`s recorded, in tensor order
 
@@ -243,7 +250,9 @@ class LayerPlan:
         return content
 
 
-def layer_plan(chosen, recording, shapes_and_dtypes, loss_scaled, device=None, map_settings=None, weights=()):
+def layer_plan(
+    chosen, recording, shapes_and_dtypes, loss_scaled, device=None, map_settings=None, weights=()
+):
     """Returns the `LayerPlan` of a layer whose call was recorded.
 
     Args:
@@ -275,12 +284,18 @@ def layer_plan(chosen, recording, shapes_and_dtypes, loss_scaled, device=None, m
         for i, (weight, variable) in enumerate(plan.weights):
             plan.tensors.append(
                 TensorPlan(
-                    records.weight_tensor_name(role, weight), role, i, list(variable.shape),
+                    records.weight_tensor_name(role, weight),
+                    role,
+                    i,
+                    list(variable.shape),
                     keras.backend.standardize_dtype(variable.dtype),
-                    loss_scaled=loss_scaled and role == records.WEIGHT_GRADIENT, weight=weight,
+                    loss_scaled=loss_scaled and role == records.WEIGHT_GRADIENT,
+                    weight=weight,
                 )
             )
-    plan.has_routing = plan.pooling is not None and len(recording.inputs) == 1 and len(recording.outputs) == 1
+    plan.has_routing = (
+        plan.pooling is not None and len(recording.inputs) == 1 and len(recording.outputs) == 1
+    )
     if plan.has_routing and map_settings is not None:
         input_shape = shapes_and_dtypes(recording.inputs[0])[0]
         if routing_map.maps_layer(plan.pooling, input_shape):
@@ -288,7 +303,9 @@ def layer_plan(chosen, recording, shapes_and_dtypes, loss_scaled, device=None, m
     if recording.outputs:
         rank = len(shapes_and_dtypes(recording.outputs[0])[0])
         if rank >= 2:
-            plan.units_axis = 1 if getattr(chosen.layer, "data_format", None) == "channels_first" else rank - 1
+            plan.units_axis = (
+                1 if getattr(chosen.layer, "data_format", None) == "channels_first" else rank - 1
+            )
     return plan
 
 
@@ -343,7 +360,11 @@ def tied_windows(x, pooling):
     counts = [(x.shape[a] - k) // s + 1 for a, k, s in zip(spatial, sizes, strides)]
     shifted = []
     for offset in itertools.product(*(range(k) for k in sizes)):
-        index = (slice(None), *(slice(o, o + s * (c - 1) + 1, s) for o, s, c in zip(offset, strides, counts)), slice(None))
+        index = (
+            slice(None),
+            *(slice(o, o + s * (c - 1) + 1, s) for o, s, c in zip(offset, strides, counts)),
+            slice(None),
+        )
         shifted.append(x[index])
     peak = shifted[0]
     for s in shifted[1:]:

@@ -13,7 +13,14 @@ import keras
 
 _MAX_POOLING = tuple(
     getattr(keras.layers, name)
-    for name in ("MaxPooling1D", "MaxPooling2D", "MaxPooling3D", "AdaptiveMaxPooling1D", "AdaptiveMaxPooling2D", "AdaptiveMaxPooling3D")
+    for name in (
+        "MaxPooling1D",
+        "MaxPooling2D",
+        "MaxPooling3D",
+        "AdaptiveMaxPooling1D",
+        "AdaptiveMaxPooling2D",
+        "AdaptiveMaxPooling3D",
+    )
     if hasattr(keras.layers, name)
 )
 _AVERAGE_POOLING = tuple(
@@ -28,7 +35,11 @@ _AVERAGE_POOLING = tuple(
     )
     if hasattr(keras.layers, name)
 )
-_GLOBAL_MAX_POOLING = (keras.layers.GlobalMaxPooling1D, keras.layers.GlobalMaxPooling2D, keras.layers.GlobalMaxPooling3D)
+_GLOBAL_MAX_POOLING = (
+    keras.layers.GlobalMaxPooling1D,
+    keras.layers.GlobalMaxPooling2D,
+    keras.layers.GlobalMaxPooling3D,
+)
 _GLOBAL_AVERAGE_POOLING = (
     keras.layers.GlobalAveragePooling1D,
     keras.layers.GlobalAveragePooling2D,
@@ -195,7 +206,6 @@ def pooling_description(layer):
     }
 
 
-
 def as_loss(loss):
     """Returns `loss` as a `keras.losses.Loss`, which takes `sample_weight`.
 
@@ -211,7 +221,9 @@ def as_loss(loss):
     if isinstance(loss, keras.losses.Loss):
         return loss
     if not callable(loss):
-        raise TypeError(f"loss must be a Keras loss name, a function (y_true, y_pred) or a Loss; received {loss!r}")
+        raise TypeError(
+            f"loss must be a Keras loss name, a function (y_true, y_pred) or a Loss; received {loss!r}"
+        )
     return _FunctionLoss(loss)
 
 
@@ -222,4 +234,3 @@ class _FunctionLoss(keras.losses.Loss):
 
     def call(self, y_true, y_pred):
         return self.fn(y_true, y_pred)
-

@@ -13,8 +13,7 @@ import keras
 import numpy as np
 
 from tb_gradviz.capture import assemble
-from tb_gradviz.format import events
-from tb_gradviz.format import records
+from tb_gradviz.format import events, records
 
 
 def chosen_weights(chosen):
@@ -97,8 +96,14 @@ class Updates:
                     continue
                 weight_squares, update_squares = _update_sums(current, kept[2])
                 self._previous[id(variable)] = (variable, step, kept[2])
-                vector = records.update_vector(np.sqrt(weight_squares), np.sqrt(update_squares), step - kept[1])
-                content = dict(plan.content, weight=name, tensor=records.weight_tensor_name(records.WEIGHT, name))
+                vector = records.update_vector(
+                    np.sqrt(weight_squares), np.sqrt(update_squares), step - kept[1]
+                )
+                content = dict(
+                    plan.content,
+                    weight=name,
+                    tensor=records.weight_tensor_name(records.WEIGHT, name),
+                )
                 result += events.update_records(plan.chosen.path, name, vector, content)
         return result
 

@@ -16,8 +16,7 @@ import google_crc32c
 import numpy as np
 from tensorboard.compat.proto import event_pb2, summary_pb2, tensor_pb2, tensor_shape_pb2, types_pb2
 
-from tb_gradviz.format import metadata
-from tb_gradviz.format import storage
+from tb_gradviz.format import metadata, storage
 from tb_gradviz.format.records import (
     histogram_tag,
     log_edges_description,
@@ -69,7 +68,12 @@ def masked_crc32c(data):
 def tfrecord(data):
     """Returns `data` framed as a TFRecord: length, its checksum, the data, its checksum."""
     header = struct.pack("<Q", len(data))
-    return header + struct.pack("<I", masked_crc32c(header)) + data + struct.pack("<I", masked_crc32c(data))
+    return (
+        header
+        + struct.pack("<I", masked_crc32c(header))
+        + data
+        + struct.pack("<I", masked_crc32c(data))
+    )
 
 
 _file_numbers = itertools.count()
@@ -103,7 +107,9 @@ class EventFile:
         self.path = os.path.join(os.fspath(logdir), name)
         self.size = 0  # bytes written
         self._stream = open(self.path, "wb")
-        self.write(event_pb2.Event(wall_time=wall_time, file_version="brain.Event:2").SerializeToString())
+        self.write(
+            event_pb2.Event(wall_time=wall_time, file_version="brain.Event:2").SerializeToString()
+        )
 
     def write(self, *events):
         """Writes serialized events; `flush` makes them visible to readers."""
@@ -216,7 +222,11 @@ def tensor_records(layer, tensor, histogram, stats, content):
         log_edges=log_edges_description(),
     )
     return [
-        (hist_tag, histogram, metadata.create_histogram_metadata(f"tb_gradviz: {tensor} of {layer}")),
+        (
+            hist_tag,
+            histogram,
+            metadata.create_histogram_metadata(f"tb_gradviz: {tensor} of {layer}"),
+        ),
         (stats_tag(layer, tensor), stats, metadata.create_summary_metadata(stats_content)),
     ]
 

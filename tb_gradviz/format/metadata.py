@@ -53,7 +53,9 @@ def create_summary_metadata(content):
 
 def create_histogram_metadata(description=""):
     """Returns the metadata of TensorBoard's own histogram plugin (k x 3 data)."""
-    metadata = histogram_metadata.create_summary_metadata(display_name=None, description=description)
+    metadata = histogram_metadata.create_summary_metadata(
+        display_name=None, description=description
+    )
     metadata.data_class = summary_pb2.DATA_CLASS_TENSOR
     return metadata
 
@@ -78,16 +80,26 @@ def parse_plugin_metadata(content):
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise ValueError(f"tb_gradviz metadata is not UTF-8 JSON: {e}") from None
     if not isinstance(parsed, dict):
-        raise ValueError(f"tb_gradviz metadata must be a JSON object; received {type(parsed).__name__}")
+        raise ValueError(
+            f"tb_gradviz metadata must be a JSON object; received {type(parsed).__name__}"
+        )
     version = parsed.get("version")
     if isinstance(version, int) and not isinstance(version, bool) and version > PROTO_VERSION:
-        raise NewerVersionError(f"tb_gradviz metadata version {version}; this reader knows 1..{PROTO_VERSION}")
+        raise NewerVersionError(
+            f"tb_gradviz metadata version {version}; this reader knows 1..{PROTO_VERSION}"
+        )
     if not isinstance(version, int) or isinstance(version, bool) or version < 1:
-        raise ValueError(f"unknown tb_gradviz metadata version {version!r}; this reader knows 1..{PROTO_VERSION}")
+        raise ValueError(
+            f"unknown tb_gradviz metadata version {version!r}; this reader knows 1..{PROTO_VERSION}"
+        )
     if parsed.get("kind") not in KINDS:
-        raise ValueError(f"unknown tb_gradviz record kind {parsed.get('kind')!r}; expected one of {KINDS}")
+        raise ValueError(
+            f"unknown tb_gradviz record kind {parsed.get('kind')!r}; expected one of {KINDS}"
+        )
     if not _valid_content(parsed):
-        raise ValueError(f"tb_gradviz {parsed['kind']} metadata lacks a field or has one of the wrong type: {str(parsed)[:200]}")
+        raise ValueError(
+            f"tb_gradviz {parsed['kind']} metadata lacks a field or has one of the wrong type: {str(parsed)[:200]}"
+        )
     return parsed
 
 
@@ -121,8 +133,11 @@ def _valid_content(content):
     if content["kind"] == KIND_UPDATE:
         return _is_str(content.get("tensor")) and _is_str(content.get("weight"))
     if content["kind"] == KIND_ROUTING_MAP:
-        boxes = {"map": ("height", "width"), "crop": ("row", "col", "height", "width"),
-                 "windows": ("row", "col", "rows", "cols")}
+        boxes = {
+            "map": ("height", "width"),
+            "crop": ("row", "col", "height", "width"),
+            "windows": ("row", "col", "rows", "cols"),
+        }
         return _is_int(content.get("example")) and all(
             isinstance(content.get(box), dict) and all(_is_int(content[box].get(k)) for k in keys)
             for box, keys in boxes.items()

@@ -67,9 +67,18 @@ ROUTING_FIELDS = (
 
 # Named positions, for code that indexes a vector (numba compiles module ints
 # as constants). The stats fields that count elements, and the two bin lists:
-(STAT_COUNT, STAT_ZEROS, STAT_NAN, STAT_POS_INF, STAT_NEG_INF, STAT_MIN, STAT_MAX, STAT_MEAN, STAT_STD, STAT_SUM) = range(
-    len(STATS_FIELDS)
-)
+(
+    STAT_COUNT,
+    STAT_ZEROS,
+    STAT_NAN,
+    STAT_POS_INF,
+    STAT_NEG_INF,
+    STAT_MIN,
+    STAT_MAX,
+    STAT_MEAN,
+    STAT_STD,
+    STAT_SUM,
+) = range(len(STATS_FIELDS))
 STATS_COUNT_FIELDS = STATS_FIELDS[: STAT_NEG_INF + 1]
 # The fields that depend on the order of float additions (fast paths agree
 # with the numpy definition to rounding there); every other field is exact.
@@ -157,7 +166,9 @@ def update_tag(layer, weight):
 
 def stats_has_nonfinite(tag, values):
     """Whether `(tag, values)` is a stats record that counts a NaN or an Inf."""
-    return tag.endswith("/stats") and bool(np.any(np.asarray(values)[STAT_NAN : STAT_NEG_INF + 1] > 0))
+    return tag.endswith("/stats") and bool(
+        np.any(np.asarray(values)[STAT_NAN : STAT_NEG_INF + 1] > 0)
+    )
 
 
 def linear_histogram(values, buckets=HISTOGRAM_BUCKETS):
@@ -210,7 +221,9 @@ def stats_vector(values):
     return np.concatenate([head, negative, positive]).astype(np.float64)
 
 
-def summary_from_sums(n, zeros, nans, pos_inf, neg_inf, low, high, total, squares, linear, magnitude, buckets):
+def summary_from_sums(
+    n, zeros, nans, pos_inf, neg_inf, low, high, total, squares, linear, magnitude, buckets
+):
     """Returns `(linear_histogram, stats_vector)` from a tensor's sums and counts.
 
     What every fast path computes in its own way (numba on the host, grouped
@@ -300,7 +313,10 @@ STATS = Layout(
 # Routing records before `output_gradient_abs_sum` (tb_gradviz's first
 # commit) hold six fields.
 ROUTING = Layout(
-    "routing", (len(ROUTING_FIELDS),), lambda values: values[:, : ROUTING_WINDOWS + 1], earlier_lengths=(6,)
+    "routing",
+    (len(ROUTING_FIELDS),),
+    lambda values: values[:, : ROUTING_WINDOWS + 1],
+    earlier_lengths=(6,),
 )
 
 
@@ -443,7 +459,12 @@ def routing_columns(values):
 # agree up to the rounding of the gradient's dtype (overlapping windows add in
 # it, an average pool divides in it): within MASS_TOLERANCE_UNITS units of
 # roundoff of sum(|output gradient|).
-_UNIT_ROUNDOFF = {"float16": 2.0**-11, "bfloat16": 2.0**-8, "float32": 2.0**-24, "float64": 2.0**-53}
+_UNIT_ROUNDOFF = {
+    "float16": 2.0**-11,
+    "bfloat16": 2.0**-8,
+    "float32": 2.0**-24,
+    "float64": 2.0**-53,
+}
 MASS_TOLERANCE_UNITS = 32
 
 
@@ -470,11 +491,26 @@ def mass_conservation(routing, dtype):
     tolerance = MASS_TOLERANCE_UNITS * _UNIT_ROUNDOFF.get(dtype, _UNIT_ROUNDOFF["float32"])
     scale = routing["output_gradient_abs_sum"]
     if not np.isfinite(scale):
-        return {"difference": difference, "relative": float("nan"), "tolerance": tolerance, "conserved": None}
+        return {
+            "difference": difference,
+            "relative": float("nan"),
+            "tolerance": tolerance,
+            "conserved": None,
+        }
     if not np.isfinite(difference):
-        return {"difference": difference, "relative": float("nan"), "tolerance": tolerance, "conserved": False}
+        return {
+            "difference": difference,
+            "relative": float("nan"),
+            "tolerance": tolerance,
+            "conserved": False,
+        }
     relative = abs(difference) / scale if scale > 0 else (0.0 if difference == 0 else float("inf"))
-    return {"difference": difference, "relative": relative, "tolerance": tolerance, "conserved": relative <= tolerance}
+    return {
+        "difference": difference,
+        "relative": relative,
+        "tolerance": tolerance,
+        "conserved": relative <= tolerance,
+    }
 
 
 def log_edges_description():
@@ -484,5 +520,3 @@ def log_edges_description():
         "max_exponent": LOG_MAX_EXPONENT,
         "per_decade": LOG_BINS_PER_DECADE,
     }
-
-

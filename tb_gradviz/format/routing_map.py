@@ -39,9 +39,13 @@ class Settings:
         if channels is not None:
             if isinstance(channels, int) and not isinstance(channels, bool):
                 if not 1 <= channels <= MAX_CHANNELS:
-                    raise ValueError(f"routing_map_channels must be 1..{MAX_CHANNELS} channels; received {channels!r}")
-            elif isinstance(channels, (list, tuple)) and channels and all(
-                isinstance(c, int) and not isinstance(c, bool) and c >= 0 for c in channels
+                    raise ValueError(
+                        f"routing_map_channels must be 1..{MAX_CHANNELS} channels; received {channels!r}"
+                    )
+            elif (
+                isinstance(channels, (list, tuple))
+                and channels
+                and all(isinstance(c, int) and not isinstance(c, bool) and c >= 0 for c in channels)
             ):
                 if len(channels) > MAX_CHANNELS or len(set(channels)) != len(channels):
                     raise ValueError(
@@ -58,7 +62,9 @@ class Settings:
             and len(origin) == 2
             and all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in origin)
         ):
-            raise TypeError(f"routing_map_origin must be None or (row, col) ints >= 0; received {origin!r}")
+            raise TypeError(
+                f"routing_map_origin must be None or (row, col) ints >= 0; received {origin!r}"
+            )
         self.example = example
         self.channels = channels
         self.origin = None if origin is None else tuple(origin)
@@ -150,7 +156,9 @@ def layout(pooling, input_shape, settings):
     else:
         spatial = list(input_shape[1:-1])
     depth, height, width = ([1, 1] + spatial)[-3:]
-    (depth_starts, kd), (row_starts, kh), (col_starts, kw) = _geometry(pooling, depth, height, width)
+    (depth_starts, kd), (row_starts, kh), (col_starts, kw) = _geometry(
+        pooling, depth, height, width
+    )
     # 3D pools: the windows of the middle output depth, shown on the middle
     # input plane of their depth range.
     depth_window = len(depth_starts) // 2
@@ -178,7 +186,11 @@ def layout(pooling, input_shape, settings):
         left = _clip_start(origin[1], width, side)
         bottom, right = min(top + side, height), min(left + side, width)
         values = 2 * (bottom - top) * (right - left) + 3
-    sliced = {"depth": {"size": depth, "window": depth_window, "plane": plane}} if len(spatial) == 3 else {}
+    sliced = (
+        {"depth": {"size": depth, "window": depth_window, "plane": plane}}
+        if len(spatial) == 3
+        else {}
+    )
     return {
         **sliced,
         "map": {"height": height, "width": width},
@@ -222,7 +234,9 @@ def record(pooling, inputs, input_gradient, output_gradient, cut, settings):
     go = _as_volume(output_gradient, pooling).astype(np.float32)
     go = go.reshape(go.shape[0], -1)  # one value per window, raster order (global pools: one)
     depth, height, width = x.shape[1:]
-    (depth_starts, kd), (row_starts, kh), (col_starts, kw) = _geometry(pooling, depth, height, width)
+    (depth_starts, kd), (row_starts, kh), (col_starts, kw) = _geometry(
+        pooling, depth, height, width
+    )
     depth_window = cut.get("depth", {}).get("window", 0)
     plane = cut.get("depth", {}).get("plane", 0)
     crop, windows = cut["crop"], cut["windows"]
@@ -249,16 +263,24 @@ def record(pooling, inputs, input_gradient, output_gradient, cut, settings):
     )
     values = x[channels][:, index_z, index_r, index_q]
     values = np.where(inside, values, -np.inf).reshape(len(channels), count, kd * kh * kw)
-    upstream = go[channels][:, [window_offset + i * columns + j for i in window_rows for j in window_cols]]
+    upstream = go[channels][
+        :, [window_offset + i * columns + j for i in window_rows for j in window_cols]
+    ]
     if pooling["type"] == "max":
-        flat = np.argmax(values, axis=-1)  # the first maximum in raster order (a NaN wins, as argmax)
+        flat = np.argmax(
+            values, axis=-1
+        )  # the first maximum in raster order (a NaN wins, as argmax)
         peak = np.take_along_axis(values, flat[..., None], axis=-1)
         tied = ((values == peak).sum(axis=-1) > 1).astype(np.float32)
         in_plane, flat = flat // (kh * kw), flat % (kh * kw)
         rows_at = np.repeat(r, len(window_cols), axis=0)[np.arange(count), flat // kw]
         cols_at = np.tile(q, (len(window_rows), 1))[np.arange(count), flat % kw]
         in_crop = (
-            (z[in_plane] == plane) & (rows_at >= top) & (rows_at < top + h) & (cols_at >= left) & (cols_at < left + w)
+            (z[in_plane] == plane)
+            & (rows_at >= top)
+            & (rows_at < top + h)
+            & (cols_at >= left)
+            & (cols_at < left + w)
         )
         winners = np.where(in_crop, (rows_at - top) * w + (cols_at - left), -1)
     else:

@@ -112,7 +112,9 @@ def location(path, what="log_dir"):
     if scheme == "file":
         return Location(url=text, local_path=_file_url_path(text, what))
     if not urllib.parse.urlsplit(text).netloc:
-        raise ValueError(f"{what} {text!r} names no bucket or host: expected {scheme}://BUCKET/path")
+        raise ValueError(
+            f"{what} {text!r} names no bucket or host: expected {scheme}://BUCKET/path"
+        )
     url = text.rstrip("/")
     layer = file_layer(url, scheme, what)
     if layer.name == "tensorboard gfile" and scheme == "s3" and not urllib.parse.urlsplit(url).path:
@@ -169,7 +171,9 @@ def file_layer(url, scheme, what="log_dir"):
         the package to install.
     """
     tf = sys.modules.get("tensorflow")
-    registered = getattr(getattr(getattr(tf, "io", None), "gfile", None), "get_registered_schemes", None)
+    registered = getattr(
+        getattr(getattr(tf, "io", None), "gfile", None), "get_registered_schemes", None
+    )
     if registered is not None and scheme in registered():
         gfile = tf.io.gfile
 
@@ -193,7 +197,9 @@ def file_layer(url, scheme, what="log_dir"):
         hint = f"{REMOTE_EXTRA} (boto3 for s3://, fsspec for the rest)"
         if gfile.FSSPEC_ENABLED:
             hint = f"fsspec says: {e}" if scheme != "s3" else f"{REMOTE_EXTRA} (boto3)"
-        raise ValueError(f"{what} {url!r}: no installed file layer writes {scheme}:// URLs; {hint}") from None
+        raise ValueError(
+            f"{what} {url!r}: no installed file layer writes {scheme}:// URLs; {hint}"
+        ) from None
     if type(filesystem) is getattr(gfile, "S3FileSystem", None):
         return _s3_layer(gfile)
     return FileLayer(
@@ -284,7 +290,9 @@ class Uploader:
             self._closed = False
             if self.spool_dir is None:
                 parts = urllib.parse.urlsplit(self.location.url)
-                label = re.sub(r"[^A-Za-z0-9.-]+", "-", f"{parts.netloc}{parts.path}").strip("-")[:60]
+                label = re.sub(r"[^A-Za-z0-9.-]+", "-", f"{parts.netloc}{parts.path}").strip("-")[
+                    :60
+                ]
                 self.spool_dir = tempfile.mkdtemp(prefix=f"tb_gradviz-spool-{label}-")
                 _spooling_uploaders.add(self)
             os.makedirs(self.spool_dir, exist_ok=True)
@@ -295,14 +303,20 @@ class Uploader:
         with self._cond:
             self._pending[name] = _Upload(size, list(steps), final)
             if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="tb_gradviz-uploader", daemon=True)
+                self._thread = threading.Thread(
+                    target=self._run, name="tb_gradviz-uploader", daemon=True
+                )
                 self._thread.start()
             self._cond.notify_all()
 
     def pending_steps(self):
         """Steps of the published log events not yet in the store."""
         with self._cond:
-            return [s for name, u in self._pending.items() for s in u.steps[len(self._uploaded_steps.get(name, ())):]]
+            return [
+                s
+                for name, u in self._pending.items()
+                for s in u.steps[len(self._uploaded_steps.get(name, ())) :]
+            ]
 
     def close(self, timeout=None, at_exit=False):
         """Waits up to `timeout` s (`CLOSE_TIMEOUT_S`) for the uploads; says what is not in the store.
@@ -328,11 +342,20 @@ class Uploader:
             error = self._error
         missing = self.pending_steps()
         if missing:
-            why = f"the store failed: {_describe(error)}" if error is not None else f"no answer within {timeout:g} s"
+            why = (
+                f"the store failed: {_describe(error)}"
+                if error is not None
+                else f"no answer within {timeout:g} s"
+            )
             logger.warning(
                 "tb_gradviz: %d log event(s) (steps %s) are not in %s (%s). They are kept in %s, whose "
                 "files are whole event files: copy them into %s to complete the run.%s",
-                len(missing), _steps_text(missing), self.location.url, why, self.spool_dir, self.location.url,
+                len(missing),
+                _steps_text(missing),
+                self.location.url,
+                why,
+                self.spool_dir,
+                self.location.url,
                 "" if at_exit else " Retried in the background while this process runs.",
             )
         elif self.spool_dir is not None:
@@ -382,7 +405,12 @@ class Uploader:
                 "tb_gradviz: cannot write to %s through %s: %s. Training goes on; the log events are "
                 "kept in %s and uploaded when the store answers again (retried after %g s, then up to "
                 "every %g s).",
-                self.location.url, self.location.layer.name, _describe(error), self.spool_dir, delay, RETRY_MAX_S,
+                self.location.url,
+                self.location.layer.name,
+                _describe(error),
+                self.spool_dir,
+                delay,
+                RETRY_MAX_S,
             )
 
     def _succeeded(self, name, upload):
@@ -401,8 +429,10 @@ class Uploader:
                     _remove(os.path.join(self.spool_dir, name))
             self._cond.notify_all()
         if recovered:
-            logger.warning("tb_gradviz: %s answers again; the log events kept meanwhile are uploaded in turn.",
-                           self.location.url)
+            logger.warning(
+                "tb_gradviz: %s answers again; the log events kept meanwhile are uploaded in turn.",
+                self.location.url,
+            )
 
 
 def _describe(error):
@@ -410,7 +440,11 @@ def _describe(error):
 
 
 def _steps_text(steps):
-    return ", ".join(map(str, steps)) if len(steps) <= 6 else f"{steps[0]}, {steps[1]}, ..., {steps[-1]}"
+    return (
+        ", ".join(map(str, steps))
+        if len(steps) <= 6
+        else f"{steps[0]}, {steps[1]}, ..., {steps[-1]}"
+    )
 
 
 def _size(path):

@@ -65,7 +65,9 @@ class LayerCapture(probe.ProbePass):
             # Under keras.distribution the probe runs whole on one device, as
             # without it: the same numbers, and no collective in the pass.
             device = jax.local_devices()[0]
-            state, x, y, sample_weight, scale = jax.device_put((state, x, y, sample_weight, scale), device)
+            state, x, y, sample_weight, scale = jax.device_put(
+                (state, x, y, sample_weight, scale), device
+            )
         if self._pass is None:
             self._plan(state, x, y, sample_weight, scale)
         activations, gradients, weight_gradients, routing_counts, units, maps = self._pass(
@@ -83,9 +85,17 @@ class LayerCapture(probe.ProbePass):
         if self.statistics == "host":
             arrays = [_host(t) for t in tensors]
             self.host_weights = assemble.host_weights(self.plans, arrays)
-            return assemble.host_records(self.plans, arrays, divisor, counts, self._skipped, units, maps, self.map_settings)
+            return assemble.host_records(
+                self.plans, arrays, divisor, counts, self._skipped, units, maps, self.map_settings
+            )
         return assemble.device_records(
-            self.plans, self._device_rows(tensors, divisor), counts, self._skipped, units, maps, self.map_settings
+            self.plans,
+            self._device_rows(tensors, divisor),
+            counts,
+            self._skipped,
+            units,
+            maps,
+            self.map_settings,
         )
 
     def _device_rows(self, tensors, divisor):
@@ -97,7 +107,9 @@ class LayerCapture(probe.ProbePass):
             with jax.enable_x64(True):
                 self._statistics = jax.jit(functools.partial(_chunk_sums, self._chunks, scaled))
         with jax.enable_x64(True):
-            results = jax.device_get(self._statistics(tensors, jnp.float64(divisor if divisor is not None else 1.0)))
+            results = jax.device_get(
+                self._statistics(tensors, jnp.float64(divisor if divisor is not None else 1.0))
+            )
         rows = [None] * len(tensors)
         for indices, (sums, linear, magnitude) in zip(self._chunks, results):
             for r, i in enumerate(indices):
@@ -108,10 +120,15 @@ class LayerCapture(probe.ProbePass):
         """Finds which layers run and the shapes of their tensors; builds the jitted pass."""
 
         def forward(state, x, y, sample_weight, scale):
-            with probe.recording_calls(self.chosen, _is_float, lambda path: (_same, None)) as recordings:
+            with probe.recording_calls(
+                self.chosen, _is_float, lambda path: (_same, None)
+            ) as recordings:
                 self._loss_value(state, x, y, sample_weight, scale)
             return [
-                ([(t.shape, t.dtype) for t in recordings[c.path].inputs], [(t.shape, t.dtype) for t in recordings[c.path].outputs])
+                (
+                    [(t.shape, t.dtype) for t in recordings[c.path].inputs],
+                    [(t.shape, t.dtype) for t in recordings[c.path].outputs],
+                )
                 for c in self.chosen
             ]
 
@@ -130,13 +147,20 @@ class LayerCapture(probe.ProbePass):
         device = str(jax.devices()[0].platform)
         # Where each recorded weight is in `model.trainable_variables`, per called layer.
         position = {id(v): i for i, v in enumerate(self.model.trainable_variables)}
-        self._weight_indices = [[position[id(v)] for _, v in self.weights_of(c.path)] for c in self._called]
+        self._weight_indices = [
+            [position[id(v)] for _, v in self.weights_of(c.path)] for c in self._called
+        ]
         self.plans = []
         for c, ins, outs in called:
             recording = probe.Recording(inputs=list(ins), outputs=list(outs))
             plan = probe.layer_plan(
-                c, recording, lambda spec: (list(spec[0]), jnp.dtype(spec[1]).name), scale is not None, device=device,
-                map_settings=self.map_settings, weights=self.weights_of(c.path),
+                c,
+                recording,
+                lambda spec: (list(spec[0]), jnp.dtype(spec[1]).name),
+                scale is not None,
+                device=device,
+                map_settings=self.map_settings,
+                weights=self.weights_of(c.path),
             )
             self.plans.append(plan)
         self._pass = jax.jit(self._pass_fn)
@@ -145,7 +169,9 @@ class LayerCapture(probe.ProbePass):
         trainable, non_trainable, metrics = state
         model = self.model
         kwargs = {"training": self.training} if model._call_has_training_arg else {}
-        y_pred, non_trainable, losses = model.stateless_call(trainable, non_trainable, x, return_losses=True, **kwargs)
+        y_pred, non_trainable, losses = model.stateless_call(
+            trainable, non_trainable, x, return_losses=True, **kwargs
+        )
         if self._loss is not None:
             loss = self._loss(y, y_pred, sample_weight=sample_weight)
         else:
@@ -153,7 +179,14 @@ class LayerCapture(probe.ProbePass):
                 model._losses_override.clear()
                 model._losses_override = losses
             loss, _ = model.stateless_compute_loss(
-                trainable, non_trainable, metrics, x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=self.training
+                trainable,
+                non_trainable,
+                metrics,
+                x=x,
+                y=y,
+                y_pred=y_pred,
+                sample_weight=sample_weight,
+                training=self.training,
             )
             if losses:
                 model._losses_override.clear()
@@ -184,14 +217,19 @@ class LayerCapture(probe.ProbePass):
             with probe.recording_calls(self._called, _is_float, wraps) as recordings:
                 loss = self._loss_value((trainable, *state[1:]), x, y, sample_weight, scale)
             activations = [recordings[c.path].outputs for c in self._called]
-            pool_inputs = [recordings[c.path].inputs[0] if p.has_routing else None for c, p in zip(self._called, self.plans)]
+            pool_inputs = [
+                recordings[c.path].inputs[0] if p.has_routing else None
+                for c, p in zip(self._called, self.plans)
+            ]
             return loss, (activations, pool_inputs)
 
         (_, (activations, pool_inputs)), (zero_grads, recorded_grads) = jax.value_and_grad(
             loss_of, argnums=(0, 1), has_aux=True
         )(zeros, [state[0][i] for i in recorded])
         recorded_grads = iter(recorded_grads)
-        weight_gradients = [[next(recorded_grads) for _ in indices] for indices in self._weight_indices]
+        weight_gradients = [
+            [next(recorded_grads) for _ in indices] for indices in self._weight_indices
+        ]
         gradients = []
         for plan, grads in zip(self.plans, zero_grads):
             inputs = sum(t.role == records.INPUT_GRADIENT for t in plan.tensors)
@@ -200,7 +238,11 @@ class LayerCapture(probe.ProbePass):
         for c, plan, pool_input in zip(self._called, self.plans, pool_inputs):
             if plan.has_routing:
                 routing_counts.append(_routing_counts(c.layer.call, pool_input, plan.pooling))
-        units = [probe.dead_channels(p, a) for p, a in zip(self.plans, activations) if p.units_axis is not None]
+        units = [
+            probe.dead_channels(p, a)
+            for p, a in zip(self.plans, activations)
+            if p.units_axis is not None
+        ]
         example = self.map_settings.example if self.map_settings is not None else 0
         maps = [
             probe.map_slices(p, [x], g[0], g[1], example)
@@ -213,7 +255,10 @@ class LayerCapture(probe.ProbePass):
 def _chunk_sums(chunks, scaled, tensors, divisor):
     """`_group_sums` of each chunk of `tensors` (runs jitted, with float64 enabled)."""
     return [
-        _group_sums(jnp.stack([tensors[i].reshape(-1) for i in indices]), divisor if scaled[indices[0]] else None)
+        _group_sums(
+            jnp.stack([tensors[i].reshape(-1) for i in indices]),
+            divisor if scaled[indices[0]] else None,
+        )
         for indices in chunks
     ]
 
@@ -239,18 +284,36 @@ def _group_sums(x, divisor, buckets=records.HISTOGRAM_BUCKETS):
     squares = jnp.sum(jnp.where(finite, jnp.square(v - mean[:, None]), 0.0), axis=1)
     spread = high > low
     width = jnp.where(spread, (high - low) / buckets, 1.0)
-    position = jnp.floor((f - jnp.where(spread, low, 0.0)[:, None]) / _unbroadcast(f, width[:, None]))
+    position = jnp.floor(
+        (f - jnp.where(spread, low, 0.0)[:, None]) / _unbroadcast(f, width[:, None])
+    )
     linear = jnp.where(finite, jnp.clip(position, 0, buckets - 1), buckets).astype(jnp.int32)
     bins = records.MAGNITUDE_BINS
-    magnitude = jnp.searchsorted(jnp.asarray(records.LOG_EDGES), jnp.abs(f), side="right") + jnp.where(f > 0, bins, 0)
+    magnitude = jnp.searchsorted(
+        jnp.asarray(records.LOG_EDGES), jnp.abs(f), side="right"
+    ) + jnp.where(f > 0, bins, 0)
     magnitude = jnp.where(finite, magnitude, 2 * bins).astype(jnp.int32)
     count = lambda mask: jnp.sum(mask, axis=1).astype(jnp.float64)  # noqa: E731
     sums = jnp.stack(
-        [count(v == 0), count(jnp.isnan(v)), count(v == jnp.inf), count(v == -jnp.inf),
-         low, high, total, squares, jnp.sum(v, axis=1), jnp.sum(jnp.abs(v), axis=1)],
+        [
+            count(v == 0),
+            count(jnp.isnan(v)),
+            count(v == jnp.inf),
+            count(v == -jnp.inf),
+            low,
+            high,
+            total,
+            squares,
+            jnp.sum(v, axis=1),
+            jnp.sum(jnp.abs(v), axis=1),
+        ],
         axis=1,
     )
-    return sums, _row_counts(linear, buckets + 1)[:, :buckets], _row_counts(magnitude, 2 * bins + 1)[:, : 2 * bins]
+    return (
+        sums,
+        _row_counts(linear, buckets + 1)[:, :buckets],
+        _row_counts(magnitude, 2 * bins + 1)[:, : 2 * bins],
+    )
 
 
 def _unbroadcast(like, divisor):
@@ -292,4 +355,3 @@ def _host(t):
     """The values as a numpy array the host kernels take (float16/bfloat16 widen exactly)."""
     a = np.asarray(t)
     return a if a.dtype in (np.float32, np.float64) else a.astype(np.float32)
-

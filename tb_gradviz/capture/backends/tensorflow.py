@@ -14,8 +14,8 @@ import numpy as np
 import tensorflow as tf
 
 from tb_gradviz.capture import assemble, probe
-from tb_gradviz.format import records
 from tb_gradviz.capture.backends import tf_statistics
+from tb_gradviz.format import records
 
 
 def default_statistics():
@@ -75,15 +75,28 @@ class LayerCapture(probe.ProbePass):
         slices = outputs[self._maps_start :]
         maps = [assemble.host_map(slices[i : i + 3]) for i in range(0, len(slices), 3)]
         if self.statistics == "host":
-            self.host_weights = assemble.host_weights(self.plans, [outputs[item] for item in self._items])
+            self.host_weights = assemble.host_weights(
+                self.plans, [outputs[item] for item in self._items]
+            )
             scale = float(outputs[self._routing_start - 1]) if any(self._divided_items) else None
             summaries = assemble.host_summaries(
-                [(values, scale if divided else None) for values, divided in zip(outputs, self._divided_items)]
+                [
+                    (values, scale if divided else None)
+                    for values, divided in zip(outputs, self._divided_items)
+                ]
             )
         else:
-            summaries = [(outputs[position][row], outputs[position + 1][row]) for position, row in self._group_rows]
+            summaries = [
+                (outputs[position][row], outputs[position + 1][row])
+                for position, row in self._group_rows
+            ]
         return assemble.step_records(
-            self.plans, [summaries[item] for item in self._items], routings, self._skipped, units, maps,
+            self.plans,
+            [summaries[item] for item in self._items],
+            routings,
+            self._skipped,
+            units,
+            maps,
             self.map_settings,
         )
 
@@ -134,7 +147,9 @@ class LayerCapture(probe.ProbePass):
         if self._loss is not None:
             loss = self._loss(y, y_pred, sample_weight=sample_weight)
         else:
-            loss = self.model.compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=self.training)
+            loss = self.model.compute_loss(
+                x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=self.training
+            )
         # In a strategy's scope Keras divides each replica's loss by the
         # number of replicas, so that the all-reduced sum is the batch's mean.
         # The probe runs the whole batch at once: undo it.
@@ -161,7 +176,10 @@ class LayerCapture(probe.ProbePass):
         state = self._state_components()
         saved = [tf.identity(v.read_value()) for v in state]
         scale = self._loss_scale()
-        with probe.recording_calls(self.chosen, _is_float, _identity_wraps) as recordings, tf.GradientTape() as tape:
+        with (
+            probe.recording_calls(self.chosen, _is_float, _identity_wraps) as recordings,
+            tf.GradientTape() as tape,
+        ):
             for t in keras.tree.flatten(x):
                 if _is_float(t):
                     tape.watch(t)
@@ -178,7 +196,9 @@ class LayerCapture(probe.ProbePass):
         # The weights' gradients come from the same backward pass, after the tensors'.
         variables = [_read_variable(v) for c, _ in called for _, v in self.weights_of(c.path)]
         sole_inputs = _sole_inputs_of_outputs(rec for _, rec in called)
-        gradients = tape.gradient(loss, sources + variables, unconnected_gradients=tf.UnconnectedGradients.ZERO)
+        gradients = tape.gradient(
+            loss, sources + variables, unconnected_gradients=tf.UnconnectedGradients.ZERO
+        )
         weight_gradients = iter(gradients[len(sources) :])
         accelerators = [d for d in tf.config.list_logical_devices() if d.device_type != "CPU"]
         device = accelerators[0].device_type.lower() if accelerators else "cpu"
@@ -195,15 +215,30 @@ class LayerCapture(probe.ProbePass):
             output_grads = [next(g) for _ in rec.outputs]
             weights = self.weights_of(c.path)
             plan = probe.layer_plan(
-                c, rec, lambda t: (t.shape.as_list(), t.dtype.name), scale is not None, device=device,
-                map_settings=self.map_settings, weights=weights,
+                c,
+                rec,
+                lambda t: (t.shape.as_list(), t.dtype.name),
+                scale is not None,
+                device=device,
+                map_settings=self.map_settings,
+                weights=weights,
             )
             values = [_read_variable(v).read_value() for _, v in weights]
-            tensors = rec.outputs + input_grads + output_grads + values + [next(weight_gradients) for _ in weights]
+            tensors = (
+                rec.outputs
+                + input_grads
+                + output_grads
+                + values
+                + [next(weight_gradients) for _ in weights]
+            )
             forward = rec.outputs + rec.inputs + rec.outputs + [None] * (2 * len(weights))
             for t, forward_t, tensor_plan in zip(tensors, forward, plan.tensors):
                 divisor = scale if tensor_plan.role in records.GRADIENT_ROLES else None
-                producer = sole_inputs.get(id(forward_t)) if tensor_plan.role == records.INPUT_GRADIENT else None
+                producer = (
+                    sole_inputs.get(id(forward_t))
+                    if tensor_plan.role == records.INPUT_GRADIENT
+                    else None
+                )
                 if producer is not None:
                     same_as_output[len(item_of_tensor)] = producer
                     item_of_tensor.append(None)
@@ -219,13 +254,20 @@ class LayerCapture(probe.ProbePass):
             if plan.has_routing:
                 routings.append(
                     routing_summary(
-                        c.layer.call, rec.inputs[0], input_grads[0], output_grads[0], plan.pooling, divisor=scale
+                        c.layer.call,
+                        rec.inputs[0],
+                        input_grads[0],
+                        output_grads[0],
+                        plan.pooling,
+                        divisor=scale,
                     )
                 )
             if plan.units_axis is not None:
                 units.append(probe.dead_channels(plan, rec.outputs))
             if plan.map_cut is not None:
-                x, gi, go = probe.map_slices(plan, rec.inputs, input_grads, output_grads, self.map_settings.example)
+                x, gi, go = probe.map_slices(
+                    plan, rec.inputs, input_grads, output_grads, self.map_settings.example
+                )
                 if scale is not None:  # unscaled here: the host sees only these slices
                     gi, go = (tf.cast(g, tf.float32) / tf.cast(scale, tf.float32) for g in (gi, go))
                 maps += [x, gi, go]
@@ -238,7 +280,10 @@ class LayerCapture(probe.ProbePass):
         if self.statistics == "host":
             # The values themselves, float16 and bfloat16 widened (exactly)
             # to what the kernel takes, then the loss scale if any divides.
-            outputs = [t if t.dtype in (tf.float32, tf.float64) else tf.cast(t, tf.float32) for t, _ in summarised]
+            outputs = [
+                t if t.dtype in (tf.float32, tf.float64) else tf.cast(t, tf.float32)
+                for t, _ in summarised
+            ]
             self._divided_items = [divisor is not None for _, divisor in summarised]
             if any(self._divided_items):
                 outputs.append(scale)
@@ -248,7 +293,9 @@ class LayerCapture(probe.ProbePass):
             # of outputs self._group_rows[i][0] (histograms) and the next (stats).
             outputs, self._group_rows = [], [None] * len(summarised)
             for indices, divisor in tf_statistics.summary_chunks(summarised):
-                histograms, stats = tf_statistics.group_summary([summarised[i][0] for i in indices], divisor=divisor)
+                histograms, stats = tf_statistics.group_summary(
+                    [summarised[i][0] for i in indices], divisor=divisor
+                )
                 for row, i in enumerate(indices):
                     self._group_rows[i] = (len(outputs), row)
                 outputs += [histograms, stats]

@@ -56,7 +56,11 @@ def group_summary(tensors, divisor=None, buckets=records.HISTOGRAM_BUCKETS):
         by first (the loss scale; a power of two divides exactly).
       buckets: the number of linear histogram buckets.
     """
-    x = tf.concat([tf.reshape(t, [1, -1]) for t in tensors], 0) if len(tensors) > 1 else tf.reshape(tensors[0], [1, -1])
+    x = (
+        tf.concat([tf.reshape(t, [1, -1]) for t in tensors], 0)
+        if len(tensors) > 1
+        else tf.reshape(tensors[0], [1, -1])
+    )
     if divisor is None and x.dtype in _FLOAT32_EXACT:
         exact = tf.cast(x, tf.float32)  # min, max and comparisons are cheaper in float32
         v = tf.cast(exact, tf.float64)
@@ -76,9 +80,13 @@ def group_summary(tensors, divisor=None, buckets=records.HISTOGRAM_BUCKETS):
     all_finite = tf.reduce_all(tf.math.is_finite(total))
 
     def statistics(masked):
-        return lambda: _row_statistics(v, exact, total, count, zeros, rows, buckets, masked, float32_values)
+        return lambda: _row_statistics(
+            v, exact, total, count, zeros, rows, buckets, masked, float32_values
+        )
 
-    nonfinite, low, high, total, squares, linear, magnitude = tf.cond(all_finite, statistics(False), statistics(True))
+    nonfinite, low, high, total, squares, linear, magnitude = tf.cond(
+        all_finite, statistics(False), statistics(True)
+    )
     nans, pos_inf, neg_inf = tf.unstack(nonfinite, axis=1)
     n = tf.cast(count, tf.float64) - nans - pos_inf - neg_inf
     has_values = n > 0
@@ -151,7 +159,10 @@ def _row_statistics(v, exact, total, count, zeros, rows, buckets, masked, float3
     shifted = (tf.where(finite, v, start[:, None]) if masked else v) - start[:, None]
     index = tf.cast(shifted / width[:, None], tf.int32)
     linear = _row_counts(index, buckets + 1, rows)
-    linear = tf.concat([linear[:, : buckets - 1], tf.reduce_sum(linear[:, buckets - 1 :], axis=1, keepdims=True)], 1)
+    linear = tf.concat(
+        [linear[:, : buckets - 1], tf.reduce_sum(linear[:, buckets - 1 :], axis=1, keepdims=True)],
+        1,
+    )
     if masked:  # the non-finite values were counted in bucket 0
         linear = linear - tf.pad(dropped[:, None], [[0, 0], [0, buckets - 1]])
 
@@ -167,7 +178,9 @@ def _row_statistics(v, exact, total, count, zeros, rows, buckets, masked, float3
     bins = bins + tf.cast(v_or_zero > 0, tf.int32) * records.MAGNITUDE_BINS
     magnitude = _row_counts(bins, 2 * records.MAGNITUDE_BINS, rows)
     misplaced = tf.cast(zeros, tf.float64) + dropped
-    magnitude = magnitude - tf.pad(misplaced[:, None], [[0, 0], [0, 2 * records.MAGNITUDE_BINS - 1]])
+    magnitude = magnitude - tf.pad(
+        misplaced[:, None], [[0, 0], [0, 2 * records.MAGNITUDE_BINS - 1]]
+    )
     return nonfinite, low, high, total, squares, linear, magnitude
 
 
@@ -175,7 +188,9 @@ def _row_counts(index, length, rows):
     """Per-row counts of `index` (`[rows, n]`, values in `[0, length)`): `[rows, length]` float64."""
     if rows > 1:
         index = index + tf.range(0, rows * length, length, dtype=tf.int32)[:, None]
-    counts = tf.math.bincount(tf.reshape(index, [-1]), minlength=rows * length, maxlength=rows * length, dtype=tf.float64)
+    counts = tf.math.bincount(
+        tf.reshape(index, [-1]), minlength=rows * length, maxlength=rows * length, dtype=tf.float64
+    )
     return tf.reshape(counts, [rows, length])
 
 
@@ -189,7 +204,11 @@ def _magnitude_bins(a):
     last = len(records.LOG_EDGES)
     estimate = tf.floor(tf.math.log(tf.cast(a, tf.float32)) * np.float32(_LOG_PER_LN)) + _LOG_OFFSET
     j = tf.cast(tf.clip_by_value(estimate, 0, last), tf.int32)
-    j = j - tf.cast(a < tf.gather(padded, j), tf.int32) + tf.cast(a >= tf.gather(padded, j + 1), tf.int32)
+    j = (
+        j
+        - tf.cast(a < tf.gather(padded, j), tf.int32)
+        + tf.cast(a >= tf.gather(padded, j + 1), tf.int32)
+    )
     return tf.minimum(j, last)
 
 
@@ -211,7 +230,6 @@ def _assemble_histograms(low, high, n, counts, buckets):
     return tf.where(choice == 2, spread_histogram, tf.where(choice == 1, single, empty))
 
 
-
 def divide(x, y):
     """`x / y`, correctly rounded even when `y` is a constant.
 
@@ -221,4 +239,3 @@ def divide(x, y):
     DivNoNan is not rewritten; `y` is never zero here.
     """
     return tf.math.divide_no_nan(x, y)
-

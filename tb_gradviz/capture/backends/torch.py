@@ -74,30 +74,51 @@ class LayerCapture(probe.ProbePass):
                 sources = [node for c in called for node in nodes[c.path]]
                 sources += [v.value for c in called for _, v in self.weights_of(c.path)]
                 gradients = torch.autograd.grad(loss, sources, allow_unused=True)
-                gradients = iter(torch.zeros_like(z) if g is None else g for z, g in zip(sources, gradients))
+                gradients = iter(
+                    torch.zeros_like(z) if g is None else g for z, g in zip(sources, gradients)
+                )
                 tensors, routing_counts, units, maps, self.plans = [], [], [], [], []
                 device = str(loss.device)
                 layer_gradients = []
                 for c in called:
                     rec = recordings[c.path]
-                    layer_gradients.append(([next(gradients) for _ in rec.inputs], [next(gradients) for _ in rec.outputs]))
+                    layer_gradients.append(
+                        (
+                            [next(gradients) for _ in rec.inputs],
+                            [next(gradients) for _ in rec.outputs],
+                        )
+                    )
                 for c, (input_grads, output_grads) in zip(called, layer_gradients):
                     rec = recordings[c.path]
                     weights = self.weights_of(c.path)
                     plan = probe.layer_plan(
-                        c, rec, lambda t: (list(t.shape), str(t.dtype).removeprefix("torch.")), scale is not None, device,
-                        map_settings=self.map_settings, weights=weights,
+                        c,
+                        rec,
+                        lambda t: (list(t.shape), str(t.dtype).removeprefix("torch.")),
+                        scale is not None,
+                        device,
+                        map_settings=self.map_settings,
+                        weights=weights,
                     )
                     values = [v.value for _, v in weights]
                     weight_grads = [next(gradients) for _ in weights]
-                    tensors += [t.detach() for t in (*rec.outputs, *input_grads, *output_grads, *values, *weight_grads)]
+                    tensors += [
+                        t.detach()
+                        for t in (*rec.outputs, *input_grads, *output_grads, *values, *weight_grads)
+                    ]
                     if plan.has_routing:
-                        routing_counts.append(_routing_counts(c.layer.call, rec.inputs[0], plan.pooling))
+                        routing_counts.append(
+                            _routing_counts(c.layer.call, rec.inputs[0], plan.pooling)
+                        )
                     if plan.units_axis is not None:
                         units.append(probe.dead_channels(plan, [t.detach() for t in rec.outputs]))
                     if plan.map_cut is not None:
                         slices = probe.map_slices(
-                            plan, [rec.inputs[0].detach()], input_grads, output_grads, self.map_settings.example
+                            plan,
+                            [rec.inputs[0].detach()],
+                            input_grads,
+                            output_grads,
+                            self.map_settings.example,
                         )
                         maps.append(assemble.host_map(slices, scale))
                     self.plans.append(plan)
@@ -108,9 +129,17 @@ class LayerCapture(probe.ProbePass):
         if self.statistics == "host":
             arrays = [_host(t) for t in tensors]
             self.host_weights = assemble.host_weights(self.plans, arrays)
-            return assemble.host_records(self.plans, arrays, scale, routing_counts, skipped, units, maps, self.map_settings)
+            return assemble.host_records(
+                self.plans, arrays, scale, routing_counts, skipped, units, maps, self.map_settings
+            )
         return assemble.device_records(
-            self.plans, self._device_rows(tensors, scale), routing_counts, skipped, units, maps, self.map_settings
+            self.plans,
+            self._device_rows(tensors, scale),
+            routing_counts,
+            skipped,
+            units,
+            maps,
+            self.map_settings,
         )
 
     def _device_rows(self, tensors, divisor):
@@ -122,7 +151,8 @@ class LayerCapture(probe.ProbePass):
             for indices in assemble.summary_chunks(keys):
                 stacked = torch.stack([tensors[i].reshape(-1) for i in indices])
                 sums, linear, magnitude = (
-                    t.cpu().numpy() for t in _group_sums(stacked, divisor if scaled[indices[0]] else None)
+                    t.cpu().numpy()
+                    for t in _group_sums(stacked, divisor if scaled[indices[0]] else None)
                 )
                 for r, i in enumerate(indices):
                     rows[i] = (tensors[i].numel(), sums[r], linear[r], magnitude[r])
@@ -132,7 +162,9 @@ class LayerCapture(probe.ProbePass):
         y_pred = self.model(x, training=self.training)
         if self._loss is not None:
             return self._loss(y, y_pred, sample_weight=sample_weight)
-        return self.model.compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=self.training)
+        return self.model.compute_loss(
+            x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=self.training
+        )
 
 
 def _own_node(t):
@@ -186,18 +218,34 @@ def _group_sums(x, divisor, buckets=records.HISTOGRAM_BUCKETS):
     magnitude = torch.where(finite, magnitude, 2 * bins)
     count = lambda mask: mask.sum(dim=1).to(torch.float64)  # noqa: E731
     sums = torch.stack(
-        [count(v == 0), count(torch.isnan(v)), count(v == torch.inf), count(v == -torch.inf),
-         low, high, total, squares, v.sum(dim=1), v.abs().sum(dim=1)],
+        [
+            count(v == 0),
+            count(torch.isnan(v)),
+            count(v == torch.inf),
+            count(v == -torch.inf),
+            low,
+            high,
+            total,
+            squares,
+            v.sum(dim=1),
+            v.abs().sum(dim=1),
+        ],
         dim=1,
     )
-    return sums, _row_counts(linear, buckets + 1)[:, :buckets], _row_counts(magnitude, 2 * bins + 1)[:, : 2 * bins]
+    return (
+        sums,
+        _row_counts(linear, buckets + 1)[:, :buckets],
+        _row_counts(magnitude, 2 * bins + 1)[:, : 2 * bins],
+    )
 
 
 def _row_counts(index, length):
     """Per-row counts of `index` (`[R, n]`, values in `[0, length)`): `[R, length]`."""
     rows = index.shape[0]
     offsets = torch.arange(rows, device=index.device)[:, None] * length
-    return torch.bincount((index + offsets).reshape(-1), minlength=rows * length).reshape(rows, length)
+    return torch.bincount((index + offsets).reshape(-1), minlength=rows * length).reshape(
+        rows, length
+    )
 
 
 def _routing_counts(original_call, inputs, pooling):
@@ -221,4 +269,3 @@ def _host(t):
     if t.dtype not in (torch.float32, torch.float64):
         t = t.to(torch.float32)
     return t.cpu().numpy()
-
