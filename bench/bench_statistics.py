@@ -29,10 +29,7 @@ import common  # noqa: E402  (sets TF_CPP_MIN_LOG_LEVEL before TensorFlow loads)
 import numpy as np  # noqa: E402
 
 from tb_gradviz.capture import kernels  # noqa: E402
-from tb_gradviz.format import (
-    events,  # noqa: E402
-    records,  # noqa: E402
-)
+from tb_gradviz.format import events, records, summaries  # noqa: E402
 
 _COMPILE_SNIPPET = """
 import time
@@ -79,7 +76,8 @@ def kernels_row(args):
         "part": "kernels",
         "values": values.size,
         "numpy_ms": best(
-            lambda: (records.linear_histogram(values), records.stats_vector(values)), args.repeats
+            lambda: (summaries.linear_histogram(values), summaries.stats_vector(values)),
+            args.repeats,
         )
         * 1e3,
         "one_value_kernel_ms": best(one_at_a_time, args.repeats) * 1e3,

@@ -25,7 +25,7 @@ import tensorflow as tf
 from tb_gradviz.capture import kernels
 from tb_gradviz.capture.backends import tensorflow as tf_capture
 from tb_gradviz.capture.backends import tf_statistics
-from tb_gradviz.format import records
+from tb_gradviz.format import records, summaries
 
 
 def _previous_tensor_summary(t, buckets, divisor):
@@ -158,8 +158,8 @@ def check_exact(name, seed=0):
     for group in groups:
         histograms, stats = [np.asarray(o) for o in fn([tf.constant(array) for array in group])]
         for r, array in enumerate(group):
-            expected = records.stats_vector(array)
-            np.testing.assert_array_equal(histograms[r], records.linear_histogram(array))
+            expected = summaries.stats_vector(array)
+            np.testing.assert_array_equal(histograms[r], summaries.linear_histogram(array))
             summed = records.SUMMED_STATS
             np.testing.assert_array_equal(stats[r, : summed.start], expected[: summed.start])
             np.testing.assert_array_equal(stats[r, summed.stop :], expected[summed.stop :])

@@ -19,7 +19,7 @@ import sys
 import time
 
 from tb_gradviz.board import health
-from tb_gradviz.format import records, storage
+from tb_gradviz.format import records, storage, summaries
 
 EXIT_USAGE = 2
 EXIT_NO_DATA = 1
@@ -430,7 +430,7 @@ def _interval(value):
 
 
 def mass_conservation(routing):
-    """'kept', 'off by ...' or '?': the server's verdict (`records.mass_conservation`), as the tab shows it."""
+    """'kept', 'off by ...' or '?': the server's verdict (`summaries.mass_conservation`), as the tab shows it."""
     verdict = routing["mass"]
     if verdict["conserved"] is None:
         return "?"
@@ -549,7 +549,7 @@ def export_updates(gradviz, ctx, experiment, runs):
 
     Each is the `/updates` body of the layer, plus `steps` and `update_ratio`:
     the layer's weights taken as one vector at each step, as `/step` combines
-    them (`records.combined_update_ratio`).
+    them (`summaries.combined_update_ratio`).
     """
     for run in runs:
         for layer in run["layers"]:
@@ -560,7 +560,7 @@ def export_updates(gradviz, ctx, experiment, runs):
             by_step = [{step: i for i, step in enumerate(w["steps"])} for w in body["weights"]]
             body["steps"] = sorted(set().union(*by_step))
             body["update_ratio"] = [
-                records.combined_update_ratio(
+                summaries.combined_update_ratio(
                     [
                         w["weight_norm"][rows[step]]
                         for w, rows in zip(body["weights"], by_step)

@@ -4,7 +4,7 @@ import pytest
 from tensorboard.backend.event_processing import event_accumulator
 from tensorboard.util import tensor_util
 
-from tb_gradviz.format import metadata, records
+from tb_gradviz.format import metadata, records, summaries
 
 
 def load(logdir):
@@ -58,7 +58,7 @@ def layers(accumulator):
 def assert_record_matches(log, layer, tensor, array, rel=1e-6, abs=1e-12):
     """Asserts that the last records of `layer`'s `tensor` are those of `array` (sums to `rel` or `abs`)."""
     logged = stats(log, layer, tensor)
-    expected = records.decode_stats(records.stats_vector(array))
+    expected = records.decode_stats(summaries.stats_vector(array))
     for field in ("count", "zeros", "nan", "pos_inf", "neg_inf"):
         assert logged[field] == expected[field], (tensor, field)
     for field in ("min", "max", "mean", "std", "sum"):

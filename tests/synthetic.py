@@ -20,7 +20,7 @@ import time
 import numpy as np
 from tensorboard.compat.proto import event_pb2
 
-from tb_gradviz.format import events, records
+from tb_gradviz.format import events, records, summaries
 
 _POOL_2X2 = {
     "type": "max",
@@ -105,7 +105,7 @@ def pool_records(rng, name, index, batch=2, size=8, channels=4, step=0):
     for role, array in zip(records.TENSOR_ROLES, (activation, input_gradient, output_gradient)):
         content = dict(layer_content, role=role, index=0, shape=list(array.shape), dtype="float32")
         result += events.tensor_records(
-            name, role, records.linear_histogram(array), records.stats_vector(array), content
+            name, role, summaries.linear_histogram(array), summaries.stats_vector(array), content
         )
     return result + events.routing_records(name, routing, layer_content)
 

@@ -19,7 +19,7 @@ from autodiff import BACKEND, gradients, numpy  # noqa: E402
 from values import awkward_rows  # noqa: E402
 
 from tb_gradviz import GradVizCallback  # noqa: E402
-from tb_gradviz.format import records, routing_map  # noqa: E402
+from tb_gradviz.format import records, routing_map, summaries  # noqa: E402
 
 layers = keras.layers
 
@@ -604,10 +604,10 @@ def test_device_statistics_equal_the_numpy_definition(dtype, divisor):
             )
         for r, row in enumerate(group):
             values = row.astype(np.float64) / (divisor or 1.0)
-            histogram, stats = records.summary_from_sums(
+            histogram, stats = summaries.summary_from_sums(
                 row.size, *sums[r][:8], linear[r], magnitude[r].astype(np.float64), len(linear[r])
             )
-            expected = records.stats_vector(values)
+            expected = summaries.stats_vector(values)
             summed = [records.STATS_FIELDS.index(f) for f in ("mean", "std", "sum")]
             exact = np.setdiff1d(np.arange(records.STATS_LENGTH), summed)
             np.testing.assert_array_equal(stats[exact], expected[exact], err_msg=f"row {r}")
@@ -616,7 +616,7 @@ def test_device_statistics_equal_the_numpy_definition(dtype, divisor):
                 stats[summed], expected[summed], rtol=1e-9, atol=1e-12 * scale, err_msg=f"row {r}"
             )
             np.testing.assert_array_equal(
-                histogram, records.linear_histogram(values), err_msg=f"row {r}"
+                histogram, summaries.linear_histogram(values), err_msg=f"row {r}"
             )
             with np.errstate(invalid="ignore"):
                 raw = [values.sum(), np.abs(values).sum()]

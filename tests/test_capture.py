@@ -10,7 +10,10 @@ import eventdata  # noqa: E402
 from values import assert_same_stats, awkward_rows  # noqa: E402
 
 from tb_gradviz import GradVizCallback  # noqa: E402
-from tb_gradviz.format import records  # noqa: E402
+from tb_gradviz.format import (
+    records,  # noqa: E402
+    summaries,
+)
 
 layers = keras.layers
 
@@ -37,14 +40,14 @@ def reference_tensors(pre, pool, post, x, y, loss):
 def assert_matches_reference(log, layer, tensor, array):
     """Counts are exact; float statistics agree to float64 rounding of the sums."""
     logged = eventdata.stats(log, layer, tensor)
-    expected = records.decode_stats(records.stats_vector(array))
+    expected = records.decode_stats(summaries.stats_vector(array))
     for field in ("count", "zeros", "nan", "pos_inf", "neg_inf", "min", "max"):
         assert logged[field] == expected[field], (tensor, field)
     for field in ("mean", "std", "sum"):
         assert logged[field] == pytest.approx(expected[field], rel=1e-9, abs=1e-15), (tensor, field)
     assert logged["log_counts"] == expected["log_counts"], tensor
     np.testing.assert_array_equal(
-        eventdata.histogram(log, layer, tensor), records.linear_histogram(array)
+        eventdata.histogram(log, layer, tensor), summaries.linear_histogram(array)
     )
 
 
@@ -249,7 +252,7 @@ def test_group_summary_rows_equal_the_numpy_definition(dtype, divisor):
         ]
         for r, row in enumerate(group):
             values = row.astype(np.float64) / (divisor or 1.0)
-            expected = records.stats_vector(values)
+            expected = summaries.stats_vector(values)
             summed = [records.STATS_FIELDS.index(f) for f in ("mean", "std", "sum")]
             exact = np.setdiff1d(np.arange(records.STATS_LENGTH), summed)
             np.testing.assert_array_equal(stats[r, exact], expected[exact], err_msg=f"row {r}")
@@ -263,7 +266,7 @@ def test_group_summary_rows_equal_the_numpy_definition(dtype, divisor):
                 err_msg=f"row {r}",
             )
             np.testing.assert_array_equal(
-                histograms[r], records.linear_histogram(values), err_msg=f"row {r}"
+                histograms[r], summaries.linear_histogram(values), err_msg=f"row {r}"
             )
 
 
@@ -390,7 +393,7 @@ def test_a_gradient_tensor_shared_by_two_inputs_is_summarised_once():
     by_tag = {tag: array for tag, array, _ in written}
     for tensor in ("input_gradient_0", "input_gradient_1", "output_gradient"):
         np.testing.assert_array_equal(
-            by_tag[records.histogram_tag("add", tensor)], records.linear_histogram(expected)
+            by_tag[records.histogram_tag("add", tensor)], summaries.linear_histogram(expected)
         )
         stats = by_tag[records.stats_tag("add", tensor)]
-        assert_same_stats(stats, records.stats_vector(expected), rtol=1e-9, atol=1e-15)
+        assert_same_stats(stats, summaries.stats_vector(expected), rtol=1e-9, atol=1e-15)

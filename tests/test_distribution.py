@@ -18,7 +18,10 @@ pytest.importorskip("tensorflow")
 
 import eventdata  # noqa: E402
 
-from tb_gradviz.format import records  # noqa: E402
+from tb_gradviz.format import (
+    records,  # noqa: E402
+    summaries,
+)
 
 SCRIPT = os.path.join(os.path.dirname(__file__), "distributed_fit.py")
 TIMEOUT = 240  # seconds; a run takes ~10-30 s on 2 cores
@@ -82,7 +85,7 @@ def test_mirrored_probe_is_the_whole_batch_on_one_device(mirrored):
     for tensor in ("activation", "input_gradient", "output_gradient"):
         expected = reference[tensor]
         logged = eventdata.stats(log, "pool", tensor)
-        want = records.decode_stats(records.stats_vector(expected))
+        want = records.decode_stats(summaries.stats_vector(expected))
         # Counts of the whole probe batch (8 examples), BatchNorm statistics
         # over all 8, the batch's mean loss: not one replica's half.
         assert (

@@ -17,7 +17,7 @@ import pytest
 import synthetic
 from tbserver import get_json, running_tensorboard
 
-from tb_gradviz.format import events, records
+from tb_gradviz.format import events, records, summaries
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -386,8 +386,8 @@ def _write_run_with_layer_name(run_dir, layer, steps=3):
                 written += events.tensor_records(
                     layer,
                     role,
-                    records.linear_histogram(array),
-                    records.stats_vector(array),
+                    summaries.linear_histogram(array),
+                    summaries.stats_vector(array),
                     content,
                 )
             routing = np.array(

@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from tb_gradviz.capture import kernels
-from tb_gradviz.format import records
+from tb_gradviz.format import records, summaries
 
 SUMMED = [records.STATS_FIELDS.index(f) for f in ("mean", "std", "sum")]
 EXACT = np.setdiff1d(np.arange(records.STATS_LENGTH), SUMMED)
@@ -16,12 +16,12 @@ EXACT = np.setdiff1d(np.arange(records.STATS_LENGTH), SUMMED)
 def assert_records_equal(values, divisor=None):
     histogram, stats = kernels.summary(values, divisor)
     widened = np.asarray(values, np.float64).ravel() / (1.0 if divisor is None else divisor)
-    expected = records.stats_vector(widened)
+    expected = summaries.stats_vector(widened)
     np.testing.assert_array_equal(stats[EXACT], expected[EXACT])
     # Sums agree to float64 rounding, judged against the sum of |x| (values may cancel).
     scale = np.abs(widened[np.isfinite(widened)]).sum()
     np.testing.assert_allclose(stats[SUMMED], expected[SUMMED], rtol=1e-12, atol=1e-13 * scale)
-    np.testing.assert_array_equal(histogram, records.linear_histogram(widened))
+    np.testing.assert_array_equal(histogram, summaries.linear_histogram(widened))
 
 
 def edge_neighbours():
@@ -35,7 +35,7 @@ def test_octave_lookup_is_searchsorted_on_every_edge_and_its_neighbours():
     magnitudes = np.concatenate([edge_neighbours(), [5e-324, 2.2e-308, 1e-300, 1e150]])
     values = np.concatenate([magnitudes, -magnitudes])
     _, stats = kernels.summary(values)
-    expected = records.stats_vector(values)
+    expected = summaries.stats_vector(values)
     np.testing.assert_array_equal(
         stats[records.NEGATIVE_BINS.start :], expected[records.NEGATIVE_BINS.start :]
     )
@@ -184,7 +184,7 @@ def test_equal_values_fill_the_last_bucket_as_tensorboards_own_histogram():
     for values in (np.full(7, 2.5), np.array([-1.0]), np.full((3, 4), 0.0)):
         proto = summary_v2.histogram_pb("t", values, buckets=records.HISTOGRAM_BUCKETS)
         theirs = tensor_util.make_ndarray(proto.value[0].tensor)
-        np.testing.assert_array_equal(records.linear_histogram(values), theirs)
+        np.testing.assert_array_equal(summaries.linear_histogram(values), theirs)
         histogram, _ = kernels.summary(values.astype(np.float32))
         np.testing.assert_array_equal(histogram, theirs)
 
@@ -194,7 +194,7 @@ def test_update_sums_equal_the_definition_and_leave_the_current_values_in_previo
     rng = np.random.default_rng(5)
     current = rng.normal(size=(3, 3, 16, 32)).astype(dtype)
     previous = (current + rng.normal(scale=1e-3, size=current.shape)).astype(dtype)
-    expected = records.update_sums(current, previous)
+    expected = summaries.update_sums(current, previous)
     kept = previous.copy()
     weight, update = kernels.update_sums(current, kept)
     assert weight == pytest.approx(expected[0], rel=1e-12)

@@ -9,7 +9,10 @@ keras = pytest.importorskip("keras")
 import eventdata  # noqa: E402
 
 from tb_gradviz import GradVizCallback  # noqa: E402
-from tb_gradviz.format import records  # noqa: E402
+from tb_gradviz.format import (
+    records,  # noqa: E402
+    summaries,
+)
 
 layers = keras.layers
 
@@ -29,14 +32,14 @@ def assert_records_equal(log, layer, tensor, array):
     adds in another order than numpy)."""
     logged, expected = (
         eventdata.last(log, records.stats_tag(layer, tensor)),
-        records.stats_vector(array),
+        summaries.stats_vector(array),
     )
     summed = [records.STATS_FIELDS.index(f) for f in ("mean", "std", "sum")]
     exact = np.setdiff1d(np.arange(records.STATS_LENGTH), summed)
     np.testing.assert_array_equal(logged[exact], expected[exact])
     np.testing.assert_allclose(logged[summed], expected[summed], rtol=1e-12)
     np.testing.assert_array_equal(
-        eventdata.histogram(log, layer, tensor), records.linear_histogram(array)
+        eventdata.histogram(log, layer, tensor), summaries.linear_histogram(array)
     )
 
 

@@ -15,7 +15,10 @@ from autodiff import gradients, numpy  # noqa: E402
 
 from tb_gradviz import GradVizCallback  # noqa: E402
 from tb_gradviz.capture import probe, selection, weights  # noqa: E402
-from tb_gradviz.format import records  # noqa: E402
+from tb_gradviz.format import (
+    records,  # noqa: E402
+    summaries,
+)
 
 layers = keras.layers
 CHOSEN = ["conv", "bn", "pool", "dense"]
@@ -369,5 +372,5 @@ def test_tensorboards_own_histograms_dashboard_serves_the_weight_histograms(tmp_
                 ):  # the weights as the step left them (SGD(0) leaves them as built)
                     expected = numpy(getattr(model.get_layer(layer), name)).astype(np.float64)
                     np.testing.assert_array_equal(
-                        np.array(buckets), records.linear_histogram(expected)
+                        np.array(buckets), summaries.linear_histogram(expected)
                     )

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from test_plugin import PREFIX, get_json, make_app
 
-from tb_gradviz.format import events, records
+from tb_gradviz.format import events, records, summaries
 
 CONTENT = {
     "layer_index": 0,
@@ -46,7 +46,7 @@ def tensor_records(layer, name, role, index, values, weight=None):
     if role in records.GRADIENT_ROLES:
         content["loss_scaled"] = False
     return events.tensor_records(
-        layer, name, records.linear_histogram(values), records.stats_vector(values), content
+        layer, name, summaries.linear_histogram(values), summaries.stats_vector(values), content
     )
 
 
@@ -76,7 +76,7 @@ def write_weights_run(logdir):
                     tensor=records.weight_tensor_name(records.WEIGHT, weight),
                 )
                 written += events.update_records(
-                    "conv", weight, records.update_vector(norm, update, interval), update_content
+                    "conv", weight, summaries.update_vector(norm, update, interval), update_content
                 )
             log.write(step, written)
     finally:
@@ -129,7 +129,7 @@ def test_updates_serves_each_weights_records_over_steps(client):
 
 def test_series_of_a_weight_gradient_is_the_numpy_reference(client):
     body = get_json(client, "/series", run="weights", layer="conv", tensor="weight_gradient/kernel")
-    expected = records.decode_stats(records.stats_vector(WEIGHTS["kernel"][1]))
+    expected = records.decode_stats(summaries.stats_vector(WEIGHTS["kernel"][1]))
     assert body["role"] == "weight_gradient" and body["steps"] == [0, 2, 4]
     for name in records.STATS_FIELDS:
         assert body["stats"][name] == [expected[name]] * 3

@@ -9,7 +9,7 @@ TensorFlow nor Keras.
 import numpy as np
 
 from tb_gradviz.board import catalog, health
-from tb_gradviz.format import records, routing_map
+from tb_gradviz.format import records, routing_map, summaries
 
 LOG_EDGES = records.LOG_EDGES.tolist()
 
@@ -40,7 +40,7 @@ def _routing_row(values, dtype):
         name: _counts(column)[0] if name in records.ROUTING_COUNT_FIELDS else column[0].item()
         for name, column in columns.items()
     }
-    result["mass"] = records.mass_conservation(records.decode_routing(values), dtype)
+    result["mass"] = summaries.mass_conservation(records.decode_routing(values), dtype)
     return result
 
 
@@ -143,7 +143,7 @@ def routing_body(run, content, routing):
     """The `/routing` body of a pooling layer: its routing `store.Series`, field by field, and the mass verdicts."""
     dtype = content.get("layer_dtype")
     verdicts = [
-        records.mass_conservation(records.decode_routing(row), dtype) for row in routing.values
+        summaries.mass_conservation(records.decode_routing(row), dtype) for row in routing.values
     ]
     columns = records.routing_columns(routing.values)
     body = {
@@ -234,7 +234,7 @@ def _layer_update_ratio(updates):
     """The update ratio of a layer's weights as one vector, or None without update records."""
     if not updates:
         return None
-    return records.combined_update_ratio(
+    return summaries.combined_update_ratio(
         [u["weight_norm"] for u in updates.values()], [u["update_norm"] for u in updates.values()]
     )
 

@@ -13,7 +13,7 @@ import warnings
 import keras
 import numpy as np
 
-from tb_gradviz.format import events, records, routing_map
+from tb_gradviz.format import events, records, routing_map, summaries
 
 
 def host_map(slices, divisor=None):
@@ -68,7 +68,7 @@ def step_records(plans, summaries, routings, skipped, units, maps=(), map_settin
 
 
 # The sums each device statistics pass returns per tensor, in this order:
-# `records.summary_from_sums`' arguments from `zeros` to `squares`, then the
+# `summaries.summary_from_sums`' arguments from `zeros` to `squares`, then the
 # plain sum and the sum of magnitudes of all values (the routing record's,
 # NaN when a value is).
 DEVICE_SUMS = (
@@ -102,7 +102,7 @@ def device_records(plans, rows, routing_counts, skipped, units, maps=(), map_set
         for t in plan.tensors:
             n, sums, linear, magnitude = by_name[t.name] = next(rows)
             summaries.append(
-                records.summary_from_sums(
+                summaries.summary_from_sums(
                     n, *sums[:8], linear, magnitude.astype(np.float64), len(linear)
                 )
             )
@@ -185,7 +185,7 @@ def host_summaries(items):
         values = np.asarray(values, dtype=np.float64)
         if divisor is not None:
             values = values / divisor
-        result.append((records.linear_histogram(values), records.stats_vector(values)))
+        result.append((summaries.linear_histogram(values), summaries.stats_vector(values)))
     return result
 
 

@@ -1,6 +1,6 @@
 """The statistics of one tensor in two fused passes over its values, on the host.
 
-`records.linear_histogram` and `records.stats_vector` define the records; numpy
+`summaries.linear_histogram` and `summaries.stats_vector` define the records; numpy
 computes them in ~20 passes over a float64 copy, TensorFlow's CPU kernels in
 ~25 (one per op). Here numba compiles the same definition into two passes:
 the first takes the sum, the extrema and the zeros, the second, which needs
@@ -25,7 +25,7 @@ import os
 import numba
 import numpy as np
 
-from tb_gradviz.format import records
+from tb_gradviz.format import records, summaries
 
 _MAGNITUDE_BINS = records.MAGNITUDE_BINS
 _SUM = {"reassoc", "nsz", "contract"}  # fastmath flags for the loops that only add
@@ -116,7 +116,7 @@ def _squared_deviations(values, mean):
 
 @numba.njit(nogil=True, cache=True)
 def _linear_buckets(values, low, width, last, out):
-    """records.linear_histogram's bucket of each value: floor((v - low) / width), at most `last`."""
+    """summaries.linear_histogram's bucket of each value: floor((v - low) / width), at most `last`."""
     for i in range(values.size):
         out[i] = min(np.int32(np.floor((np.float64(values[i]) - low) / width)), last)
 
@@ -165,9 +165,9 @@ def _summary_float32(values, buckets, octave, octave_bin, octave_edge):
 
 # The records from the sums and counts: records' one assembly, compiled.
 # numba's on-disk cache of the kernels below keys on this file's stamp only,
-# so after editing records.summary_from_sums in a checkout, delete
+# so after editing summaries.summary_from_sums in a checkout, delete
 # tb_gradviz/__pycache__/kernels.*.nb[ic] (an install writes new files, and recompiles).
-_records = numba.njit(nogil=True, cache=True)(records.summary_from_sums)
+_records = numba.njit(nogil=True, cache=True)(summaries.summary_from_sums)
 
 
 @numba.njit(nogil=True, cache=True)
@@ -233,7 +233,7 @@ def _update_sums(current, previous):
 
 
 def update_sums(current, previous):
-    """`records.update_sums(current, previous)` in one fused pass, then `previous[...] = current`.
+    """`summaries.update_sums(current, previous)` in one fused pass, then `previous[...] = current`.
 
     Args:
       current: the weight's values now (float32 or float64).
@@ -253,7 +253,7 @@ def update_sums(current, previous):
 
 
 def summary(values, divisor=None, buckets=records.HISTOGRAM_BUCKETS):
-    """Returns `(records.linear_histogram(v), records.stats_vector(v))` of `v = values / divisor`.
+    """Returns `(summaries.linear_histogram(v), summaries.stats_vector(v))` of `v = values / divisor`.
 
     Args:
       values: a float32 or float64 array (float16 widens exactly: pass it as float32).

@@ -13,7 +13,7 @@ import keras
 import numpy as np
 
 from tb_gradviz.capture import assemble
-from tb_gradviz.format import events, records
+from tb_gradviz.format import events, records, summaries
 
 
 def chosen_weights(chosen):
@@ -96,7 +96,7 @@ class Updates:
                     continue
                 weight_squares, update_squares = _update_sums(current, kept[2])
                 self._previous[id(variable)] = (variable, step, kept[2])
-                vector = records.update_vector(
+                vector = summaries.update_vector(
                     np.sqrt(weight_squares), np.sqrt(update_squares), step - kept[1]
                 )
                 content = dict(
@@ -109,11 +109,11 @@ class Updates:
 
 
 def _update_sums(current, copy):
-    """`records.update_sums(current, copy)`, fused by `kernels` when numba is there; `copy` then holds `current`."""
+    """`summaries.update_sums(current, copy)`, fused by `kernels` when numba is there; `copy` then holds `current`."""
     if assemble.numba_available():
         from tb_gradviz.capture import kernels
 
         return kernels.update_sums(current, copy)
-    sums = records.update_sums(current, copy)
+    sums = summaries.update_sums(current, copy)
     copy[...] = current
     return sums

@@ -250,6 +250,6 @@ def routing_map_records(layer, routing_map, content):
 
 
 def update_records(layer, weight, update, content):
-    """Returns the `(tag, array, metadata)` record of a weight's update size (`records.update_vector`)."""
+    """Returns the `(tag, array, metadata)` record of a weight's update size (`summaries.update_vector`)."""
     update_content = dict(content, kind=metadata.KIND_UPDATE, layer=layer)
     return [(update_tag(layer, weight), update, metadata.create_summary_metadata(update_content))]

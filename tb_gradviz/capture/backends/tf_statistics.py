@@ -2,7 +2,7 @@
 
 On an accelerator the TensorFlow pass summarises its tensors where they are,
 so that only bucket counts and scalars leave the device. `group_summary`
-computes `records.linear_histogram` and `records.stats_vector` of many
+computes `summaries.linear_histogram` and `summaries.stats_vector` of many
 equal-sized tensors at once (tests/test_capture.py checks it bit for bit
 against the numpy definition and the host kernel).
 """
@@ -45,7 +45,7 @@ def summary_chunks(items):
 def group_summary(tensors, divisor=None, buckets=records.HISTOGRAM_BUCKETS):
     """Returns `(histograms [R, k, 3], stats [R, STATS_LENGTH])` of R tensors, on device.
 
-    Row r is `records.linear_histogram` and `records.stats_vector` of
+    Row r is `summaries.linear_histogram` and `summaries.stats_vector` of
     `tensors[r]`: histogram edges, counts and bins exactly, mean, std and sum
     to float64 rounding (the order of additions differs from numpy's).
 
@@ -148,7 +148,7 @@ def _row_statistics(v, exact, total, count, zeros, rows, buckets, masked, float3
         squares = tf.where(finite, squares, 0.0)
     squares = tf.reduce_sum(squares, axis=1)
 
-    # Linear buckets, as records.linear_histogram: floor((x - low) / width),
+    # Linear buckets, as summaries.linear_histogram: floor((x - low) / width),
     # where x == high may give `buckets` (folded into the last bucket below).
     # Values are >= low, so the cast's truncation is the floor. A row whose
     # values are all equal (or absent) gets start = low (or 0) and width 1,
@@ -235,7 +235,7 @@ def divide(x, y):
 
     In a tf.function, Grappler rewrites division by a constant into
     multiplication by its reciprocal, which can differ in the last bit
-    (span / 30 did), so bucket edges would not be `records.linear_histogram`'s.
+    (span / 30 did), so bucket edges would not be `summaries.linear_histogram`'s.
     DivNoNan is not rewritten; `y` is never zero here.
     """
     return tf.math.divide_no_nan(x, y)
