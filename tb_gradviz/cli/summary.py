@@ -1,0 +1,184 @@
+"""`tb-gradviz summary`: a table per run and layer at one step, and the weight updates."""
+
+import math
+
+from tb_gradviz.cli.logs import open_logdir, runs_of
+from tb_gradviz.cli.status import EXIT_NO_DATA, CommandError
+from tb_gradviz.format import records
+
+
+def run_summary(args):
+    from tensorboard import errors
+
+    gradviz, ctx, experiment = open_logdir(args.logdir)
+    printed = 0
+    for run in runs_of(gradviz, ctx, experiment, args.logdir, args.run):
+        try:
+            snapshot = gradviz.step_impl(ctx, experiment, run["run"], args.step)
+        except errors.NotFoundError:
+            print(f"run {run['run']}: no step <= {args.step}\n")
+            continue
+        print(f"run {run['run']}  (step {snapshot['step']})")
+        print(table(summary_rows(snapshot, run["layers"])))
+        updates = update_rows(snapshot)
+        if updates:
+            print(
+                "\nweight updates  (|w - w_previous| / |w| since the previous log event; size: per step, against the usual ~1e-3)"
+            )
+            print(table(updates, UPDATE_COLUMNS))
+        print()
+        printed += 1
+    if not printed:
+        raise CommandError(f"no run has a step <= {args.step}", EXIT_NO_DATA)
+    return 0
+
+
+SUMMARY_COLUMNS = (
+    "layer",
+    "tensor",
+    "step",
+    "shape",
+    "zeros %",
+    "routed %",
+    "max routed %",
+    "tied",
+    "nan",
+    "inf",
+    "mass",
+    "flags",
+)
+
+
+def summary_rows(snapshot, layers):
+    """Rows of the summary table of one run at one step.
+
+    Args:
+      snapshot: `/step` data of the run.
+      layers: the run's layers as `/runs` gives them (shapes, pooling).
+    """
+    info = {layer["layer"]: layer for layer in layers}
+    rows = []
+    for layer in snapshot["layers"]:
+        routing = layer.get("routing")
+        shapes = {t["tensor"]: t["shape"] for t in info.get(layer["layer"], {}).get("tensors", [])}
+        pooling = info.get(layer["layer"], {}).get("pooling") or {}
+        for tensor, record in layer["tensors"].items():
+            stats = record["stats"]
+            routed = routing if routing and tensor.startswith(records.INPUT_GRADIENT) else None
+            rows.append(
+                (
+                    layer["layer"],
+                    tensor,
+                    str(record["step"]),
+                    "x".join(str(n) for n in shapes.get(tensor, [])) or "?",
+                    _percent(stats["zeros"], stats["count"]),
+                    _percent(routed["routed_positions"], routed["input_positions"])
+                    if routed
+                    else "",
+                    # One winner per window: the most a max pool can route to.
+                    _percent(routed["windows"], routed["input_positions"])
+                    if routed and pooling.get("type") == "max"
+                    else "",
+                    _count(routed["tied_windows"]) if routed else "",
+                    str(stats["nan"]),
+                    str(stats["pos_inf"] + stats["neg_inf"]),
+                    mass_conservation(routed) if routed else "",
+                    ",".join(flag["flag"] for flag in layer.get("flags", [])),
+                )
+            )
+    return rows
+
+
+UPDATE_COLUMNS = (
+    "layer",
+    "weight",
+    "step",
+    "interval",
+    "weight norm",
+    "update norm",
+    "update ratio",
+    "size",
+)
+LAYER_UPDATE = "(layer)"  # the weight column of a layer's combined row
+
+
+def update_rows(snapshot):
+    """Rows of the weight-update table of one run at one step: per layer, its weights and their combination.
+
+    A layer's combined row (weight `LAYER_UPDATE`) is the server's
+    `update_ratio` of the layer, its weights taken as one vector; its
+    weights follow in the layer's order (kernel before bias), as `/step`
+    gives them. `size` is the server's verdict on the ratio per step
+    (`health.update_size`). Empty when no layer has update records
+    (`weights=True` logs them from its second log event on).
+
+    Args:
+      snapshot: the `/step` body.
+    """
+    rows = []
+    for layer in snapshot["layers"]:
+        updates = layer.get("updates") or {}
+        if not updates:
+            continue
+        steps = sorted({u["step"] for u in updates.values()})
+        intervals = sorted({u["interval"] for u in updates.values()})
+        rows.append(
+            (
+                layer["layer"],
+                LAYER_UPDATE,
+                ",".join(map(str, steps)),
+                ",".join(map(_interval, intervals)),
+                "",
+                "",
+                _scientific(layer["update_ratio"]),
+                layer["update_size"] or "-",
+            )
+        )
+        for weight, update in updates.items():
+            rows.append(
+                (
+                    layer["layer"],
+                    weight,
+                    str(update["step"]),
+                    _interval(update["interval"]),
+                    _scientific(update["weight_norm"]),
+                    _scientific(update["update_norm"]),
+                    _scientific(update["update_ratio"]),
+                    update["size"] or "-",
+                )
+            )
+    return rows
+
+
+def _scientific(value):
+    return "-" if value is None else f"{value:.3e}"
+
+
+def _interval(value):
+    return "-" if not math.isfinite(value) else str(int(value))
+
+
+def mass_conservation(routing):
+    """'kept', 'off by ...' or '?': the server's verdict (`summaries.mass_conservation`), as the tab shows it."""
+    verdict = routing["mass"]
+    if verdict["conserved"] is None:
+        return "?"
+    return "kept" if verdict["conserved"] else f"off by {abs(verdict['difference']):.3g}"
+
+
+def _percent(part, whole):
+    if not whole or not math.isfinite(part):
+        return "-"
+    return f"{100.0 * part / whole:.2f}"
+
+
+def _count(value):
+    return "-" if not math.isfinite(value) else str(int(value))
+
+
+def table(rows, columns=SUMMARY_COLUMNS):
+    widths = [max(len(str(c)) for c in column) for column in zip(columns, *rows)]
+    lines = ["  ".join(str(c).ljust(w) for c, w in zip(columns, widths)).rstrip()]
+    lines.append("  ".join("-" * w for w in widths))
+    lines += ["  ".join(str(c).ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows]
+    return "\n".join(lines)
