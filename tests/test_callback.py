@@ -240,3 +240,33 @@ def test_bad_log_dir_and_probe_data(tmp_path):
         GradVizCallback(tmp_path, (x, y[:3]))
     with pytest.raises(ValueError, match="empty tf.data.Dataset"):
         GradVizCallback(tmp_path, tf.data.Dataset.from_tensor_slices((x, y)).take(0))
+
+
+class _Scaled(layers.Layer):
+    """A layer with a trainable weight named `stats`."""
+
+    def build(self, input_shape):
+        self.stats = self.add_weight(shape=(input_shape[-1],), initializer="ones", name="stats")
+
+    def call(self, x):
+        return x * self.stats
+
+
+def test_stop_on_nonfinite_ignores_a_healthy_weight_named_stats(tmp_path):
+    # With weights=True the weight's histogram tag ends in "/weight/stats"; its
+    # histogram is not a stats record and must not stop training.
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential(
+        [keras.Input((4,)), _Scaled(name="scaled"), layers.Dense(2, name="dense")]
+    )
+    model.compile(keras.optimizers.SGD(0.01), "mse")
+    x, y = np.ones((8, 4), "float32"), np.zeros((8, 2), "float32")
+    callback = GradVizCallback(
+        tmp_path, (x, y), layers=["scaled"], weights=True, every_n_batches=1, stop_on_nonfinite=True
+    )
+    history = model.fit(x, y, batch_size=4, epochs=3, verbose=0, callbacks=[callback])
+    assert len(history.history["loss"]) == 3
+    log = eventdata.load(tmp_path)
+    assert records.histogram_tag("scaled", "weight/stats") in eventdata.tensor_tags(log)
+    steps = [s for s, _ in eventdata.values(log, records.stats_tag("scaled", "weight/stats"))]
+    assert steps == [1, 2, 3, 4, 5, 6]

@@ -8,7 +8,7 @@ import numpy as np
 
 from tb_gradviz.capture import probe, selection
 from tb_gradviz.capture import weights as weights_module
-from tb_gradviz.format import events, records, storage
+from tb_gradviz.format import events, metadata, records, storage
 from tb_gradviz.format import routing_map as routing_map_module
 
 
@@ -101,7 +101,7 @@ class GradVizCallback(keras.callbacks.Callback):
     ):
         super().__init__()
         # A URL is only parsed here, without touching the network: a store's
-        # errors come at the first upload, and training goes on (storage.Uploader).
+        # errors come at the first upload, and training goes on (upload.Uploader).
         location = storage.location(log_dir, "log_dir")
         log_dir = location.url
         if location.local_path is not None:
@@ -225,7 +225,9 @@ class GradVizCallback(keras.callbacks.Callback):
         self._log.write(step, written)
         if self.stop_on_nonfinite:
             nonfinite = [
-                tag for tag, values, _ in written if records.stats_has_nonfinite(tag, values)
+                tag
+                for tag, values, summary_metadata in written
+                if _is_stats_record(summary_metadata) and records.stats_has_nonfinite(values)
             ]
             if nonfinite:
                 print(
@@ -254,6 +256,15 @@ class GradVizCallback(keras.callbacks.Callback):
                 "pass log_now(step=...)"
             )
         return int(keras.ops.convert_to_numpy(optimizer.iterations))
+
+
+def _is_stats_record(summary_metadata):
+    """Whether a written record is a tensor's stats record, by the kind its metadata gives."""
+    plugin_data = summary_metadata.plugin_data
+    return (
+        plugin_data.plugin_name == metadata.PLUGIN_NAME
+        and metadata.parse_plugin_metadata(plugin_data.content)["kind"] == metadata.KIND_TENSOR
+    )
 
 
 def _check_local_dir(path, log_dir):

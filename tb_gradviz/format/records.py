@@ -164,11 +164,15 @@ def update_tag(layer, weight):
     return f"{TAG_PREFIX}/{layer}/update/{weight}"
 
 
-def stats_has_nonfinite(tag, values):
-    """Whether `(tag, values)` is a stats record that counts a NaN or an Inf."""
-    return tag.endswith("/stats") and bool(
-        np.any(np.asarray(values)[STAT_NAN : STAT_NEG_INF + 1] > 0)
-    )
+def stats_has_nonfinite(values):
+    """Whether a stats record counts a NaN or an Inf.
+
+    The caller knows the record is a stats record from its metadata (kind
+    `tensor`), not from its tag: a weight named `stats` has a histogram tag
+    ending in `/stats` too.
+    """
+    counts = decode_stats(values)
+    return any(counts[name] > 0 for name in ("nan", "pos_inf", "neg_inf"))
 
 
 class Layout:
