@@ -3,6 +3,7 @@ maps against GradientTape's, the byte bound, and the `/routing_map` route."""
 
 import json
 import os
+import warnings
 
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 
@@ -335,3 +336,20 @@ def test_a_3d_pool_maps_its_middle_depth_on_the_middle_plane_of_those_windows(tm
         np.testing.assert_array_equal(
             row["output_gradient"], output_gradient[0, 1, :, :, c].ravel()
         )
+
+
+def test_an_inf_in_the_input_gradient_ranks_channels_without_a_runtime_warning():
+    # Several Infs and float32 maxima in a channel: summing them as finite
+    # stand-ins (1.8e308 each) overflowed and numpy warned during fit.
+    planes = np.zeros((4, 1, 3, 3), np.float32)
+    planes[0] = 1.0
+    planes[1, 0, 0, :2] = np.inf
+    planes[2, 0, 1, 1] = np.finfo(np.float32).max
+    planes[2, 0, 2, 2] = np.nan
+    planes[3, 0, 0, 0] = -np.inf
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        chosen = routing_map.chosen_channels(planes, routing_map.Settings(channels=2))
+        assert chosen == [1, 3]  # the most Infs first, then the larger finite mass
+        chosen = routing_map.chosen_channels(planes, routing_map.Settings(channels=3))
+        assert chosen == [1, 2, 3]

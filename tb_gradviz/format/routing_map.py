@@ -202,14 +202,17 @@ def layout(pooling, input_shape, settings):
 
 def chosen_channels(input_gradient_planes, settings):
     """The channels mapped: those given (beyond the layer's channels left out), or those whose input
-    gradient has the largest sum of |g|."""
+    gradient has the largest mass: the most infinite values first, then the largest sum of the
+    finite |g|, then the lower index. NaN counts as no mass."""
     if isinstance(settings.channels, list):
         count = input_gradient_planes.shape[0]
         return [c for c in settings.channels if c < count]
-    magnitudes = np.abs(np.nan_to_num(input_gradient_planes.astype(np.float64), nan=0.0))
-    mass = magnitudes.reshape(len(magnitudes), -1).sum(axis=1)
-    # Largest mass first; the lower index on equal mass.
-    order = np.lexsort((np.arange(len(mass)), -mass))
+    planes = np.asarray(input_gradient_planes, dtype=np.float64)
+    planes = planes.reshape(len(planes), -1)
+    infinite = np.isinf(planes).sum(axis=1)
+    with np.errstate(over="ignore"):  # float64 sums of huge float64 values rank as inf
+        mass = np.abs(np.where(np.isfinite(planes), planes, 0.0)).sum(axis=1)
+    order = np.lexsort((np.arange(len(mass)), -mass, -infinite))
     return sorted(order[: settings.channel_count].tolist())
 
 
