@@ -19,6 +19,11 @@ from tbserver import get_json, running_tensorboard
 
 from tb_gradviz.format import events, records, summaries
 
+try:
+    from playwright.sync_api import expect
+except ImportError:  # the `browser` fixture says so, and fails in CI
+    expect = None
+
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
 CHROMIUM = "/usr/bin/chromium"
@@ -142,6 +147,34 @@ def keep_screenshot(locator, path):
         folder.mkdir(parents=True, exist_ok=True)
         shutil.copy(path, folder / path.name)
     print(f"\nscreenshot: {path}")
+
+
+def read_when_ready(page, selector, reader, has=None):
+    """`reader(element)` of the tab's first `selector` element, once laid out (and holding `has`).
+
+    The tab redraws a chart by replacing its element (a new step, a new
+    width from the resize observer), so a locator resolved before a redraw
+    can point at a detached element that measures 0. Here the element is
+    looked up, checked and read in one evaluation in the page, which no
+    redraw can interleave with; Playwright polls it until it returns.
+
+    Args:
+      page: the page holding the tab's frame.
+      selector: a CSS selector inside the tab.
+      reader: a JavaScript function of the element returning a JSON-able, truthy value.
+      has: a CSS selector that must match inside the element, or None.
+    """
+    handle = page.wait_for_function(
+        f"""([frameSelector, selector, has]) => {{
+      const tab = document.querySelector(frameSelector)?.contentDocument;
+      const element = tab?.querySelector(selector);
+      if (!element?.isConnected || element.getBoundingClientRect().width === 0) return null;
+      if (has !== null && element.querySelector(has) === null) return null;
+      return ({reader})(element);
+    }}""",
+        arg=[PLUGIN_FRAME, selector, has],
+    )
+    return handle.json_value()
 
 
 def _runs_loaded(expected_max_step):

@@ -23,7 +23,15 @@ import time
 import pytest
 import synthetic
 from tbserver import get_json, running_tensorboard
-from test_e2e_browser import PLUGIN_FRAME, _runs_loaded, browser, gradviz_page, keep_screenshot  # noqa: F401 (fixture)
+from test_e2e_browser import (  # noqa: F401 (fixture)
+    PLUGIN_FRAME,
+    _runs_loaded,
+    browser,
+    expect,
+    gradviz_page,
+    keep_screenshot,
+    read_when_ready,
+)
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -130,8 +138,12 @@ _READ_CHART = """chart => {
 }"""
 
 
-def _read_chart(frame):
-    return frame.locator(".flow-chart").evaluate(_READ_CHART)
+def _read_chart(page, run, step=None, role=None):
+    """What the chart draws, once it draws `run`'s line (at `step`; with a point of `role`)."""
+    line = f'.flow-point.pin-0[data-run="{run}"]'
+    line += "" if step is None else f'[data-step="{step}"]'
+    line += "" if role is None else f'[data-role="{role}"]'
+    return read_when_ready(page, ".flow-chart", _READ_CHART, has=line)
 
 
 def _step(url, run, step=None):
@@ -246,7 +258,7 @@ def test_gradient_flow_of_176_layers(page, tensorboard):
     snapshot = _step(url, BIG_RUN)
     assert len(snapshot["layers"]) >= BIG_LAYERS
     frame.locator("h2", has_text=f"All layers of {BIG_RUN} at step {last}").wait_for()
-    chart = _read_chart(frame)
+    chart = _read_chart(page, BIG_RUN, last)
     assert chart["hits"] == [layer["layer"] for layer in snapshot["layers"]]
     points = _check_points(chart, snapshot, BIG_RUN)
     assert len(points) >= 9 * BIG_LAYERS - 2 * 9  # every role and statistic of (nearly) every layer
@@ -265,7 +277,7 @@ def test_gradient_flow_of_176_layers(page, tensorboard):
         first_visit = _timed(
             lambda: slider.press("Home"), lambda: _wait_for_line(frame, BIG_RUN, 1)
         )
-        _check_points(_read_chart(frame), _step(url, BIG_RUN, 1), BIG_RUN)
+        _check_points(_read_chart(page, BIG_RUN, 1), _step(url, BIG_RUN, 1), BIG_RUN)
         cached = _timed(lambda: slider.press("End"), lambda: _wait_for_line(frame, BIG_RUN, last))
         print(
             f"\nflow of {BIG_RUN}: first visit to step 1 {first_visit:.2f} s, back to step {last} {cached:.2f} s"
@@ -301,7 +313,7 @@ def test_gradient_flow_of_a_vanishing_plain_cnn(page, tensorboard):
     assert (
         len(snapshot["layers"]) == demos.PLAIN_DEPTH + 3
     )  # the input's rescaling, the convolutions, pool, head
-    chart = _read_chart(frame)
+    chart = _read_chart(page, SIGMOID_RUN, STEPS[-1])
     _check_points(chart, snapshot, SIGMOID_RUN)
     flags = _check_badges(chart, snapshot, SIGMOID_RUN)
     _check_grid_badges(frame, snapshot)
@@ -323,7 +335,7 @@ def test_gradient_flow_of_a_vanishing_plain_cnn(page, tensorboard):
     # The same network with BatchNorm and ReLU, overlaid: shared layers share a column.
     frame.get_by_label("Overlay run", exact=True).select_option(RELU_RUN)
     _wait_for_line(frame, RELU_RUN, STEPS[-1])
-    chart = _read_chart(frame)
+    chart = _read_chart(page, RELU_RUN, STEPS[-1])
     other = _step(url, RELU_RUN)
     _check_points(chart, snapshot, SIGMOID_RUN)
     _check_points(chart, other, RELU_RUN)
@@ -348,7 +360,7 @@ def test_gradient_flow_of_a_vanishing_plain_cnn(page, tensorboard):
     slider.press("Home")
     _wait_for_line(frame, SIGMOID_RUN, STEPS[0])
     _wait_for_line(frame, RELU_RUN, STEPS[0])
-    chart = _read_chart(frame)
+    chart = _read_chart(page, RELU_RUN, STEPS[0])
     _check_points(chart, _step(url, SIGMOID_RUN, STEPS[0]), SIGMOID_RUN)
     _check_points(chart, _step(url, RELU_RUN, STEPS[0]), RELU_RUN)
     assert frame.locator(".flow-legend li:not(.stat-key)").all_text_contents() == [

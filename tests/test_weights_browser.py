@@ -16,7 +16,15 @@ import eventdata
 import pytest
 import small_runs
 from tbserver import get_json, running_tensorboard
-from test_e2e_browser import PLUGIN_FRAME, _runs_loaded, browser, gradviz_page, keep_screenshot  # noqa: F401 (fixture)
+from test_e2e_browser import (  # noqa: F401 (fixture)
+    PLUGIN_FRAME,
+    _runs_loaded,
+    browser,
+    expect,
+    gradviz_page,
+    keep_screenshot,
+    read_when_ready,
+)
 from test_flow_browser import UPDATE_PANEL, _check_points, _read_chart, _step
 
 from tb_gradviz.format import records
@@ -101,8 +109,10 @@ _READ_WEIGHTS = """section => [...section.querySelectorAll('.weight-row')].map((
 })"""
 
 
-def _read_weights(frame):
-    return frame.locator(".weights-section").evaluate(_READ_WEIGHTS)
+def _read_weights(page, step):
+    """The weights row, once its panels show `step`."""
+    has = f'.panel[data-tensor^="weight/"][data-step="{step}"]'
+    return read_when_ready(page, ".weights-section", _READ_WEIGHTS, has=has)
 
 
 def _shown_number(text):
@@ -119,7 +129,7 @@ def test_weights_row_shows_the_recorded_weights_and_updates(browser, tensorboard
         for layer, weights in WEIGHTS.items():
             _open(frame, WEIGHTS_RUN, layer)
             frame.locator(f'.update-panel[data-step="{STEPS[-1]}"]').first.wait_for()
-            rows = _read_weights(frame)
+            rows = _read_weights(page, STEPS[-1])
             assert [row["weight"] for row in rows] == weights
             for row in rows:
                 weight = row["weight"]
@@ -175,7 +185,7 @@ def test_weights_row_shows_the_recorded_weights_and_updates(browser, tensorboard
         slider.focus()
         slider.press("Home")
         frame.locator(f'.panel[data-tensor="weight/kernel"][data-step="{STEPS[0]}"]').wait_for()
-        rows = _read_weights(frame)
+        rows = _read_weights(page, STEPS[0])
         assert all(
             row["update"]["step"] is None
             and "No update at or before this step" in row["update"]["empty"]
@@ -186,8 +196,8 @@ def test_weights_row_shows_the_recorded_weights_and_updates(browser, tensorboard
 
         # A layer without weights: no weights row at all.
         _open(frame, WEIGHTS_RUN, "pool")
-        assert frame.locator(".weights-section").is_hidden()
-        assert frame.locator(".weight-row").count() == 0
+        expect(frame.locator(".weights-section")).to_be_hidden()
+        expect(frame.locator(".weight-row")).to_have_count(0)
 
         # The comparison keeps to the layer's own tensors; the weights' are offered apart.
         _open(frame, WEIGHTS_RUN, "conv")
@@ -217,7 +227,7 @@ def test_weights_row_shows_the_recorded_weights_and_updates(browser, tensorboard
 
         # The grid's columns stay the three roles, with each layer's update ratio beside them.
         grid = frame.locator("table.layer-grid")
-        grid.wait_for()
+        expect(grid.locator("thead th").last).to_have_text("Update ratio")
         headers = grid.locator("thead th").all_text_contents()
         assert headers[-1] == "Update ratio" and len(headers) == 9
         snapshot = _step(url, WEIGHTS_RUN)
@@ -241,7 +251,7 @@ def test_gradient_flow_shows_weight_gradients_and_update_ratios(browser, tensorb
             f'.flow-point[data-run="{WEIGHTS_RUN}"][data-role="{UPDATE_PANEL}"]'
         ).first.wait_for()
         snapshot = _step(url, WEIGHTS_RUN)
-        chart = _read_chart(frame)
+        chart = _read_chart(page, WEIGHTS_RUN, role=UPDATE_PANEL)
         assert [panel["role"] for panel in chart["panels"]] == [
             "output_gradient",
             "input_gradient",
@@ -284,7 +294,7 @@ def test_gradient_flow_shows_weight_gradients_and_update_ratios(browser, tensorb
         frame.locator(
             f'.flow-point[data-run="{WEIGHTS_RUN}"][data-step="{STEPS[0]}"]'
         ).first.wait_for()
-        chart = _read_chart(frame)
+        chart = _read_chart(page, WEIGHTS_RUN, STEPS[0])
         assert [panel["role"] for panel in chart["panels"]][-1] == UPDATE_PANEL
         _check_points(chart, _step(url, WEIGHTS_RUN, STEPS[0]), WEIGHTS_RUN)
         assert not [p for p in chart["points"] if p["role"] == UPDATE_PANEL]
@@ -308,7 +318,7 @@ def test_a_run_without_weights_looks_as_before(browser, tensorboard):
         assert frame.locator(".panels .panel").count() == 3
         assert frame.locator(".weights-section").is_hidden()
         assert frame.locator(".weight-row, .update-panel, .update-chart").count() == 0
-        chart = _read_chart(frame)
+        chart = _read_chart(page, PLAIN_RUN)
         assert [panel["role"] for panel in chart["panels"]] == [
             "output_gradient",
             "input_gradient",
