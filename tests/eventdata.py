@@ -1,10 +1,13 @@
 """Reads event files back for tests, through TensorBoard's own event reader."""
 
+import math
+
+import numpy as np
 import pytest
 from tensorboard.backend.event_processing import event_accumulator
 from tensorboard.util import tensor_util
 
-from tb_gradviz.format import metadata, records, summaries
+from tb_gradviz.format import digest, metadata, records, summaries
 
 
 def load(logdir):
@@ -72,3 +75,58 @@ def assert_record_matches(log, layer, tensor, array, rel=1e-6, abs=1e-12):
         counts.sum()
         == expected["count"] - expected["nan"] - expected["pos_inf"] - expected["neg_inf"]
     )
+
+
+def digest_tags(accumulator):
+    return [tag for tag in tensor_tags(accumulator) if tag.startswith(digest.TAG_PREFIX + "/")]
+
+
+def assert_digest_equals_records(accumulator):
+    """Asserts that each event's digest holds what that event's full records say, for every record.
+
+    Returns:
+      The number of events checked.
+    """
+    tags = digest_tags(accumulator)
+    assert len(tags) == 1, tags
+    parsed = metadata.parse_plugin_metadata(
+        accumulator.SummaryMetadata(tags[0]).plugin_data.content
+    )
+    rows = parsed["rows"]
+    stats_tags = {tag for tag in tensor_tags(accumulator) if tag.endswith("/stats")}
+    units_tags = {tag for tag in tensor_tags(accumulator) if tag.endswith("/units")}
+    assert {records.stats_tag(layer, name) for kind, layer, name in rows if kind == "tensor"} == (
+        stats_tags
+    )
+    assert {records.units_tag(layer) for kind, layer, _ in rows if kind == "units"} == units_tags
+    by_tag = {tag: dict(values(accumulator, tag)) for tag in stats_tags | units_tags}
+    update_tags = [t for t in tensor_tags(accumulator) if "/update/" in t]
+    by_tag.update({tag: dict(values(accumulator, tag)) for tag in update_tags})
+    events = values(accumulator, tags[0])
+    for step, vector in events:
+        assert vector.dtype == np.float32
+        decoded = digest.decode_digest(rows, vector)
+        for (kind, layer, name), fields in decoded.items():
+            got = {field: column[0] for field, column in fields.items()}
+            if kind == "tensor":
+                stats = records.decode_stats(by_tag[records.stats_tag(layer, name)][step])
+                finite = stats["count"] - stats["nan"] - stats["pos_inf"] - stats["neg_inf"]
+                rms = math.sqrt(stats["mean"] ** 2 + stats["std"] ** 2) if finite else math.nan
+                max_abs = max(abs(stats["min"]), abs(stats["max"])) if finite else math.nan
+                expected = [*(stats[f] for f in digest.TENSOR_FIELDS[:5]), rms, max_abs]
+            elif kind == "units":
+                units = records.decode_units(by_tag[records.units_tag(layer)][step])
+                expected = [units["channels"], units["dead_channels"]]
+            else:
+                update = by_tag.get(records.update_tag(layer, name), {}).get(step)
+                expected = (
+                    [math.nan, math.nan]
+                    if update is None
+                    else [update[records.UPDATE_RATIO], update[records.UPDATE_INTERVAL]]
+                )
+            np.testing.assert_array_equal(
+                np.array([got[f] for f in digest.FIELDS[kind]], dtype=np.float32),
+                np.array(expected, dtype=np.float32),
+                err_msg=f"digest row {kind} {layer} {name} at step {step}",
+            )
+    return len(events)

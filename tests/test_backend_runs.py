@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from test_plugin import get_json, make_app
 
-from tb_gradviz.format import records
+from tb_gradviz.format import digest, records
 
 pytestmark = pytest.mark.slow
 
@@ -74,6 +74,11 @@ def test_the_three_backends_write_the_same_records(runs):
                     rtol=1e-4,
                     atol=1e-6,
                     err_msg=f"{backend} {tag}",
+                )
+            elif tag.startswith(digest.TAG_PREFIX):
+                # The digest's counts are exact, its RMS and max |x| those of the stats.
+                np.testing.assert_allclose(
+                    values, reference, rtol=1e-4, atol=1e-6, err_msg=f"{backend} {tag}"
                 )
             elif tag.endswith("/routing"):
                 counts, sums = slice(None, records.ROUTING_SUMS.start), records.ROUTING_SUMS

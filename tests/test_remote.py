@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 import synthetic
 
-from tb_gradviz.format import events, storage
+from tb_gradviz.format import events, storage, upload
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 PREFIX = "/data/plugin/gradviz"
@@ -76,8 +76,8 @@ def s3(aws_env, monkeypatch):
 
 @pytest.fixture
 def fast_retries(monkeypatch):
-    monkeypatch.setattr(storage, "RETRY_FIRST_S", 0.1)
-    monkeypatch.setattr(storage, "RETRY_MAX_S", 0.2)
+    monkeypatch.setattr(upload, "RETRY_FIRST_S", 0.1)
+    monkeypatch.setattr(upload, "RETRY_MAX_S", 0.2)
 
 
 def keys(client, bucket, prefix=""):
@@ -318,11 +318,11 @@ def test_a_missing_bucket_keeps_the_events_locally_and_uploads_them_once_it_exis
     s3, tmp_path, caplog, fast_retries
 ):
     server, endpoint, client = s3
-    caplog.set_level(logging.WARNING, logger="tb_gradviz.format.storage")
+    caplog.set_level(logging.WARNING, logger="tb_gradviz.format.upload")
     history = tiny_fit(lambda x, y: [callback("s3://not-yet-made/run", x, y)], steps=4)
     assert len(history.history["loss"]) == 1  # training went on
 
-    warnings = [r.getMessage() for r in caplog.records if r.name == "tb_gradviz.format.storage"]
+    warnings = [r.getMessage() for r in caplog.records if r.name == "tb_gradviz.format.upload"]
     failures = [m for m in warnings if "cannot write to s3://not-yet-made/run" in m]
     assert len(failures) == 1, warnings  # said once, not at every retry
     assert "NoSuchBucket" in failures[0] and "Training goes on" in failures[0]
@@ -353,7 +353,7 @@ def test_a_store_that_goes_away_mid_fit_gets_the_events_when_it_is_back(
     keras = pytest.importorskip("keras")
     import boto3
 
-    caplog.set_level(logging.WARNING, logger="tb_gradviz.format.storage")
+    caplog.set_level(logging.WARNING, logger="tb_gradviz.format.upload")
     with s3_server() as (server, endpoint):
         port = int(endpoint.rsplit(":", 1)[1])
         # boto3's own endpoint variable this time (TensorBoard's S3_ENDPOINT unset).
@@ -381,7 +381,7 @@ def test_a_store_that_goes_away_mid_fit_gets_the_events_when_it_is_back(
             # The writer closed at train end once everything was up.
             assert len(keys(boto3.client("s3"), "flaky")) == 1
             warnings = [
-                r.getMessage() for r in caplog.records if r.name == "tb_gradviz.format.storage"
+                r.getMessage() for r in caplog.records if r.name == "tb_gradviz.format.upload"
             ]
             assert sum("cannot write to s3://flaky/exp/run" in m for m in warnings) == 1, warnings
             assert any("answers again" in m for m in warnings), warnings
@@ -493,7 +493,7 @@ def run_writer(log_dir, how):
         capture_output=True,
         text=True,
         timeout=120,
-        cwd=REPO,
+        cwd=REPO / "tests",  # where `synthetic` lies
     )
     return result, pathlib.Path(result.stdout.strip())
 

@@ -16,7 +16,7 @@ import google_crc32c
 import numpy as np
 from tensorboard.compat.proto import event_pb2, summary_pb2, tensor_pb2, tensor_shape_pb2, types_pb2
 
-from tb_gradviz.format import metadata, storage
+from tb_gradviz.format import digest, metadata, storage
 from tb_gradviz.format.records import (
     histogram_tag,
     log_edges_description,
@@ -137,14 +137,18 @@ class EventLog:
     file, uploaded whole after each write by a `storage.Uploader` thread
     (a failing store never stops the writer), and replaced by a new file
     after `ROTATE_EVENTS` events or `ROTATE_BYTES` bytes.
+
+    Each event also gets the digest of its records (`digest.digest_records`),
+    unless `with_digest` is False (to write a run as older versions did).
     """
 
-    def __init__(self, logdir):
+    def __init__(self, logdir, with_digest=True):
         self.location = logdir if isinstance(logdir, storage.Location) else storage.location(logdir)
         self.logdir = self.location.url
         self._file = None
         self._steps = []  # steps of the events in the current file
         self._tags_with_metadata = set()
+        self._with_digest = with_digest
         self._uploader = storage.Uploader(self.location) if self.location.is_remote else None
 
     def write(self, step, records, wall_time=None):
@@ -152,10 +156,13 @@ class EventLog:
 
         Args:
           step: the global step (an int).
-          records: iterable of `(tag, array, summary_metadata)`.
+          records: iterable of `(tag, array, summary_metadata)`; the digest
+            is added.
           wall_time: seconds since the epoch; defaults to now.
         """
         records = list(records)
+        if self._with_digest:
+            records += digest.digest_records(records)
         first_values = {tag for tag, _, _ in records} - self._tags_with_metadata
         summary = summary_proto(records, first_values.__contains__)
         self._tags_with_metadata |= first_values

@@ -24,18 +24,21 @@ KIND_ROUTING = "routing"
 KIND_UNITS = "units"
 KIND_ROUTING_MAP = "routing_map"
 KIND_UPDATE = "update"
-KINDS = (KIND_TENSOR, KIND_ROUTING, KIND_UNITS, KIND_ROUTING_MAP, KIND_UPDATE)
+# The per-event digest (`digest`), written under its own plugin name.
+KIND_DIGEST = "digest"
+KINDS = (KIND_TENSOR, KIND_ROUTING, KIND_UNITS, KIND_ROUTING_MAP, KIND_UPDATE, KIND_DIGEST)
 
 
 class NewerVersionError(ValueError):
     """Metadata written by a newer tb_gradviz than this reader."""
 
 
-def create_summary_metadata(content):
+def create_summary_metadata(content, plugin_name=PLUGIN_NAME):
     """Returns a `SummaryMetadata` proto for a tb_gradviz record.
 
     Args:
       content: a JSON-serialisable dict; `version` is added.
+      plugin_name: `PLUGIN_NAME`, or the digest's (`digest.PLUGIN_NAME`).
 
     Returns:
       A `summary_pb2.SummaryMetadata` with `DATA_CLASS_TENSOR`, without which
@@ -44,7 +47,7 @@ def create_summary_metadata(content):
     payload = dict(content, version=PROTO_VERSION)
     return summary_pb2.SummaryMetadata(
         plugin_data=summary_pb2.SummaryMetadata.PluginData(
-            plugin_name=PLUGIN_NAME,
+            plugin_name=plugin_name,
             content=json.dumps(payload, sort_keys=True, separators=(",", ":")).encode(),
         ),
         data_class=summary_pb2.DATA_CLASS_TENSOR,
@@ -117,6 +120,11 @@ def _is_shape(value):
 
 def _valid_content(content):
     """Whether parsed metadata has the fields, of the types, readers rely on (absent optional ones allowed)."""
+    if content["kind"] == KIND_DIGEST:
+        rows = content.get("rows")
+        return isinstance(rows, list) and all(
+            isinstance(row, list) and len(row) == 3 and all(map(_is_str, row)) for row in rows
+        )
     common = (
         _is_str(content.get("layer"))
         and _is_int(content.get("layer_index"))

@@ -1,0 +1,181 @@
+"""The digest: one compact record per log event, derived from that event's full records.
+
+A long run's full records (histograms, magnitude bins) are too many for
+TensorBoard to hold whole, so a reader may be given a sample of them. The
+digest holds what the gradient-flow view, the layer grid, the flags and the
+time views need, for every chosen layer at every logged step, in a few tens
+of bytes per tensor, under its own plugin name (`PLUGIN_NAME`) so that
+`--samples_per_plugin=gradviz_digest=0` keeps it whole while `gradviz`
+keeps a sample.
+
+It is computed from the records themselves (`digest_records`), never from
+the tensors, so it equals the full records wherever both exist, whatever the
+backend or statistics path that made them. Numpy only; docs/FORMAT.md
+describes the layout.
+
+One record per event: a float32 vector, the concatenation of one segment
+per row. The rows, in the order the records were written (model order),
+are listed in the metadata as `[kind, layer, name]`:
+
+* `tensor` rows (`name`: the tensor, as in its stats tag): `TENSOR_FIELDS`;
+* `units` rows (`name`: the tensor whose channels are counted): `UNITS_FIELDS`;
+* `update` rows (`name`: the weight), one per weight whose values are
+  recorded (`weights=True`), NaN when the event has no update record for it
+  (the first log event): `UPDATE_FIELDS`.
+
+The tag is `gradviz_digest/<hash of the rows>`, so that a run directory
+written by callbacks with other layers (other rows) gets another series
+instead of misreading this one under the first metadata TensorBoard kept.
+"""
+
+import functools
+import hashlib
+import json
+import math
+
+import numpy as np
+
+from tb_gradviz.format import metadata, records
+
+PLUGIN_NAME = "gradviz_digest"
+TAG_PREFIX = PLUGIN_NAME
+
+TENSOR = "tensor"
+UNITS = "units"
+UPDATE = "update"
+ROW_KINDS = (TENSOR, UNITS, UPDATE)
+
+# Counts are float32: exact up to 2**24 elements, rounded to ~7 digits beyond.
+TENSOR_FIELDS = (
+    "count",  # all elements
+    "zeros",  # exact zeros
+    "nan",
+    "pos_inf",
+    "neg_inf",
+    "rms",  # over the finite values: sqrt(mean**2 + std**2) of the stats record; NaN if none
+    "max_abs",  # over the finite values: max(|min|, |max|) of the stats record; NaN if none
+)
+UNITS_FIELDS = records.UNITS_FIELDS  # channels, dead_channels
+UPDATE_FIELDS = ("update_ratio", "interval")
+FIELDS = {TENSOR: TENSOR_FIELDS, UNITS: UNITS_FIELDS, UPDATE: UPDATE_FIELDS}
+
+
+def digest_tag(rows):
+    """Returns the tag of a digest with these rows: `gradviz_digest/<12 hex digits>`."""
+    text = json.dumps(rows, separators=(",", ":"))
+    return f"{TAG_PREFIX}/{hashlib.sha1(text.encode()).hexdigest()[:12]}"
+
+
+@functools.lru_cache(maxsize=4096)
+def _row_of(plugin_name, content):
+    """The digest row a record's metadata makes, `(kind, layer, name, weight)`, or None."""
+    if plugin_name != metadata.PLUGIN_NAME:
+        return None
+    try:
+        parsed = metadata.parse_plugin_metadata(content)
+    except ValueError:
+        return None
+    kind = parsed["kind"]
+    if kind == metadata.KIND_TENSOR:
+        return (TENSOR, parsed["layer"], parsed["tensor"], parsed.get("weight"), parsed["role"])
+    if kind == metadata.KIND_UNITS:
+        return (UNITS, parsed["layer"], parsed["tensor"], None, None)
+    if kind == metadata.KIND_UPDATE:
+        return (UPDATE, parsed["layer"], parsed["weight"], None, None)
+    return None
+
+
+def tensor_segment(stats):
+    """Returns a tensor row's values (`TENSOR_FIELDS`, float64) from its stats vector."""
+    stats = np.asarray(stats, dtype=np.float64)
+    finite = stats[records.STAT_COUNT] - stats[records.STAT_NAN : records.STAT_NEG_INF + 1].sum()
+    if finite > 0:
+        mean, std = stats[records.STAT_MEAN], stats[records.STAT_STD]
+        rms = math.sqrt(mean * mean + std * std)
+        max_abs = max(abs(stats[records.STAT_MIN]), abs(stats[records.STAT_MAX]))
+    else:
+        rms = max_abs = math.nan
+    return [*stats[: records.STAT_NEG_INF + 1], rms, max_abs]
+
+
+def digest_records(event_records):
+    """Returns the digest of one log event's records: `[(tag, float32 vector, metadata)]`.
+
+    Args:
+      event_records: the event's `(tag, array, summary_metadata)` records;
+        records of other kinds (histograms, routing, ...) are passed over.
+
+    Returns:
+      One record, or none when the event holds no tensor record.
+    """
+    rows, values = [], []
+    updates = {}
+    weights = []  # (layer, weight) of each recorded weight value, in order
+    for _, array, summary_metadata in event_records:
+        plugin_data = summary_metadata.plugin_data
+        row = _row_of(plugin_data.plugin_name, bytes(plugin_data.content))
+        if row is None:
+            continue
+        kind, layer, name, weight, role = row
+        if kind == UPDATE:
+            updates[(layer, name)] = np.asarray(array, dtype=np.float64)
+            continue
+        rows.append([kind, layer, name])
+        if kind == TENSOR:
+            values.append(tensor_segment(array))
+            if role == records.WEIGHT and weight is not None:
+                weights.append((layer, weight))
+        else:
+            values.append(np.asarray(array, dtype=np.float64)[: len(UNITS_FIELDS)])
+    if not rows:
+        return []
+    for layer, weight in weights:
+        rows.append([UPDATE, layer, weight])
+        update = updates.get((layer, weight))
+        values.append(
+            [math.nan, math.nan]
+            if update is None
+            else [update[records.UPDATE_RATIO], update[records.UPDATE_INTERVAL]]
+        )
+    vector = np.concatenate([np.asarray(v, dtype=np.float64) for v in values]).astype(np.float32)
+    content = {"kind": metadata.KIND_DIGEST, "rows": rows}
+    summary_metadata = metadata.create_summary_metadata(content, plugin_name=PLUGIN_NAME)
+    return [(digest_tag(rows), vector, summary_metadata)]
+
+
+def row_offsets(rows):
+    """Returns where each row's segment begins in the vector, and the vector's length."""
+    offsets, offset = [], 0
+    for kind, _, _ in rows:
+        offsets.append(offset)
+        offset += len(FIELDS[kind])
+    return offsets, offset
+
+
+def decode_digest(rows, vectors):
+    """Decodes `[n, length]` digests with these rows, column-wise.
+
+    Args:
+      rows: the rows of the digest's metadata.
+      vectors: the digests of `n` events (each a vector of the rows' length).
+
+    Returns:
+      `{(kind, layer, name): {field: [n] float64 array}}`.
+
+    Raises:
+      ValueError: a vector does not have the rows' length.
+    """
+    offsets, length = row_offsets(rows)
+    vectors = np.asarray(vectors, dtype=np.float64)
+    if vectors.ndim == 1:
+        vectors = vectors[None]
+    if vectors.shape[-1] != length:
+        raise ValueError(
+            f"a digest of {len(rows)} rows has {length} values; received {vectors.shape[-1]}"
+        )
+    result = {}
+    for (kind, layer, name), offset in zip(rows, offsets):
+        result[(kind, layer, name)] = {
+            field: vectors[:, offset + i] for i, field in enumerate(FIELDS[kind])
+        }
+    return result

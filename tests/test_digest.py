@@ -1,0 +1,97 @@
+"""The per-event digest: written beside the full records, equal to them, compact."""
+
+import math
+
+import eventdata
+import numpy as np
+import pytest
+import synthetic
+
+from tb_gradviz.format import digest, events, metadata, records, summaries
+
+
+def tensor_records(layer, index, name, array):
+    content = {"layer_index": index, "role": records.ACTIVATION, "index": 0, "shape": [None]}
+    return events.tensor_records(
+        layer,
+        name,
+        summaries.linear_histogram(array),
+        summaries.stats_vector(array),
+        content,
+    )
+
+
+def test_digest_equals_the_full_records_with_nan_inf_and_an_all_nonfinite_tensor(tmp_path):
+    rng = np.random.default_rng(0)
+    log = events.EventLog(tmp_path)
+    for step in range(1, 4):
+        values = rng.normal(size=50)
+        values[:5] = 0.0
+        values[7] = np.nan if step == 2 else -np.inf
+        written = tensor_records("a", 0, records.ACTIVATION, values)
+        written += tensor_records("b", 1, records.ACTIVATION, np.full(3, np.nan))
+        written += events.units_records(
+            "a",
+            records.units_vector([False, True, step == 3]),
+            {"layer_index": 0, "tensor": records.ACTIVATION, "channel_axis": -1},
+        )
+        log.write(step, written)
+    log.close()
+    accumulator = eventdata.load(tmp_path)
+    assert eventdata.assert_digest_equals_records(accumulator) == 3
+    (tag,) = eventdata.digest_tags(accumulator)
+    rows = eventdata.content(accumulator, tag)["rows"]
+    assert rows == [
+        ["tensor", "a", "activation"],
+        ["tensor", "b", "activation"],
+        ["units", "a", "activation"],
+    ]
+    vectors = np.stack([v for _, v in eventdata.values(accumulator, tag)])
+    decoded = digest.decode_digest(rows, vectors)
+    a = decoded[("tensor", "a", "activation")]
+    assert a["nan"].tolist() == [0, 1, 0] and a["neg_inf"].tolist() == [1, 0, 1]
+    assert a["zeros"].tolist() == [5, 5, 5] and a["count"].tolist() == [50, 50, 50]
+    assert np.all(np.isnan(decoded[("tensor", "b", "activation")]["rms"]))
+    assert decoded[("units", "a", "activation")]["dead_channels"].tolist() == [1, 1, 2]
+
+
+def test_the_digest_is_28_bytes_per_tensor_under_its_own_plugin_name():
+    written = synthetic.pool_records(np.random.default_rng(0), "pool", 0)
+    ((tag, vector, summary_metadata),) = digest.digest_records(written)
+    assert summary_metadata.plugin_data.plugin_name == "gradviz_digest"
+    assert tag.startswith("gradviz_digest/")
+    assert vector.dtype == np.float32 and vector.nbytes == 3 * 28
+    # Other rows, another series: a run directory shared by two selections never misreads one.
+    other = synthetic.pool_records(np.random.default_rng(0), "other_pool", 0)
+    assert digest.digest_records(other)[0][0] != tag
+    assert digest.digest_records(written[:1]) == []  # a histogram alone makes no row
+
+
+def test_a_log_without_digest_writes_none(tmp_path):
+    log = events.EventLog(tmp_path, with_digest=False)
+    log.write(1, synthetic.pool_records(np.random.default_rng(0), "pool", 0))
+    log.close()
+    assert eventdata.digest_tags(eventdata.load(tmp_path)) == []
+
+
+def test_decode_digest_refuses_a_vector_of_another_length():
+    rows = [["tensor", "a", "activation"], ["update", "a", "kernel"]]
+    assert digest.row_offsets(rows) == ([0, 7], 9)
+    with pytest.raises(ValueError, match="2 rows has 9 values; received 8"):
+        digest.decode_digest(rows, np.zeros(8))
+
+
+@pytest.mark.parametrize("rows", [None, [["tensor", "a"]], [["tensor", "a", 3]], "rows"])
+def test_digest_metadata_without_valid_rows_is_refused(rows):
+    content = metadata.create_summary_metadata(
+        {"kind": "digest", "rows": rows}, plugin_name=digest.PLUGIN_NAME
+    ).plugin_data.content
+    with pytest.raises(ValueError, match="lacks a field"):
+        metadata.parse_plugin_metadata(content)
+
+
+def test_tensor_segment_is_rms_and_max_abs_of_the_finite_values():
+    values = np.array([3.0, -4.0, 0.0, np.inf, np.nan])
+    segment = digest.tensor_segment(summaries.stats_vector(values))
+    assert segment[:5] == [5, 1, 1, 1, 0]
+    assert segment[5] == pytest.approx(math.sqrt(25 / 3)) and segment[6] == 4.0
