@@ -18,7 +18,7 @@ from tensorboard.plugins import base_plugin
 from tensorboard.plugins.histogram import metadata as histogram_metadata
 from werkzeug import wrappers
 
-from tb_gradviz.board import health, responses, store
+from tb_gradviz.board import health, responses, series, store
 from tb_gradviz.format import metadata, records
 
 _JSON = "application/json"
@@ -156,7 +156,7 @@ class GradVizPlugin(base_plugin.TBPlugin):
         """
         self._data_provider = context.data_provider
         self._frontend_dir = frontend_dir if frontend_dir is not None else _frontend_dir()
-        self._caches = store.Caches()
+        self._caches = series.Caches()
 
     def get_plugin_apps(self):
         return {
@@ -319,11 +319,11 @@ class GradVizPlugin(base_plugin.TBPlugin):
         """
         run_store = self._store(ctx, experiment, run)
         found = run_store.updates(layer)
-        series = run_store.read(
+        by_tag = run_store.read(
             {tag: time_series for tag, _, time_series in found.values()}, records.UPDATE
         )
         return responses.updates_body(
-            run, layer, {weight: series[tag] for weight, (tag, _, _) in found.items()}
+            run, layer, {weight: by_tag[tag] for weight, (tag, _, _) in found.items()}
         )
 
     def routing_map_impl(self, ctx, experiment, run, layer, step=None):

@@ -96,7 +96,7 @@ def runs_body(layer_indexes):
 
 
 def _histogram_columns(histograms, steps):
-    """The linear histograms (a `store.Series` or None) aligned with `steps`, None where missing."""
+    """The linear histograms (a `series.Series` or None) aligned with `steps`, None where missing."""
     empty = [None] * len(steps)
     result = {
         "buckets": records.HISTOGRAM_BUCKETS,
@@ -118,7 +118,7 @@ def _histogram_columns(histograms, steps):
 
 
 def series_body(run, content, stats, histograms):
-    """The `/series` body of one tensor: its stats `store.Series` and histograms (a Series or None)."""
+    """The `/series` body of one tensor: its stats `series.Series` and histograms (a Series or None)."""
     columns = records.stats_columns(stats.values)
     return {
         "run": run,
@@ -140,7 +140,7 @@ def series_body(run, content, stats, histograms):
 
 
 def routing_body(run, content, routing):
-    """The `/routing` body of a pooling layer: its routing `store.Series`, field by field, and the mass verdicts."""
+    """The `/routing` body of a pooling layer: its routing `series.Series`, field by field, and the mass verdicts."""
     dtype = content.get("layer_dtype")
     verdicts = [
         summaries.mass_conservation(records.decode_routing(row), dtype) for row in routing.values
@@ -244,7 +244,7 @@ def step_body(run, layers, series_by_kind, limit, ratio=health.DEFAULT_RATIO):
 
     Args:
       layers: the run's layer index (`store.RunStore.layers()`).
-      series_by_kind: `{"stats" | "routing" | "units" | "updates": {tag: store.Series}}`.
+      series_by_kind: `{"stats" | "routing" | "units" | "updates": {tag: series.Series}}`.
       ratio: the vanishing / exploding ratio of the flags (`health`).
     """
     snapshots = []
@@ -278,7 +278,7 @@ def updates_body(run, layer, series_by_weight):
     """The `/updates` body: the update records of a layer's weights over steps.
 
     Args:
-      series_by_weight: `{weight: store.Series}` in the layer's weight order.
+      series_by_weight: `{weight: series.Series}` in the layer's weight order.
     """
     weights = []
     for weight, series in series_by_weight.items():

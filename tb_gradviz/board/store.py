@@ -1,22 +1,19 @@
-"""Reading tb_gradviz series through TensorBoard's data provider, with caches.
+"""Reading tb_gradviz series through TensorBoard's data provider.
 
 `RunStore` is bound to one request's provider, context, experiment and run:
 it lists the run's layers, reads whole series and reads last points. What
-it returns is decoded into today's record layouts (`records.Layout`), so the
-response bodies never see an older layout or a malformed row. Imports
+it returns is decoded into today's record layouts (`series.decode_series`),
+so the response bodies never see an older layout or a malformed row; the
+caches it reads through (`series.Caches`) outlive the request. Imports
 neither TensorFlow nor Keras.
 """
 
-import collections
-import concurrent.futures
-import threading
-
-import numpy as np
 from tensorboard import errors
 from tensorboard.data import provider
 from tensorboard.plugins.histogram import metadata as histogram_metadata
 
 from tb_gradviz.board import catalog
+from tb_gradviz.board.series import decode_series, version
 from tb_gradviz.format import metadata, records
 
 # Ask the provider for every point it holds: it has already downsampled to
@@ -24,114 +21,10 @@ from tb_gradviz.format import metadata, records
 # would drop steps the user asked TensorBoard to keep.
 ALL_SAMPLES = 10**8
 
-# Upper bound of the decoded-series cache, in time series (a 500-step stats
-# series is ~350 kB): enough for a few runs of 50 layers.
-_CACHE_MAX_SERIES = 2048
-_CACHE_MAX_LISTINGS = 16384
 # Tags per `read_tensors` request: 16 stats series of 1000 steps are ~11 MB,
 # far below the data server's 256 MB message limit (that allows ~20 000
 # steps per series).
 _READ_BATCH_TAGS = 16
-
-
-class Series:
-    """One decoded time series: steps, wall times and one record per row.
-
-    Rows are sorted by step (stable, so the provider's order breaks ties);
-    rows whose record has no known layout or malformed counts are left out.
-    `values` is an array of the rows, or a list for records whose size the
-    metadata fixes (routing maps).
-    """
-
-    __slots__ = ("steps", "wall_times", "values")
-
-    def __init__(self, steps, wall_times, values):
-        self.steps = steps
-        self.wall_times = wall_times
-        self.values = values
-
-    def index_at_or_before(self, step):
-        """Returns the row of the latest step `<= step`, or None if there is none."""
-        position = int(np.searchsorted(self.steps, step, side="right"))
-        return position - 1 if position else None
-
-    def rows_at(self, steps):
-        """Returns the row of each of `steps` (the last row of a repeated step), None where absent."""
-        row_of_step = {step: row for row, step in enumerate(self.steps.tolist())}
-        return [row_of_step.get(step) for step in steps]
-
-
-def decode_series(data, layout):
-    """Returns the `Series` of a list of `provider.TensorDatum` in `layout` (a `records.Layout`)."""
-    kept = []
-    for datum in data:
-        array = layout.upgrade(datum.numpy)
-        if array is not None:
-            kept.append((datum.step, datum.wall_time, array))
-    if None in layout.shape:
-        # A record whose size its metadata fixes (routing maps): rows stay a
-        # list, for the reader to match against that metadata.
-        kept.sort(key=lambda entry: entry[0])
-        steps = np.array([step for step, _, _ in kept], dtype=np.int64)
-        return Series(
-            steps, np.array([w for _, w, _ in kept], dtype=np.float64), [a for _, _, a in kept]
-        )
-    if not kept:
-        return Series(
-            np.zeros(0, np.int64), np.zeros(0), np.zeros((0,) + tuple(n or 0 for n in layout.shape))
-        )
-    steps = np.array([step for step, _, _ in kept], dtype=np.int64)
-    wall_times = np.array([wall_time for _, wall_time, _ in kept], dtype=np.float64)
-    values = np.stack([array for _, _, array in kept])
-    valid = layout.valid_rows(values)
-    order = np.argsort(steps[valid], kind="stable")
-    return Series(steps[valid][order], wall_times[valid][order], values[valid][order])
-
-
-class _VersionedCache:
-    """Values under a key, each valid for one version, least recently used dropped first.
-
-    Series are cached under their `(max_step, max_wall_time)` from
-    `list_tensors`: a reload that adds points changes both, so a stale entry
-    is never served.
-    """
-
-    def __init__(self, max_entries):
-        self._max_entries = max_entries
-        self._entries = collections.OrderedDict()
-        self._lock = threading.Lock()
-
-    def get(self, key, version):
-        with self._lock:
-            entry = self._entries.get(key)
-            if entry is None or entry[0] != version:
-                return None
-            self._entries.move_to_end(key)
-            return entry[1]
-
-    def put(self, key, version, value):
-        with self._lock:
-            self._entries[key] = (version, value)
-            self._entries.move_to_end(key)
-            while len(self._entries) > self._max_entries:
-                self._entries.popitem(last=False)
-
-
-def _version(time_series):
-    return (time_series.max_step, time_series.max_wall_time)
-
-
-class Caches:
-    """What outlives a request: decoded series, listings, reader threads, warnings given."""
-
-    def __init__(self, max_series=_CACHE_MAX_SERIES):
-        self.series = _VersionedCache(max_series)
-        self.listings = _VersionedCache(_CACHE_MAX_LISTINGS)
-        # /series reads a tensor's stats and its histograms at once: each read
-        # of the Rust data server has a fixed wait however small the answer
-        # (bench/RESULTS.md, section 4).
-        self.readers = concurrent.futures.ThreadPoolExecutor(4, thread_name_prefix="gradviz-read")
-        self.skip_warning = catalog.SkipWarning()
 
 
 class RunStore:
@@ -170,7 +63,7 @@ class RunStore:
                 for listed_tag, time_series in time_series_by_tag.items():
                     self._caches.listings.put(
                         (self._experiment, listed_run, listed_tag),
-                        _version(time_series),
+                        version(time_series),
                         time_series,
                     )
         return listing
@@ -203,11 +96,11 @@ class RunStore:
         return self._list(plugin_name, run=self.run, tag=tag).get(self.run, {}).get(tag)
 
     def _listed(self, tag, histogram_series):
-        """Lists a stats or routing series, reusing its last listing while a sibling histogram is unchanged.
+        """Lists a stats or routing series, reused while a sibling histogram is unchanged.
 
         With the Rust data server, listing a `gradviz` series (its metadata
-        is a JSON object) is two orders of magnitude slower than listing its
-        `histograms` sibling (bench/RESULTS.md, section 4). Both are written
+        is a JSON object) is far slower than listing its `histograms`
+        sibling (bench/RESULTS.md, section 4). Both are written
         in the same events (docs/FORMAT.md), so new points change the
         histogram's `(max_step, max_wall_time)` too, and an unchanged
         histogram listing means an unchanged stats one.
@@ -215,7 +108,7 @@ class RunStore:
         if histogram_series is None:
             return self._list_one(metadata.PLUGIN_NAME, tag)
         time_series = self._caches.listings.get(
-            (self._experiment, self.run, tag), _version(histogram_series)
+            (self._experiment, self.run, tag), version(histogram_series)
         )
         if time_series is None:
             # One call lists the whole run for about what one tag costs.
@@ -290,7 +183,9 @@ class RunStore:
         return found[1], found[2]
 
     def updates(self, layer):
-        """Returns `{weight: (tag, content, time series)}` of a layer's update records, in weight order.
+        """Returns `{weight: (tag, content, time series)}` of a layer's update records.
+
+        The weights are in the layer's weight order.
 
         Raises:
           NotFoundError: no such layer, or it has no update records.
@@ -298,8 +193,8 @@ class RunStore:
         found = self.layers().get(layer)
         if not found or not found["updates"]:
             raise errors.NotFoundError(
-                f"no update records of layer {layer!r} in run {self.run!r} (logged without weights=True, "
-                "a layer without trainable weights, or a single log event)"
+                f"no update records of layer {layer!r} in run {self.run!r} (logged without "
+                "weights=True, a layer without trainable weights, or a single log event)"
             )
         return catalog.weight_updates(found)
 
@@ -331,7 +226,7 @@ class RunStore:
         result, full, last_only = {}, {}, {}
         for tag, time_series in time_series_by_tag.items():
             cached = self._caches.series.get(
-                self._key(metadata.PLUGIN_NAME, tag, ALL_SAMPLES), _version(time_series)
+                self._key(metadata.PLUGIN_NAME, tag, ALL_SAMPLES), version(time_series)
             )
             if cached is not None:
                 result[tag] = cached
@@ -371,7 +266,7 @@ class RunStore:
         result, stale, refused = {}, {}, {}
         for tag, time_series in time_series_by_tag.items():
             series = self._caches.series.get(
-                self._key(plugin_name, tag, downsample), _version(time_series)
+                self._key(plugin_name, tag, downsample), version(time_series)
             )
             if series is None:
                 stale[tag] = time_series
@@ -384,7 +279,7 @@ class RunStore:
                 refused[tag] = time_series
                 continue
             self._caches.series.put(
-                self._key(plugin_name, tag, downsample), _version(time_series), series
+                self._key(plugin_name, tag, downsample), version(time_series), series
             )
             result[tag] = series
         return result, refused
@@ -393,9 +288,9 @@ class RunStore:
         """Returns `{tag: [provider.TensorDatum]}`, asking for `_READ_BATCH_TAGS` tags at a time.
 
         The Rust data server answers in one gRPC message, which TensorBoard
-        caps at 256 MB: all 800 stats series of 200 layers x 1000 steps
-        (~560 MB) in one request failed with a 500. Last points alone
-        (`downsample=1`) are asked for at once: each request has a fixed cost.
+        caps at 256 MB, and answers a larger one with a 500. Last points
+        alone (`downsample=1`) are asked for at once: each request has a
+        fixed cost.
         """
         data = {}
         batch = len(tags) if downsample == 1 else _READ_BATCH_TAGS

@@ -244,10 +244,9 @@ def units_vector(dead):
 def decode_units(vector):
     """Returns a units record as `{"channels", "dead_channels", "listed"}` (ints)."""
     vector = _upgraded(UNITS, vector)
-    listed = vector[len(UNITS_FIELDS) :]
+    counts, listed = vector[: len(UNITS_FIELDS)], vector[len(UNITS_FIELDS) :]
     return {
-        "channels": int(vector[0]),
-        "dead_channels": int(vector[1]),
+        **{name: int(value) for name, value in zip(UNITS_FIELDS, counts)},
         "listed": listed[np.isfinite(listed)].astype(np.int64).tolist(),
     }
 
