@@ -789,3 +789,22 @@ def test_the_digest_equals_the_full_records_on_every_backend(tmp_path):
     assert np.isnan(ratio[0]) and np.all(ratio[1:] > 0)
     assert decoded[("units", "conv", "activation")]["dead_channels"].tolist() == [1, 1, 1]
 
+
+@pytest.mark.parametrize(
+    "steps_per_execution, expected",
+    [(1, [3, 6, 9, 12]), (2, [4, 6, 10, 12]), (4, [4, 8, 12])],
+)
+def test_every_n_batches_logs_at_the_first_batch_end_after_each_multiple_with_steps_per_execution(
+    tmp_path, steps_per_execution, expected
+):
+    # Keras calls the batch hook once per execution of steps_per_execution steps.
+    if BACKEND == "torch" and steps_per_execution > 1:
+        pytest.skip("Keras' PyTorch backend requires steps_per_execution=1")
+    x, y = data(24)
+    model = bn_dropout_cnn(0)
+    model.compile(keras.optimizers.SGD(0.01), "mse", steps_per_execution=steps_per_execution)
+    callback = GradVizCallback(tmp_path, (x[:4], y[:4]), every_n_batches=3)
+    model.fit(x, y, batch_size=2, epochs=1, verbose=0, shuffle=False, callbacks=[callback])
+    log = eventdata.load(tmp_path)
+    steps = [s for s, _ in eventdata.values(log, records.stats_tag("pool", "activation"))]
+    assert steps == expected

@@ -53,7 +53,10 @@ class GradVizCallback(keras.callbacks.Callback):
         `layer -> bool`, or a list of those.
       every_n_epochs: log at the end of every N-th epoch. Default 1.
       every_n_batches: log instead every N optimizer steps (then
-        `every_n_epochs` must be left at its default or None).
+        `every_n_epochs` must be left at its default or None). With
+        `steps_per_execution` > 1, Keras ends a batch every that many steps:
+        the callback logs at the first batch end at or after each multiple
+        of N.
       loss: None to use the model's compiled loss, or a Keras loss.
       training: run the probe in training mode (BatchNorm batch statistics,
         Dropout on) like a train step; its state changes are undone.
@@ -145,6 +148,7 @@ class GradVizCallback(keras.callbacks.Callback):
         self._log = events.EventLog(location)
         self._capture = None
         self._updates = None
+        self._logged_multiple = 0
 
     @property
     def chosen_layers(self):
@@ -152,6 +156,15 @@ class GradVizCallback(keras.callbacks.Callback):
         return [] if self._capture is None else [c.path for c in self._capture.chosen]
 
     def on_train_begin(self, logs=None):
+        self._build()
+        if self.every_n_batches is not None:
+            # Keras calls the batch hook once per `steps_per_execution` steps, so
+            # the step is compared with the last multiple of N logged, not tested
+            # for divisibility.
+            self._logged_multiple = self._step() // self.every_n_batches
+
+    def _build(self):
+        """Builds the probe pass, once per model."""
         if self._capture is None or self._capture.model is not self.model:
             chosen = selection.select_layers(self.model, self.layers)
             if (
@@ -186,7 +199,9 @@ class GradVizCallback(keras.callbacks.Callback):
             self.log_now()
 
     def _on_train_batch_end(self, batch, logs=None):
-        if self._step() % self.every_n_batches == 0:
+        multiple = self._step() // self.every_n_batches
+        if multiple > self._logged_multiple:
+            self._logged_multiple = multiple
             self.log_now()
 
     def on_train_end(self, logs=None):
@@ -208,7 +223,7 @@ class GradVizCallback(keras.callbacks.Callback):
         result), since a collective that only some workers enter never
         completes. On JAX, only process 0 runs the pass and writes.
         """
-        self.on_train_begin()  # builds the pass once per model (a custom loop calls set_model only)
+        self._build()  # a custom loop calls set_model only
         x, y, sample_weight = self._probe
         if not self._writes_summaries():
             collective_ops = getattr(self._capture, "collective_ops", None)
