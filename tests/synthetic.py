@@ -20,7 +20,7 @@ import time
 import numpy as np
 from tensorboard.compat.proto import event_pb2
 
-from tb_gradviz.format import events, records, summaries
+from tb_gradviz.format import digest, events, records, summaries
 
 _POOL_2X2 = {
     "type": "max",
@@ -180,11 +180,20 @@ def write_large_run(
         [pool_records(rng, name, index, 2, 8, 4, v) for v in range(variants)]
         for index, name in enumerate(names)
     ]
-    variant_fields = [
-        b"".join(_summary_field(layer[v], with_metadata=False) for layer in sets)
-        for v in range(variants)
+    # Each event ends with the digest of its records, as `EventLog` writes it.
+    digests = [
+        digest.digest_records([r for layer in sets for r in layer[v]]) for v in range(variants)
     ]
-    first_fields = b"".join(_summary_field(layer[0], with_metadata=True) for layer in sets)
+    variant_fields = [
+        b"".join(
+            _summary_field(fields, with_metadata=False) for fields in [*layer_sets, digests[v]]
+        )
+        for v, layer_sets in enumerate(zip(*sets))
+    ]
+    first_fields = b"".join(
+        _summary_field(fields, with_metadata=True)
+        for fields in [*(layer[0] for layer in sets), digests[0]]
+    )
     start = time.time() if wall_time is None else wall_time
     event_file = events.EventFile(logdir, wall_time=start)
     try:

@@ -90,7 +90,8 @@ def test_synthetic_runs_write_one_event_per_step_as_the_callback_does(tmp_path):
         (path,) = (tmp_path / run).iterdir()
         loaded = list(event_file_loader.EventFileLoader(str(path)).Load())
         assert [event.HasField("summary") for event in loaded] == [False] + [True] * steps
-        assert {len(event.summary.value) for event in loaded[1:]} == {3 * (2 * 3 + 1)}
+        # Per layer 3 tensors x 2 records and routing; then the digest.
+        assert {len(event.summary.value) for event in loaded[1:]} == {3 * (2 * 3 + 1) + 1}
 
 
 def test_a_tenth_event_file_in_a_second_is_read_after_the_ninth(tmp_path, monkeypatch):
