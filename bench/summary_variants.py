@@ -7,12 +7,12 @@ when a `LayerCapture` is made) and, on the device, which `group_summary`
 takes `(tensors, divisor=None, buckets=30)`, tensors of one size and dtype,
 and returns `(histograms [R, k, 3], stats [R, STATS_LENGTH])`.
 
-- `current`: capture.py as it is on this machine (on a CPU: the tensors
+- `current`: the capture as it runs on the machine at hand (on a CPU: the tensors
   leave the pass and `kernels` summarises each in two fused passes).
-- `device`: capture.py's TensorFlow statistics, what it runs on an
+- `device`: the TensorFlow backend's device statistics, what it runs on an
   accelerator (grouped tensors, row-wise ops, no masks unless a value is NaN
   or Inf, magnitude bins from a float64 log).
-- `previous`: capture.py's device statistics before the grouping (commit 2610232): per tensor,
+- `previous`: the device statistics before the grouping (commit 2610232): per tensor,
   `tf.boolean_mask` of the finite and non-zero values, `tf.searchsorted` for
   the magnitude bins, ~70 ops per tensor.
 - `null`: no statistics at all (one sum per tensor): the floor that the

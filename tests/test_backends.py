@@ -666,7 +666,7 @@ def test_host_and_device_statistics_give_the_same_records():
 
 def test_a_nan_in_a_max_pool_window_is_what_the_backend_computes(tmp_path):
     # TensorFlow's CPU MaxPool skips a NaN in its window; JAX and PyTorch give NaN.
-    # The records show what each backend computed (README, "NaN and Inf").
+    # The records show what each backend computed (docs/probe.md, "NaN and Inf").
     x = np.arange(16, dtype="float32").reshape(1, 4, 4, 1)
     x[0, 0, 0, 0] = np.nan
     pooled = numpy(layers.MaxPooling2D(2)(x))[0, :, :, 0]

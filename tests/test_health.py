@@ -149,7 +149,7 @@ def test_a_nan_in_the_probe_flags_every_layer_it_reaches_and_stops_fit_when_aske
     poisoned[0, 3, 3, 0] = np.nan
     model = conv_model(0.0)
     flags, snapshot = logged_flags(model, tmp_path / "flags", poisoned, y, ["conv", "pool", "head"])
-    # TensorFlow's CPU MaxPool skips a NaN in its window (README): the NaN stops at the
+    # TensorFlow's CPU MaxPool skips a NaN in its window (docs/probe.md): the NaN stops at the
     # conv's activation, and the loss and every gradient stay finite.
     assert {name: "nonfinite" in found for name, found in flags.items()} == {
         "conv": True,

@@ -1,4 +1,4 @@
-"""Tests of the tb_gradviz TensorBoard plugin (`tb_gradviz/plugin.py`).
+"""Tests of the tb_gradviz TensorBoard plugin (`tb_gradviz/board/plugin.py`).
 
 Real event files are written (synthetic runs and hand-made arrays through the
 format functions), loaded by TensorBoard's own data provider and queried over

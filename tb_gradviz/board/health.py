@@ -5,7 +5,7 @@ Numpy only. The plugin serves the flags in `/step` and `tb-gradviz check` and
 here costs the callback anything: the flags read the stats records every log
 event already writes, and the units record for dead channels.
 
-The rules (README, "Training-health flags"):
+The rules (docs/health.md):
 
 * `nonfinite`: a recorded tensor of the layer holds a NaN or an Inf;
 * `vanishing` / `exploding`: the RMS of the gradient at the layer's output

@@ -40,7 +40,7 @@ class GradVizCallback(keras.callbacks.Callback):
         the first event is written): a local path, a `file://` URL, or a
         remote URL (`gs://bucket/run`, `s3://bucket/run`, any fsspec
         protocol), written through the file layer TensorBoard reads it with
-        (README, "Logging to object storage"). Must not be an existing file.
+        (docs/remote.md). Must not be an existing file.
       probe_data: the batch to measure: `(x, y)` or `(x, y, sample_weight)`
         (numpy arrays, tensors of any backend, or dicts/lists of them for
         multi-input models), or a source whose first batch is used: a
