@@ -95,3 +95,13 @@ def test_tensor_segment_is_rms_and_max_abs_of_the_finite_values():
     segment = digest.tensor_segment(summaries.stats_vector(values))
     assert segment[:5] == [5, 1, 1, 1, 0]
     assert segment[5] == pytest.approx(math.sqrt(25 / 3)) and segment[6] == 4.0
+
+
+def test_records_without_metadata_or_of_no_known_layout_make_no_row():
+    # The plugin's tests write malformed runs through EventLog: the digest passes them over.
+    good = synthetic.pool_records(np.random.default_rng(0), "pool", 0)
+    (stats_tag, stats, stats_metadata) = good[1]
+    malformed = [(stats_tag, stats[:5], stats_metadata), ("loose", np.zeros(3), None)]
+    ((_, vector, summary_metadata),) = digest.digest_records(good + malformed)
+    assert vector.size == 3 * len(digest.TENSOR_FIELDS)
+    assert digest.digest_records(malformed) == []

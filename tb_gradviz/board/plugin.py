@@ -18,8 +18,8 @@ from tensorboard.plugins import base_plugin
 from tensorboard.plugins.histogram import metadata as histogram_metadata
 from werkzeug import wrappers
 
-from tb_gradviz.board import health, responses, series, store
-from tb_gradviz.format import metadata, records
+from tb_gradviz.board import health, responses, series, store, timeline
+from tb_gradviz.format import digest, metadata, records
 
 _JSON = "application/json"
 _ALLOWED_METHODS = ("GET", "HEAD")
@@ -138,7 +138,13 @@ def _parse_ratio(text):
     return ratio
 
 
-_OPTIONAL_ARGS = {"step": _parse_step, "ratio": _parse_ratio}
+_OPTIONAL_ARGS = {
+    "step": _parse_step,
+    "ratio": _parse_ratio,
+    "width": timeline.parse_width,
+    "field": timeline.parse_field,
+    "role": timeline.parse_role,
+}
 
 
 class GradVizPlugin(base_plugin.TBPlugin):
@@ -166,6 +172,9 @@ class GradVizPlugin(base_plugin.TBPlugin):
             "/step": self._json_route(self.step_impl, ("run",), ("step", "ratio")),
             "/routing_map": self._json_route(self.routing_map_impl, ("run", "layer"), ("step",)),
             "/updates": self._json_route(self.updates_impl, ("run", "layer")),
+            "/timeline": self._json_route(
+                self.timeline_impl, ("run",), ("field", "role", "width", "ratio")
+            ),
             _STATIC_ROUTE + "/*": self._serve_static,
         }
 
@@ -301,6 +310,42 @@ class GradVizPlugin(base_plugin.TBPlugin):
         )
         if body is None:
             raise errors.NotFoundError(f"run {run!r} has no step <= {limit}")
+        return body
+
+    def timeline_impl(
+        self,
+        ctx,
+        experiment,
+        run,
+        field="rms",
+        role=records.OUTPUT_GRADIENT,
+        width=timeline.DEFAULT_WIDTH,
+        ratio=health.DEFAULT_RATIO,
+    ):
+        """Returns the `/timeline` body: every layer over every logged step, from the digest.
+
+        Args:
+          ctx: the request's `tensorboard.context.RequestContext`.
+          experiment: the experiment id.
+          run: a run name.
+          field, role, width, ratio: as `timeline.timeline_body` takes them.
+
+        Returns:
+          A dict as described in docs/API.md.
+
+        Raises:
+          NotFoundError: no such run, or it has no digest (written before digests).
+        """
+        run_store = self._store(ctx, experiment, run)
+        digests = [
+            (rows, run_store.read({tag: ts}, timeline.digest_layout(rows), digest.PLUGIN_NAME)[tag])
+            for tag, (rows, ts) in run_store.digests().items()
+        ]
+        body = timeline.timeline_body(run, digests, field, role, width, ratio)
+        if body is None:
+            raise errors.NotFoundError(
+                f"run {run!r} has no digest (it was written by a tb_gradviz without one)"
+            )
         return body
 
     def updates_impl(self, ctx, experiment, run, layer):

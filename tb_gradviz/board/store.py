@@ -14,7 +14,7 @@ from tensorboard.plugins.histogram import metadata as histogram_metadata
 
 from tb_gradviz.board import catalog
 from tb_gradviz.board.series import decode_series, version
-from tb_gradviz.format import metadata, records
+from tb_gradviz.format import digest, metadata, records
 
 # Ask the provider for every point it holds: it has already downsampled to
 # `--samples_per_plugin` at load time, and a second, random downsampling here
@@ -197,6 +197,16 @@ class RunStore:
                 "weights=True, a layer without trainable weights, or a single log event)"
             )
         return catalog.weight_updates(found)
+
+    def digests(self):
+        """Returns `{tag: (rows, time series)}` of the run's digest series (none in older runs)."""
+        listing = self._list(digest.PLUGIN_NAME, run=self.run).get(self.run) or {}
+        result = {}
+        for tag, time_series in sorted(listing.items()):
+            content = self._content(tag, time_series)
+            if content is not None and content["kind"] == metadata.KIND_DIGEST:
+                result[tag] = (content["rows"], time_series)
+        return result
 
     # Reading.
 

@@ -58,6 +58,7 @@ TENSOR_FIELDS = (
 UNITS_FIELDS = records.UNITS_FIELDS  # channels, dead_channels
 UPDATE_FIELDS = ("update_ratio", "interval")
 FIELDS = {TENSOR: TENSOR_FIELDS, UNITS: UNITS_FIELDS, UPDATE: UPDATE_FIELDS}
+_LAYOUTS = {TENSOR: records.STATS, UNITS: records.UNITS, UPDATE: records.UPDATE}
 
 
 def digest_tag(rows):
@@ -112,13 +113,19 @@ def digest_records(event_records):
     updates = {}
     weights = []  # (layer, weight) of each recorded weight value, in order
     for _, array, summary_metadata in event_records:
+        if summary_metadata is None:
+            continue
         plugin_data = summary_metadata.plugin_data
         row = _row_of(plugin_data.plugin_name, bytes(plugin_data.content))
         if row is None:
             continue
         kind, layer, name, weight, role = row
+        # A record of no known layout makes no row (readers skip it too).
+        array = _LAYOUTS[kind].upgrade(np.asarray(array, dtype=np.float64).ravel())
+        if array is None:
+            continue
         if kind == UPDATE:
-            updates[(layer, name)] = np.asarray(array, dtype=np.float64)
+            updates[(layer, name)] = array
             continue
         rows.append([kind, layer, name])
         if kind == TENSOR:
@@ -126,7 +133,7 @@ def digest_records(event_records):
             if role == records.WEIGHT and weight is not None:
                 weights.append((layer, weight))
         else:
-            values.append(np.asarray(array, dtype=np.float64)[: len(UNITS_FIELDS)])
+            values.append(array[: len(UNITS_FIELDS)])
     if not rows:
         return []
     for layer, weight in weights:

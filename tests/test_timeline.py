@@ -1,0 +1,121 @@
+"""The depth x time route, `/timeline`: every layer over every logged step, from the digest."""
+
+import json
+import math
+
+import numpy as np
+import pytest
+import synthetic
+from test_plugin import PREFIX, make_app
+
+from tb_gradviz.board import timeline
+from tb_gradviz.format import events, records, summaries
+
+WHOLE = {"gradviz": 0, "histograms": 0, "gradviz_digest": 0}
+LAYERS = ("a", "b", "c")
+STEPS = 100
+
+
+def gradient(rng, layer, step):
+    """The output gradient of `layer` at `step`: RMS ~1e-3, with a spike and a NaN at known places."""
+    values = rng.normal(0, 1e-3, 64)
+    if layer == "b" and step == 37:
+        values *= 1e6  # exploding at one step of 100
+    if layer == "a" and step >= 60:
+        values[3] = np.nan  # non-finite from step 60 on
+    return values
+
+
+def write(logdir, with_digest=True):
+    rng = np.random.default_rng(0)
+    log = events.EventLog(logdir, with_digest=with_digest)
+    for step in range(1, STEPS + 1):
+        written = []
+        for index, layer in enumerate(LAYERS):
+            values = gradient(rng, layer, step)
+            content = {"layer_index": index, "role": records.OUTPUT_GRADIENT, "index": 0}
+            written += events.tensor_records(
+                layer,
+                records.OUTPUT_GRADIENT,
+                summaries.linear_histogram(values),
+                summaries.stats_vector(values),
+                dict(content, shape=[64]),
+            )
+        log.write(step, written)
+    log.close()
+
+
+def get(client, **query):
+    response = client.get(PREFIX + "/timeline", query_string=query)
+    text = response.get_data(as_text=True)
+    if response.status_code != 200:
+        return response.status_code, text
+    return response.status_code, json.loads(text, parse_constant=float)
+
+
+@pytest.fixture(scope="module")
+def client(tmp_path_factory):
+    root = tmp_path_factory.mktemp("timeline")
+    write(root / "run")
+    write(root / "old", with_digest=False)
+    return make_app(root, samples_per_plugin=WHOLE)[0]
+
+
+def test_a_one_step_spike_and_a_nan_stay_visible_in_ten_columns(client):
+    status, body = get(client, run="run", width="10")
+    assert status == 200
+    assert body["steps"] == STEPS and body["field"] == "rms"
+    assert body["columns"]["first_step"] == list(range(1, STEPS, 10))
+    assert body["columns"]["last_step"] == list(range(10, STEPS + 1, 10))
+    by_layer = {row["layer"]: row for row in body["layers"]}
+    assert list(by_layer) == list(LAYERS)  # model order
+    spike = by_layer["b"]["rms"]
+    assert spike["max"][3] > 100 * spike["max"][2]  # step 37 is in the fourth column
+    assert spike["min"][3] < 2e-3  # the column's other steps
+    assert by_layer["b"]["flags"]["exploding"] == [3]
+    assert by_layer["a"]["flags"]["nonfinite"] == [5, 6, 7, 8, 9]  # steps 60..100
+    assert by_layer["c"]["flags"] == {"nonfinite": [], "vanishing": [], "exploding": [], "dead": []}
+
+
+def test_the_envelope_equals_the_full_records_at_full_width(client):
+    _, body = get(client, run="run", width="1000", field="max_abs")
+    assert body["columns"]["first_step"] == body["columns"]["last_step"] == list(range(1, 101))
+    rng = np.random.default_rng(0)
+    expected = {layer: [] for layer in LAYERS}
+    for step in range(1, STEPS + 1):
+        for layer in LAYERS:
+            stats = records.decode_stats(summaries.stats_vector(gradient(rng, layer, step)))
+            expected[layer].append(max(abs(stats["min"]), abs(stats["max"])))
+    for row in body["layers"]:
+        assert row["max_abs"]["min"] == row["max_abs"]["max"]
+        np.testing.assert_allclose(row["max_abs"]["max"], expected[row["layer"]], rtol=1e-7)
+
+
+def test_a_run_without_digest_is_a_404_and_bad_arguments_are_400(client):
+    status, body = get(client, run="old")
+    assert status == 404 and "run 'old' has no digest" in body
+    for query, message in (
+        ({"width": "0"}, "width must be a whole number from 1 to 10000; received '0'"),
+        ({"width": "x"}, "received 'x'"),
+        ({"field": "mean"}, "field must be one of rms, max_abs, zero_share, update_ratio"),
+        ({"role": "gradient"}, "role must be one of activation"),
+    ):
+        status, body = get(client, run="run", **query)
+        assert status == 400 and message in body, body
+
+
+def test_column_starts_share_steps_equally():
+    assert timeline.column_starts(10, 4).tolist() == [0, 2, 5, 7]
+    assert timeline.column_starts(3, 10).tolist() == [0, 1, 2]
+    assert timeline.column_starts(10_000, 800)[-1] == 9987
+
+
+def test_ten_thousand_steps_come_back_as_the_width_asked(tmp_path):
+    synthetic.write_large_run(tmp_path / "long", layers=3, steps=10_000, variants=4)
+    client = make_app(tmp_path, samples_per_plugin=WHOLE)[0]
+    status, body = get(client, run="long", width="800", role="input_gradient")
+    assert status == 200 and body["steps"] == 10_000
+    assert len(body["columns"]["first_step"]) == 800
+    for row in body["layers"]:
+        assert len(row["rms"]["min"]) == len(row["rms"]["max"]) == 800
+        assert all(math.isfinite(v) for v in row["rms"]["max"])
