@@ -18,7 +18,7 @@ does, and times on the training thread:
   the current file whole, up to `events.ROTATE_EVENTS` / `ROTATE_BYTES`).
 
 The S3 store is moto's server, in a process of its own, on a loopback port:
-its times are this machine's HTTP and moto's, not a cloud store's network. Targets are
+its times are the local machine's HTTP and moto's, not a cloud store's network. Targets are
 interleaved (local, file, s3, local, ...) and medians reported. Run it
 against another checkout's package (`PYTHONPATH=that/checkout`) to time that
 writer: one from before remote log directories gets the local target only.

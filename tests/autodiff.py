@@ -33,3 +33,12 @@ def numpy(t):
     return keras.ops.convert_to_numpy(
         keras.ops.cast(t, "float32") if "bfloat16" in str(t.dtype) else t
     )
+
+
+def tracing_count(capture):
+    """How many times a capture's probe pass was traced; None on PyTorch, which runs it eagerly."""
+    if BACKEND == "tensorflow":
+        return capture._probe.experimental_get_tracing_count()
+    if BACKEND == "jax":
+        return 0 if capture._pass is None else capture._pass._cache_size()
+    return None

@@ -22,6 +22,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
+from autodiff import tracing_count  # noqa: E402
 
 from tb_gradviz import GradVizCallback  # noqa: E402
 
@@ -199,7 +200,7 @@ def mirrored(out_dir):
         inside.log_now()
         inside.on_train_end()
     result["collective_ops"] = outside._capture.collective_ops(*outside._probe)
-    result["tracing_count"] = outside._capture.tracing_count
+    result["tracing_count"] = tracing_count(outside._capture)
     np.savez(os.path.join(out_dir, "reference.npz"), **reference(model, *probe))
     return result
 

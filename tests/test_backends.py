@@ -15,7 +15,7 @@ import pytest
 keras = pytest.importorskip("keras")
 
 import eventdata  # noqa: E402
-from autodiff import BACKEND, gradients, numpy  # noqa: E402
+from autodiff import BACKEND, gradients, numpy, tracing_count  # noqa: E402
 from values import awkward_rows  # noqa: E402
 
 from tb_gradviz import GradVizCallback  # noqa: E402
@@ -385,7 +385,7 @@ def probe_sources(x, y):
             4,
         ),
         "PyDataset": (Batches(x, y), 3),
-        "generator": (((x[i : i + 2], y[i : i + 2]) for i in range(0, 8, 2)), 2),
+        "iterable": (Reiterable(x, y), 2),
     }
     try:
         import tensorflow as tf
@@ -418,14 +418,28 @@ def test_every_kind_of_probe_data(tmp_path):
         )
         assert content["shape"] == [size, 4, 4, 4], name
     with pytest.raises(
-        ValueError, match=r"probe_data is an empty list_iterator; it must yield at least one"
+        ValueError, match=r"at least one \(x, y\) batch\. Received: an empty Reiterable"
     ):
-        GradVizCallback(tmp_path, iter([]))
+        GradVizCallback(tmp_path, Reiterable(x[:0], y[:0]))
     with pytest.raises(
-        ValueError,
-        match=r"first batch of probe_data \(a list_iterator\) must be \(x, y\).*received a ndarray",
+        TypeError,
+        match=r"first batch of probe_data \(a Reiterable\) must be \(x, y\).*"
+        r"Received: a \w+ of shape \(2, 8, 8, 3\)",
     ):
-        GradVizCallback(tmp_path, iter([x]))
+        GradVizCallback(tmp_path, Reiterable(x, None))
+    with pytest.raises(TypeError, match=r"one-shot iterator \(a generator\)"):
+        GradVizCallback(tmp_path, (batch for batch in Reiterable(x, y)))
+
+
+class Reiterable:
+    """An iterable of (x, y) batches of 2 that can be read again; y None: batches of x alone."""
+
+    def __init__(self, x, y):
+        self.x, self.y = x, y
+
+    def __iter__(self):
+        for i in range(0, len(self.x), 2):
+            yield self.x[i : i + 2] if self.y is None else (self.x[i : i + 2], self.y[i : i + 2])
 
 
 def test_a_custom_training_loop_logs_with_log_now(tmp_path):
@@ -443,15 +457,29 @@ def test_a_custom_training_loop_logs_with_log_now(tmp_path):
         10,
         20,
     ]
-    with pytest.raises(ValueError, match="step must be a non-negative integer; received -1"):
+    with pytest.raises(ValueError, match="step must be a non-negative integer. Received: step=-1"):
         callback.log_now(step=-1)
+
+
+@pytest.mark.skipif(BACKEND == "torch", reason="PyTorch runs the pass eagerly: nothing is traced")
+def test_log_events_across_fits_reuse_one_compiled_pass(tmp_path):
+    # A retrace per event would cost seconds each; steps and fits change no shape.
+    model = bn_dropout_cnn(0)
+    x, y = data(8)
+    callback = GradVizCallback(tmp_path, (x[:4], y[:4]), every_n_batches=1)
+    model.fit(x, y, batch_size=4, epochs=1, verbose=0, callbacks=[callback])
+    model.fit(x, y, batch_size=4, epochs=1, verbose=0, callbacks=[callback])
+    callback.log_now()
+    assert tracing_count(callback._capture) == 1
 
 
 def test_bad_arguments_say_what_was_received(tmp_path):
     x, y = data(2)
-    with pytest.raises(ValueError, match="every_n_batches must be a positive integer; received 0"):
+    with pytest.raises(
+        ValueError, match="every_n_batches must be a positive integer. Received: every_n_batches=0"
+    ):
         GradVizCallback(tmp_path, (x, y), every_n_batches=0)
-    with pytest.raises(ValueError, match=r"same batch size; received batch sizes \[1, 2\]"):
+    with pytest.raises(ValueError, match=r"same batch size\. Received: batch sizes \[1, 2\]"):
         GradVizCallback(tmp_path, (x, y[:1]))
 
 

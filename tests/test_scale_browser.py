@@ -1,11 +1,10 @@
 """Scale: 200 layers x 1000 steps in a real TensorBoard (Rust data server) and Chromium.
 
-The logdir is written by `synthetic.write_large_run` (real format, ~0.9 GB,
-~17 s here). Bounds are for this project's 2-core machine while other tests
-run: an interaction that re-renders the layer view (its data cached in the
-page or the plugin) must take under INTERACTION_BOUND_S; loading measured
-0.5-3 s alone, so the bound leaves room for a loaded machine without hiding
-a regression to the ~10 s of reading every series.
+The logdir is written by `synthetic.write_large_run` (real format, ~0.9 GB).
+An interaction that re-renders the layer view (its data cached in the page
+or the plugin) must take under INTERACTION_BOUND_S: a bound that leaves room
+for a small machine shared with other tests, without hiding a regression to
+reading every series again.
 """
 
 import os

@@ -45,7 +45,6 @@ class LayerCapture(probe.ProbePass):
 
     def __init__(self, model, chosen, loss=None, training=True, statistics=None):
         super().__init__(model, chosen, loss, training, statistics, default_statistics)
-        self.tracing_count = 0
         self.devices = None  # the devices the last pass ran on
         self._pass = None
         self._chunks = None
@@ -197,7 +196,6 @@ class LayerCapture(probe.ProbePass):
         return loss
 
     def _pass_fn(self, state, x, y, sample_weight, scale):
-        self.tracing_count += 1
         zeros = [[jnp.zeros(shape, dtype) for shape, dtype in specs] for specs in self._zero_specs]
 
         recorded = [i for indices in self._weight_indices for i in indices]

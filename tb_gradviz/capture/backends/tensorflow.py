@@ -54,10 +54,6 @@ class LayerCapture(probe.ProbePass):
         self._collective_ops = None
         self._probe = tf.function(self._probe_fn, autograph=False)
 
-    @property
-    def tracing_count(self):
-        return self._probe.experimental_get_tracing_count()
-
     def run(self, x, y, sample_weight=None):
         """Runs the pass; returns `(step_records, skipped_paths)`.
 
