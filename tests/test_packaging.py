@@ -4,6 +4,7 @@ import os
 import pathlib
 import subprocess
 import sys
+import zipfile
 
 import pytest
 
@@ -27,9 +28,10 @@ print(tb_gradviz.__file__)
 """.replace("import sys,", "import os, sys,")
 
 
-def test_a_plain_install_without_an_extra_runs_the_callback_on_jax(tmp_path):
-    # No extra: no numba. The callback still works, and says once what to install.
-    wheels = tmp_path / "wheels"
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory):
+    """The wheel `pip wheel` builds from this checkout, as a user's install gets it."""
+    wheels = tmp_path_factory.mktemp("wheels")
     subprocess.run(
         [
             sys.executable,
@@ -47,7 +49,29 @@ def test_a_plain_install_without_an_extra_runs_the_callback_on_jax(tmp_path):
         capture_output=True,
         timeout=300,
     )
-    (wheel,) = wheels.glob("tb_gradviz-*.whl")
+    (built,) = wheels.glob("tb_gradviz-*.whl")
+    return built
+
+
+def test_the_wheel_holds_every_module_and_the_tab_and_no_test_helper(wheel):
+    with zipfile.ZipFile(wheel) as archive:
+        names = set(archive.namelist())
+    modules = {name for name in names if name.endswith(".py")}
+    checkout = {
+        path.relative_to(ROOT).as_posix()
+        for path in (ROOT / "tb_gradviz").rglob("*.py")
+        if "__pycache__" not in path.parts
+    } | {f"tb_gradviz/board/frontend/{path.name}" for path in (ROOT / "frontend").glob("*.py")}
+    assert modules == checkout  # a subpackage missing from pyproject's list would be absent
+    test_helpers = {path.name for path in (ROOT / "tests").glob("*.py")} - {"__init__.py"}
+    assert "synthetic.py" in test_helpers
+    assert not test_helpers & {name.rsplit("/", 1)[-1] for name in modules}
+    assert not any(name.startswith("tests/") for name in names)
+    assert {"tb_gradviz/board/frontend/index.js", "tb_gradviz/board/frontend/style.css"} <= names
+
+
+def test_a_plain_install_without_an_extra_runs_the_callback_on_jax(tmp_path, wheel):
+    # No extra: no numba. The callback still works, and says once what to install.
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
     python = str(venv / "bin" / "python")
