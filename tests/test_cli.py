@@ -485,8 +485,13 @@ def test_keras_tensorboard_logs_nothing_for_maxpool_and_gradviz_logs_its_tensors
     assert "write_grads" in write_grads_error
     keras_tags, gradviz_tags = table["maxpool"]
     assert keras_tags == []
-    roles = ("activation", "input_gradient", "output_gradient", "routing", "routing_map", "units")
-    assert gradviz_tags == [f"gradviz/maxpool/{t}" for t in roles]
+    tensors = [
+        f"{role}{record}"
+        for role in ("activation", "input_gradient", "output_gradient")
+        for record in ("", "/precision")
+    ]
+    logged = (*tensors, "routing", "routing_map", "units")
+    assert gradviz_tags == [f"gradviz/maxpool/{t}" for t in logged]
     assert table["conv"][0]  # Keras does log the conv's weights
 
 

@@ -37,7 +37,8 @@ def layer_index(run, time_series_by_tag, skip_warning):
     Returns:
       `{layer: {"info": content, "tensors": {tensor: (tag, content, series)},
       "routing": (tag, content, series) or None, "units", "routing_map":
-      likewise, "updates": {weight: (tag, content, series)}}}`,
+      likewise, "updates": {weight: (tag, content, series)}, "precision":
+      {tensor: (tag, content, series)}}}`,
       without layers that have no tensor.
     """
     layers = {}
@@ -57,6 +58,7 @@ def layer_index(run, time_series_by_tag, skip_warning):
                 "units": None,
                 "routing_map": None,
                 "updates": {},
+                "precision": {},
             },
         )
         if content["kind"] == metadata.KIND_ROUTING:
@@ -67,6 +69,8 @@ def layer_index(run, time_series_by_tag, skip_warning):
             layer["routing_map"] = (tag, content, time_series)
         elif content["kind"] == metadata.KIND_UPDATE:
             layer["updates"][content["weight"]] = (tag, content, time_series)
+        elif content["kind"] == metadata.KIND_PRECISION:
+            layer["precision"][content["tensor"]] = (tag, content, time_series)
         else:
             layer["tensors"][content["tensor"]] = (tag, content, time_series)
     return {name: layer for name, layer in layers.items() if layer["tensors"]}

@@ -31,7 +31,8 @@ def step_records(plans, summaries, routings, skipped, units, maps=(), map_settin
 
     Args:
       plans: the `LayerPlan`s, in model order.
-      summaries: `(histogram, stats)` of each plan tensor, in plan order.
+      summaries: `(histogram, stats)` of each plan tensor, in plan order,
+        or `(histogram, stats, precision)` to write its precision record too.
       routings: the routing vector of each plan with routing, in order.
       skipped: paths of chosen layers that the pass never called.
       units: `dead_channels` of each plan with a `units_axis`, in order.
@@ -45,13 +46,15 @@ def step_records(plans, summaries, routings, skipped, units, maps=(), map_settin
     for plan in plans:
         layer_content = plan.content
         for t in plan.tensors:
-            histogram, stats = next(summaries)
+            histogram, stats, *precision = next(summaries)
             content = dict(layer_content, role=t.role, index=t.index, shape=t.shape, dtype=t.dtype)
             if t.role in records.GRADIENT_ROLES:
                 content["loss_scaled"] = t.loss_scaled
             if t.weight is not None:
                 content["weight"] = t.weight
             result += events.tensor_records(plan.chosen.path, t.name, histogram, stats, content)
+            if precision:
+                result += events.precision_records(plan.chosen.path, t.name, *precision, content)
         if plan.has_routing:
             result += events.routing_records(plan.chosen.path, next(routings), layer_content)
         if plan.units_axis is not None:
@@ -170,22 +173,27 @@ def summary_chunks(keys):
 
 
 def host_summaries(items):
-    """Returns `(histogram, stats)` of each `(values, divisor)`, computed on the host.
+    """Returns `(histogram, stats, precision)` of each `(values, divisor)`, computed on the host.
 
-    With numba (every extra installs it), `kernels` summarises in two fused
-    passes per tensor; without it, the numpy definition in `records` does, in
-    ~20 passes (a warning says once which extra to install).
+    The histogram and stats are of `values / divisor`, the precision record
+    of the values as they are. With numba (every extra installs it),
+    `kernels` summarises in two fused passes per tensor; without it, the
+    numpy definition in `summaries` does, in ~20 passes (a warning says once
+    which extra to install).
     """
     if numba_available():
         from tb_gradviz.capture import kernels
 
-        return kernels.summaries(items)
+        return kernels.summaries(items, precision=True)
     result = []
     for values, divisor in items:
         values = np.asarray(values, dtype=np.float64)
+        precision = summaries.precision_vector(values)
         if divisor is not None:
             values = values / divisor
-        result.append((summaries.linear_histogram(values), summaries.stats_vector(values)))
+        result.append(
+            (summaries.linear_histogram(values), summaries.stats_vector(values), precision)
+        )
     return result
 
 

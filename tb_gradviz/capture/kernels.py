@@ -25,6 +25,7 @@ import os
 import numba
 import numpy as np
 
+from tb_gradviz.capture import precision_counts
 from tb_gradviz.format import records, summaries
 
 _MAGNITUDE_BINS = records.MAGNITUDE_BINS
@@ -121,10 +122,15 @@ def _linear_buckets(values, low, width, last, out):
         out[i] = min(np.int32(np.floor((np.float64(values[i]) - low) / width)), last)
 
 
+_FINE_BINS = precision_counts.FINE_BINS
+
+
 @numba.njit(nogil=True, cache=True)
-def _count_pairs(bits, linear, octave, joint):
-    """Counts (linear bucket, signed magnitude bin) pairs; zeros land in negative bin 0."""
+def _count_pairs(bits, linear, octave, joint, fine, significands):
+    """Counts (linear bucket, signed magnitude bin) pairs, zeros in negative bin 0; and, unless
+    `fine` is empty, the magnitudes by exponent field and significand cut (precision_counts)."""
     columns = 2 * _MAGNITUDE_BINS
+    precise = fine.shape[1] > 0
     for i in range(bits.size):
         x = bits[i]
         a = x & 0x7FFFFFFF
@@ -132,16 +138,21 @@ def _count_pairs(bits, linear, octave, joint):
         b = (entry >> 32) + (a >= (entry & 0xFFFFFFFF)) + (x > 0) * _MAGNITUDE_BINS
         # Two interleaved tables, so that runs of one pair do not wait on each other's increments.
         joint[i & 1, linear[i] * columns + b] += 1
+        if precise:
+            m = a & 0x7FFFFF
+            fine[i & 1, (a >> 23) * _FINE_BINS + (m != 0) + significands[m >> 11]] += 1
 
 
 @numba.njit(nogil=True, cache=True)
-def _summary_float32(values, buckets, octave, octave_bin, octave_edge):
-    """`_summary` of float32 values, in vectorized loops; hands NaN and Inf to `_summary`."""
+def _summary_float32(values, buckets, octave, octave_bin, octave_edge, fine, significands):
+    """`_summary` of float32 values, in vectorized loops, and the fine histogram of their
+    magnitudes into `fine` (`[2, n]`, n = 0 for none). Returns None for NaN or Inf: `_summary`
+    takes those."""
     n = values.size
     bits = values.view(np.int32)
     total, low_key, high_key, zeros = _sum_extrema_zeros(values, bits)
     if n == 0 or not np.isfinite(total):  # nothing, or a NaN or Inf somewhere
-        return _summary(values, 1.0, buckets, octave_bin, octave_edge)
+        return None
     low = np.float64(_float32_of_key(low_key))
     high = np.float64(_float32_of_key(high_key))
     mean = total / n
@@ -156,7 +167,7 @@ def _summary_float32(values, buckets, octave, octave_bin, octave_edge):
         squares += _squared_deviations(block, mean)
         if spread:
             _linear_buckets(block, low, width, buckets - 1, linear)
-        _count_pairs(bits[begin : begin + _BLOCK], linear, octave, joint)
+        _count_pairs(bits[begin : begin + _BLOCK], linear, octave, joint, fine, significands)
     pairs = (joint[0] + joint[1]).reshape(buckets, columns)
     return _records(
         n, zeros, 0, 0, 0, low, high, total, squares, pairs.sum(axis=1), pairs.sum(axis=0), buckets
@@ -252,7 +263,7 @@ def update_sums(current, previous):
     return _update_sums(current, previous.reshape(-1))
 
 
-def summary(values, divisor=None, buckets=records.HISTOGRAM_BUCKETS):
+def summary(values, divisor=None, buckets=records.HISTOGRAM_BUCKETS, precision=False):
     """Returns `(summaries.linear_histogram(v), summaries.stats_vector(v))` of `v = values / divisor`.
 
     Args:
@@ -260,16 +271,40 @@ def summary(values, divisor=None, buckets=records.HISTOGRAM_BUCKETS):
       divisor: None, or the float64 number the values are divided by first,
         as `float64(values) / divisor` (the loss scale).
       buckets: the number of linear histogram buckets.
+      precision: also return `summaries.precision_vector(values)`, the
+        values as they are (not divided), third.
     """
     values = np.asarray(values)
     if values.dtype not in (np.float32, np.float64):
         raise TypeError(f"summary takes float32 or float64 values; received {values.dtype}")
     flat = np.ascontiguousarray(values).reshape(-1)
     if divisor is None and flat.dtype == np.float32:
-        return _summary_float32(flat, int(buckets), _FLOAT32_OCTAVE, _OCTAVE_BIN, _OCTAVE_EDGE)
-    return _summary(
+        fine = np.zeros((2, precision_counts.FINE_LENGTH if precision else 0), np.int64)
+        result = _summary_float32(
+            flat,
+            int(buckets),
+            _FLOAT32_OCTAVE,
+            _OCTAVE_BIN,
+            _OCTAVE_EDGE,
+            fine,
+            precision_counts.SIGNIFICAND_TABLE,
+        )
+        if result is not None:
+            if not precision:
+                return result
+            histogram, stats = result
+            amax = max(-stats[records.STAT_MIN], stats[records.STAT_MAX])
+            zeros = int(stats[records.STAT_ZEROS])
+            bits = flat.view(np.int32)
+            fine = fine[0] + fine[1]
+            vector = precision_counts.float32_precision(fine, bits, flat.size, zeros, amax)
+            return histogram, stats, vector
+    result = _summary(
         flat, 1.0 if divisor is None else float(divisor), int(buckets), _OCTAVE_BIN, _OCTAVE_EDGE
     )
+    if not precision:
+        return result
+    return (*result, precision_counts.precision_direct(flat))
 
 
 def _usable_cpus():
@@ -279,12 +314,15 @@ def _usable_cpus():
     return os.cpu_count() or 1
 
 
-def summaries(items, buckets=records.HISTOGRAM_BUCKETS, workers=None):
+def summaries(items, buckets=records.HISTOGRAM_BUCKETS, workers=None, precision=False):
     """Returns `[(histogram, stats), ...]` for `items` of `(values, divisor)`, using `workers` threads.
 
+    With `precision`, each also has the precision record of the values third.
     The kernel releases the GIL; the largest arrays go first.
     """
-    return _in_threads(lambda values, divisor: summary(values, divisor, buckets), items, workers)
+    return _in_threads(
+        lambda values, divisor: summary(values, divisor, buckets, precision), items, workers
+    )
 
 
 def _in_threads(function, items, workers=None):

@@ -22,6 +22,7 @@ from tb_gradviz.format.records import (
     log_edges_description,
     routing_map_tag,
     routing_tag,
+    precision_tag,
     stats_tag,
     units_tag,
     update_tag,
@@ -235,6 +236,21 @@ def tensor_records(layer, tensor, histogram, stats, content):
             metadata.create_histogram_metadata(f"tb_gradviz: {tensor} of {layer}"),
         ),
         (stats_tag(layer, tensor), stats, metadata.create_summary_metadata(stats_content)),
+    ]
+
+
+def precision_records(layer, tensor, vector, content):
+    """Returns the `(tag, array, metadata)` record of a tensor's precision (`summaries.precision_vector`).
+
+    Args: as `tensor_records`; `vector` is the `PRECISION_LENGTH` record.
+    """
+    precision_content = dict(content, kind=metadata.KIND_PRECISION, layer=layer, tensor=tensor)
+    return [
+        (
+            precision_tag(layer, tensor),
+            vector,
+            metadata.create_summary_metadata(precision_content),
+        )
     ]
 
 

@@ -24,9 +24,11 @@ KIND_ROUTING = "routing"
 KIND_UNITS = "units"
 KIND_ROUTING_MAP = "routing_map"
 KIND_UPDATE = "update"
+# Per recorded tensor, what casts to narrow formats do (`records.PRECISION_FIELDS`).
+KIND_PRECISION = "precision"
 # The per-event digest (`digest`), written under its own plugin name.
 KIND_DIGEST = "digest"
-KINDS = (KIND_TENSOR, KIND_ROUTING, KIND_UNITS, KIND_ROUTING_MAP, KIND_UPDATE, KIND_DIGEST)
+KINDS = (KIND_TENSOR, KIND_ROUTING, KIND_UNITS, KIND_ROUTING_MAP, KIND_UPDATE, KIND_PRECISION, KIND_DIGEST)
 
 
 class NewerVersionError(ValueError):
@@ -140,6 +142,14 @@ def _valid_content(content):
         return _is_str(content.get("tensor")) and _is_int(content.get("channel_axis"))
     if content["kind"] == KIND_UPDATE:
         return _is_str(content.get("tensor")) and _is_str(content.get("weight"))
+    if content["kind"] == KIND_PRECISION:
+        return (
+            _is_str(content.get("tensor"))
+            and _is_str(content.get("role"))
+            and _is_int(content.get("index"))
+            and _is_str(content.get("dtype", ""))
+            and _is_str(content.get("weight", ""))
+        )
     if content["kind"] == KIND_ROUTING_MAP:
         boxes = {
             "map": ("height", "width"),

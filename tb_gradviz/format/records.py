@@ -25,6 +25,8 @@ written by every earlier layout.
 
 import numpy as np
 
+from tb_gradviz.format import precision
+
 TAG_PREFIX = "gradviz"
 HISTOGRAM_BUCKETS = 30
 
@@ -130,6 +132,25 @@ UPDATE_FIELDS = (
 UPDATE_WEIGHT_NORM, UPDATE_NORM, UPDATE_RATIO, UPDATE_INTERVAL = range(len(UPDATE_FIELDS))
 
 
+# Per recorded tensor, `gradviz/<layer>/<tensor>/precision`: what a cast of
+# its values as captured (gradients at the run's loss scale) to each of
+# `precision.FORMATS` does, as the values are and scaled by the power of two
+# `2**scale_exponent` that brings its largest finite magnitude closest to the
+# format's largest value (see format/precision.py for the rounding). Counts
+# are over the finite values; NaN and Inf are counted in the stats record.
+PRECISION_FIELDS = (
+    "finite_nonzero",  # finite, non-zero values: what the shares are of
+    *(f"scale_exponent/{name}" for name in precision.FORMATS),
+    *(
+        f"{setting}/{name}/{count}"  # non-zero values that become 0; subnormal results; overflows
+        for setting in precision.SETTINGS
+        for name in precision.FORMATS
+        for count in precision.COUNTS
+    ),
+)
+PRECISION_LENGTH = len(PRECISION_FIELDS)
+
+
 def tensor_name(role, index, count):
     """Returns the tensor's name in tags: the role, with `_<index>` when a layer has several."""
     return role if count == 1 else f"{role}_{index}"
@@ -158,6 +179,10 @@ def units_tag(layer):
 
 def routing_map_tag(layer):
     return f"{TAG_PREFIX}/{layer}/routing_map"
+
+
+def precision_tag(layer, tensor):
+    return f"{TAG_PREFIX}/{layer}/{tensor}/precision"
 
 
 def update_tag(layer, weight):
@@ -252,6 +277,41 @@ def decode_units(vector):
 
 
 UPDATE = Layout("update", (len(UPDATE_FIELDS),), lambda values: values[:, UPDATE_INTERVAL])
+
+
+_PRECISION_COUNTS = slice(1 + len(precision.FORMATS), None)
+PRECISION = Layout(
+    "precision",
+    (PRECISION_LENGTH,),
+    lambda values: np.concatenate([values[:, :1], values[:, _PRECISION_COUNTS]], axis=1),
+)
+
+
+def decode_precision(vector):
+    """Returns one precision record as `{"finite_nonzero", "formats": {format: {"scale_exponent",
+    "as_is": {count: int}, "scaled": {count: int}}}}`.
+
+    Raises:
+      ValueError: the vector does not have the record's length.
+    """
+    vector = _upgraded(PRECISION, vector)
+    fields = dict(zip(PRECISION_FIELDS, vector))
+    return {
+        "finite_nonzero": int(fields["finite_nonzero"]),
+        "formats": {
+            name: {
+                "scale_exponent": int(fields[f"scale_exponent/{name}"]),
+                **{
+                    setting: {
+                        count: int(fields[f"{setting}/{name}/{count}"])
+                        for count in precision.COUNTS
+                    }
+                    for setting in precision.SETTINGS
+                },
+            }
+            for name in precision.FORMATS
+        },
+    }
 
 
 def update_columns(values):

@@ -9,11 +9,13 @@ it is written in the subset of Python that numba compiles.
 
 import numpy as np
 
+from tb_gradviz.format import precision
 from tb_gradviz.format.records import (
     HISTOGRAM_BUCKETS,
     LOG_EDGES,
     MAGNITUDE_BINS,
     NEGATIVE_BINS,
+    PRECISION_LENGTH,
     STAT_COUNT,
     STAT_MAX,
     STAT_MEAN,
@@ -208,3 +210,49 @@ def mass_conservation(routing, dtype):
         "tolerance": tolerance,
         "conserved": relative <= tolerance,
     }
+
+
+def precision_from_below(finite, zeros, below, exponents):
+    """Returns the precision record from counts of values below each boundary.
+
+    Written in the subset of Python that numba compiles (precision_counts compiles it).
+
+    Args:
+      finite: the number of finite values; `zeros`: of them, exact zeros.
+      below: per boundary of `precision.boundary_table`, in its order, the
+        number of finite values whose magnitude is below it (on its side).
+      exponents: the scale exponent of each format (`precision.scale_exponent`).
+    """
+    vector = np.zeros(PRECISION_LENGTH)
+    vector[0] = finite - zeros
+    formats = exponents.size
+    for f in range(formats):
+        vector[1 + f] = exponents[f]
+    for j in range(below.size // 3):  # per setting and format: zero, normal, overflow
+        at = 1 + formats + 3 * j
+        vector[at] = below[3 * j] - zeros
+        vector[at + 1] = below[3 * j + 1] - below[3 * j]
+        vector[at + 2] = finite - below[3 * j + 2]
+    return vector
+
+
+def precision_vector(values):
+    """Returns the float64 precision record (`PRECISION_FIELDS`) of an array, as captured.
+
+    The values are not divided by a loss scale: the record says what a
+    cast of the tensor as the pass computed it would do.
+    """
+    values = np.asarray(values, dtype=np.float64).ravel()
+    magnitudes = np.abs(values[np.isfinite(values)])
+    amax = magnitudes.max() if magnitudes.size else 0.0
+    bounds, inclusive = precision.boundary_table(amax)
+    below = np.array(
+        [
+            np.count_nonzero(magnitudes <= b) if side else np.count_nonzero(magnitudes < b)
+            for b, side in zip(bounds, inclusive)
+        ]
+    )
+    exponents = np.array([precision.scale_exponent(amax, name) for name in precision.FORMATS])
+    return precision_from_below(
+        magnitudes.size, np.count_nonzero(magnitudes == 0), below, exponents
+    )
