@@ -148,3 +148,40 @@ def test_scale_exponent_keeps_amax_finite():
 def test_decode_precision_rejects_other_lengths():
     with pytest.raises(ValueError, match="precision record has"):
         records.decode_precision(np.zeros(records.PRECISION_LENGTH + 1))
+
+
+def kernel_precision(values, divisor=None):
+    from tb_gradviz.capture import kernels
+
+    return kernels.summary(values, divisor, precision=True)[2]
+
+
+@pytest.mark.parametrize("scale", [1.0, 2.0**-100, 2.0**60, 2.0**-130])
+def test_host_kernel_equals_the_definition(scale):
+    """The float32 kernel (histogram by exponent field and significand), and the one-value-at-a-time
+    kernel (float64, a divisor, NaN or Inf), on the edges and on values across float32's range."""
+    pytest.importorskip("numba")
+    rng = np.random.default_rng(1)
+    spread = (np.sign(rng.normal(size=20000)) * 2.0 ** rng.uniform(-149, 127, 20000)).astype(
+        np.float32
+    )
+    powers = (2.0 ** rng.integers(-149, 127, 2000)).astype(np.float32)  # exactly on boundaries
+    finite = [v[np.isfinite(v)] for v in (edge_values(), spread, powers)]
+    for values in finite + [edge_values()]:
+        with np.errstate(over="ignore", under="ignore"):
+            scaled = (values.astype(np.float64) * scale).astype(np.float32)
+        expected = summaries.precision_vector(scaled)
+        np.testing.assert_array_equal(kernel_precision(scaled), expected)
+        np.testing.assert_array_equal(kernel_precision(scaled.astype(np.float64)), expected)
+        # A divisor divides the stats' values, never the precision record's.
+        np.testing.assert_array_equal(kernel_precision(scaled, 1024.0), expected)
+
+
+def test_host_kernel_on_one_bin_that_holds_a_key():
+    """e4m3fn's overflow key (|x| > 464) is on no edge of its bin: counted exactly when the bin
+    holds values."""
+    values = np.array([464.0, 464.0, np.nextafter(np.float32(464), np.float32(1e9)), 470.0, 1.0])
+    values = values.astype(np.float32)
+    record = records.decode_precision(kernel_precision(values))
+    assert record["formats"]["float8_e4m3fn"]["as_is"]["overflow"] == 2
+    np.testing.assert_array_equal(kernel_precision(values), summaries.precision_vector(values))
