@@ -112,7 +112,7 @@ def test_summary_at_a_chosen_step_and_run(logdir):
     assert status == 0
     assert "run max  (step 2)" in out and "run avg" not in out
     status, _, err = run_cli("summary", logdir, "--step", "1")
-    assert status == 1 and "no run has a step <= 1" in err
+    assert status == cli.EXIT_USAGE == 2 and "no run has a step <= 1" in err
 
 
 def test_export_csv_matches_the_event_files(logdir, tmp_path):
@@ -141,15 +141,39 @@ def test_export_csv_matches_the_event_files(logdir, tmp_path):
     assert int(row["routed_positions"]) == 192 and int(row["windows"]) == 192
 
 
-def test_export_json_is_valid_json_with_every_series(logdir):
+def strict_json(text):
+    """`json.loads` that refuses the bare NaN, Infinity and -Infinity that JSON does not allow."""
+
+    def refuse(constant):
+        raise ValueError(f"not JSON: {constant}")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_export_json_is_strict_json_with_nan_written_as_the_http_api_writes_it(logdir):
     status, out, _ = run_cli("export", logdir, "--format", "json", "--run", "avg")
     assert status == 0
-    data = json.loads(out)
+    data = strict_json(out)
     assert data["format_version"] == 1
     assert [(s["run"], s["layer"], s["tensor"], s["steps"]) for s in data["series"]] == [
         ("avg", "pool", t, [2, 4]) for t in records.TENSOR_ROLES
     ]
-    assert np.isnan(data["series"][1]["routing"]["tied_windows"][0])  # NaN survives as NaN
+    # An average pool has no tied windows: NaN, written "NaN" as /routing writes it.
+    assert data["series"][1]["routing"]["tied_windows"] == ["NaN", "NaN"]
+    assert float(data["series"][1]["routing"]["tied_windows"][0]) != 0  # float("NaN") reads it
+    node = subprocess.run(
+        [
+            "node",
+            "-e",
+            "let s='';process.stdin.on('data',d=>s+=d).on('end',()=>"
+            "console.log(Number(JSON.parse(s).series[1].routing.tied_windows[0])))",
+        ],
+        input=out,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert (node.returncode, node.stdout.strip()) == (0, "NaN"), node.stderr
 
 
 @pytest.fixture(scope="module")
@@ -285,7 +309,7 @@ def test_a_run_without_weights_exports_and_summarises_as_before(logdir, tmp_path
     )
     assert not set(records.UPDATE_FIELDS) & set(cli.csv_header())
     status, out, _ = run_cli("export", logdir, "--format", "json")
-    assert set(json.loads(out)) == {"format_version", "series", "routing_maps"}
+    assert set(strict_json(out)) == {"format_version", "series", "routing_maps"}
 
 
 def test_export_csv_of_a_weights_run_puts_each_update_on_its_weight_row(weights_logdir, tmp_path):
@@ -332,7 +356,7 @@ def test_export_json_of_a_weights_run_has_the_update_series_of_each_layer(weight
     root, _ = weights_logdir
     status, out, _ = run_cli("export", root, "--format", "json")
     assert status == 0
-    data = json.loads(out)
+    data = strict_json(out)
     assert [
         (u["run"], u["layer"], [w["weight"] for w in u["weights"]]) for u in data["updates"]
     ] == [("cnn", layer, weights) for layer, weights in WEIGHTS.items()]
@@ -365,16 +389,28 @@ def test_export_json_of_a_weights_run_has_the_update_series_of_each_layer(weight
         (["summary", "/no/such/dir"], 2, "logdir '/no/such/dir' does not exist"),
         (
             ["summary", "{logdir}", "--run", "nope"],
-            1,
+            2,
             "no run 'nope' with tb_gradviz data; runs are: avg, max",
         ),
+        (
+            ["check", "{logdir}", "--run", "nope"],
+            2,
+            "no run 'nope' with tb_gradviz data; runs are: avg, max",
+        ),
+        (["check", "/no/such/dir"], 2, "logdir '/no/such/dir' does not exist"),
+        (["check", "{logdir}", "--format", "xml"], 2, "invalid choice: 'xml'"),
         (["summary", "{logdir}", "--step", "-1"], 2, "expected an integer >= 0; received '-1'"),
         (["summary", "{logdir}", "--step", "x"], 2, "received 'x'"),
         (["export", "{logdir}", "--format", "xml"], 2, "invalid choice: 'xml'"),
         (
             ["export", "{logdir}", "--output", "/no/such/dir/out.csv"],
-            2,
-            "folder '/no/such/dir' does not exist",
+            3,
+            "cannot write --output '/no/such/dir/out.csv': folder '/no/such/dir' does not exist",
+        ),
+        (
+            ["export", "{logdir}", "--output", "{logdir}"],
+            3,
+            "--output must be a file path; received '{logdir}', which is a folder",
         ),
         (["demo", "--steps", "0"], 2, "expected a positive integer; received '0'"),
         (["demo", "--image-size", "16"], 2, "expected an integer >= 32"),
@@ -386,7 +422,7 @@ def test_export_json_of_a_weights_run_has_the_update_series_of_each_layer(weight
 def test_bad_arguments_give_a_message_and_a_status(logdir, args, status, message):
     code, out, err = run_cli(*[a.format(logdir=logdir) for a in args])
     assert code == status
-    assert message in err and "Traceback" not in err + out
+    assert message.format(logdir=logdir) in err and "Traceback" not in err + out
 
 
 def test_demo_into_a_file_or_onto_a_busy_port_fails_cleanly(tmp_path):
@@ -410,9 +446,8 @@ def test_demo_into_a_file_or_onto_a_busy_port_fails_cleanly(tmp_path):
             "--serve-seconds",
             "1",
         )
-    assert (
-        status == 1 and "cannot serve TensorBoard on 127.0.0.1:" in err and "Traceback" not in err
-    )
+    assert status == cli.EXIT_SERVE == 4
+    assert "cannot serve TensorBoard on 127.0.0.1:" in err and "Traceback" not in err
 
 
 def test_demo_serves_on_6006_and_falls_back_to_a_free_port_when_it_is_busy(tmp_path):
@@ -447,7 +482,9 @@ def test_a_file_an_empty_folder_and_a_foreign_logdir(tmp_path):
     assert run_cli("summary", a_file)[0] == 2
     (tmp_path / "empty").mkdir()
     status, _, err = run_cli("export", tmp_path / "empty")
-    assert status == 1 and "no tb_gradviz data" in err
+    assert status == 2 and "no tb_gradviz data" in err
+    status, _, err = run_cli("check", tmp_path / "empty")
+    assert status == 2 and "no tb_gradviz data" in err
     # A logdir of Keras' own TensorBoard callback: real events, none of ours.
     from tensorboard.compat.proto import event_pb2, summary_pb2
     from tensorboard.summary.writer.event_file_writer import EventFileWriter
@@ -463,7 +500,7 @@ def test_a_file_an_empty_folder_and_a_foreign_logdir(tmp_path):
     )
     writer.close()
     status, _, err = run_cli("summary", tmp_path / "foreign")
-    assert status == 1 and "no tb_gradviz data" in err
+    assert status == 2 and "no tb_gradviz data" in err
 
 
 def test_summary_and_export_do_not_import_tensorflow(logdir):
@@ -554,13 +591,15 @@ def test_readme_main_job_trains_writes_and_serves_within_five_minutes(main_job):
     assert [r["run"] for r in runs] == [
         "cnn_averagepool",
         "cnn_maxpool",
+        "mixed_float16_scaled",
+        "mixed_float16_unscaled",
         "plain_relu_bn",
         "plain_sigmoid",
         "resnet50",
     ]
     from tb_gradviz import demos
 
-    assert [layer["layer"] for layer in runs[4]["layers"]] == list(demos.RESNET50_LAYERS)
+    assert [layer["layer"] for layer in runs[-1]["layers"]] == list(demos.RESNET50_LAYERS)
     assert os.path.isdir(logs / "resnet50")
 
 

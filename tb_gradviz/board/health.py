@@ -167,26 +167,41 @@ def judged_layers(layers, reference):
 
 
 def layer_flags(layer, reference, ratio=DEFAULT_RATIO, judged=True):
-    """The flags of one layer of `/step` (with its `flow` and `units`): `[{"flag", "detail"}]` in `FLAGS` order.
+    """The flags of one layer of `/step` (with its `flow` and `units`), in `FLAGS` order.
+
+    Each flag is `{"flag", "detail", "tensor"}`; `tensor` is the tensor the
+    rule reads: the first tensor holding a non-finite value, the output
+    gradient, or the activation whose channels are dead.
 
     `judged`: whether the gradient-RMS rules apply to it (`judged_layers`).
     """
     flags = []
     nonfinite = [
-        f"{name}: {int(t['stats']['nan'])} NaN, {int(t['stats']['pos_inf'] + t['stats']['neg_inf'])} Inf"
+        (
+            name,
+            f"{name}: {int(t['stats']['nan'])} NaN, "
+            f"{int(t['stats']['pos_inf'] + t['stats']['neg_inf'])} Inf",
+        )
         for name, t in layer["tensors"].items()
         if t["stats"]["nan"] or t["stats"]["pos_inf"] or t["stats"]["neg_inf"]
     ]
     if nonfinite:
-        flags.append({"flag": "nonfinite", "detail": "; ".join(nonfinite)})
+        flags.append(
+            {
+                "flag": "nonfinite",
+                "detail": "; ".join(detail for _, detail in nonfinite),
+                "tensor": nonfinite[0][0],
+            }
+        )
     rms = _gradient_rms(layer)
     if judged and reference is not None and rms is not None and math.isfinite(rms):
         reference_rms = _gradient_rms(reference)
         where = f"output-gradient RMS {rms:.3g} vs {reference_rms:.3g} at {reference['layer']}"
+        tensor = _first_of_role(layer, records.OUTPUT_GRADIENT)
         if rms * ratio < reference_rms:
-            flags.append({"flag": "vanishing", "detail": where})
+            flags.append({"flag": "vanishing", "detail": where, "tensor": tensor})
         elif rms > reference_rms * ratio:
-            flags.append({"flag": "exploding", "detail": where})
+            flags.append({"flag": "exploding", "detail": where, "tensor": tensor})
     units = layer.get("units")
     if units and units["dead_channels"]:
         listed = ", ".join(map(str, units["listed"]))
@@ -194,7 +209,14 @@ def layer_flags(layer, reference, ratio=DEFAULT_RATIO, judged=True):
         flags.append(
             {
                 "flag": "dead",
-                "detail": f"{units['dead_channels']} of {units['channels']} channels never non-zero: {listed}{more}",
+                "detail": f"{units['dead_channels']} of {units['channels']} channels never "
+                f"non-zero: {listed}{more}",
+                "tensor": _first_of_role(layer, records.ACTIVATION),
             }
         )
     return flags
+
+
+def _first_of_role(layer, role):
+    """The name of the layer's first tensor of `role` in `/step`, or None."""
+    return next((name for name, t in layer["tensors"].items() if t["role"] == role), None)

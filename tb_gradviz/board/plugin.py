@@ -18,7 +18,7 @@ from tensorboard.plugins import base_plugin
 from tensorboard.plugins.histogram import metadata as histogram_metadata
 from werkzeug import wrappers
 
-from tb_gradviz.board import health, responses, series, store, timeline
+from tb_gradviz.board import health, onset, responses, series, store, timeline
 from tb_gradviz.format import digest, metadata, records
 
 _JSON = "application/json"
@@ -147,6 +147,33 @@ _OPTIONAL_ARGS = {
 }
 
 
+def _series_by_kind(layers, read):
+    """`{"stats" | "routing" | "units" | "updates" | "precision": {tag: Series}}` of a run's layers.
+
+    `read(time_series_by_tag, layout)`: how each kind is read (whole, or up to a step).
+    """
+
+    def listed(kind):
+        return {layer[kind][0]: layer[kind][2] for layer in layers.values() if layer[kind]}
+
+    return {
+        "stats": read(
+            {tag: ts for layer in layers.values() for tag, _, ts in layer["tensors"].values()},
+            records.STATS,
+        ),
+        "routing": read(listed("routing"), records.ROUTING),
+        "units": read(listed("units"), records.UNITS),
+        "updates": read(
+            {tag: ts for layer in layers.values() for tag, _, ts in layer["updates"].values()},
+            records.UPDATE,
+        ),
+        "precision": read(
+            {tag: ts for layer in layers.values() for tag, _, ts in layer["precision"].values()},
+            records.PRECISION,
+        ),
+    }
+
+
 class GradVizPlugin(base_plugin.TBPlugin):
     """Serves the GradViz tab: per-layer activations and gradients over steps."""
 
@@ -175,6 +202,7 @@ class GradVizPlugin(base_plugin.TBPlugin):
             "/timeline": self._json_route(
                 self.timeline_impl, ("run",), ("field", "role", "width", "ratio")
             ),
+            "/onset": self._json_route(self.onset_impl, ("run",), ("ratio",)),
             _STATIC_ROUTE + "/*": self._serve_static,
         }
 
@@ -281,35 +309,25 @@ class GradVizPlugin(base_plugin.TBPlugin):
         run_store = self._store(ctx, experiment, run)
         layers = run_store.layers()
         limit = _INT64_MAX if step is None else step
-        stats_series = {
-            tag: ts for layer in layers.values() for tag, _, ts in layer["tensors"].values()
-        }
-
-        def series_of(kind):
-            return {layer[kind][0]: layer[kind][2] for layer in layers.values() if layer[kind]}
-
-        body = responses.step_body(
-            run,
-            layers,
-            {
-                "stats": run_store.read_at(stats_series, records.STATS, limit),
-                "routing": run_store.read_at(series_of("routing"), records.ROUTING, limit),
-                "units": run_store.read_at(series_of("units"), records.UNITS, limit),
-                "updates": run_store.read_at(
-                    {
-                        tag: ts
-                        for layer in layers.values()
-                        for tag, _, ts in layer["updates"].values()
-                    },
-                    records.UPDATE,
-                    limit,
-                ),
-            },
-            limit,
-            ratio,
+        series_by_kind = _series_by_kind(
+            layers, lambda found, layout: run_store.read_at(found, layout, limit)
         )
+        body = responses.step_body(run, layers, series_by_kind, limit, ratio)
         if body is None:
             raise errors.NotFoundError(f"run {run!r} has no step <= {limit}")
+        return body
+
+    def onset_impl(self, ctx, experiment, run, ratio=health.DEFAULT_RATIO):
+        """Returns the `/onset` body: where each flag was first raised in a run (`onset`).
+
+        Raises:
+          NotFoundError: no such run, or it has no logged step.
+        """
+        run_store = self._store(ctx, experiment, run)
+        layers = run_store.layers()
+        body = onset.onset_body(run, layers, _series_by_kind(layers, run_store.read), ratio)
+        if body is None:
+            raise errors.NotFoundError(f"run {run!r} has no logged step")
         return body
 
     def timeline_impl(

@@ -1,13 +1,9 @@
-"""`tb-gradviz`: run the demo, summarise or export tb_gradviz logs.
-
-    tb-gradviz demo [--logdir DIR] [--model all|resnet50|cnn] [--no-serve]
-    tb-gradviz summary LOGDIR [--run RUN] [--step STEP]
-    tb-gradviz export LOGDIR [--format csv|json] [--output FILE]
-    tb-gradviz check LOGDIR [--run RUN] [--fail-on FLAGS] [--ratio R]
+"""`tb-gradviz`: run the demo; summarise, export or check tb_gradviz logs.
 
 `summary`, `export` and `check` read through the same code as the
-TensorBoard plugin and never import TensorFlow; `demo` does. `check` exits
-with status 1 (`EXIT_FLAGGED`) when a chosen training-health flag is raised.
+TensorBoard plugin and never import TensorFlow; `demo` does. The commands
+and their options are in `arguments.SYNOPSIS`, the exit statuses in
+`status` (docs/CLI.md describes both).
 """
 
 import sys
@@ -24,7 +20,16 @@ from tb_gradviz.cli.export import (
     write_csv,
 )
 from tb_gradviz.cli.logs import open_logdir
-from tb_gradviz.cli.status import EXIT_FLAGGED, EXIT_NO_DATA, EXIT_USAGE, CommandError
+from tb_gradviz.cli.status import (
+    EXIT_FLAGGED,
+    EXIT_INTERRUPTED,
+    EXIT_NO_DATA,
+    EXIT_OK,
+    EXIT_OUTPUT,
+    EXIT_SERVE,
+    EXIT_USAGE,
+    CommandError,
+)
 from tb_gradviz.cli.summary import (
     LAYER_UPDATE,
     SUMMARY_COLUMNS,
@@ -38,7 +43,11 @@ from tb_gradviz.cli.summary import (
 __all__ = [
     "DEFAULT_PORT",
     "EXIT_FLAGGED",
+    "EXIT_INTERRUPTED",
     "EXIT_NO_DATA",
+    "EXIT_OK",
+    "EXIT_OUTPUT",
+    "EXIT_SERVE",
     "EXIT_USAGE",
     "LAYER_UPDATE",
     "SUMMARY_COLUMNS",
@@ -65,14 +74,19 @@ _open_logdir = open_logdir
 
 
 def main(argv=None):
-    """Entry point of the `tb-gradviz` console script; returns the exit status."""
+    """Entry point of the `tb-gradviz` console script; returns the exit status (`status`)."""
+    from tensorboard import errors
+
     try:
         args = build_parser().parse_args(argv)
         return _COMMANDS[args.command](args)
     except CommandError as e:
         print(f"error: {e}", file=sys.stderr)
         return e.code
+    except errors.NotFoundError as e:  # a run or record that vanished or never was
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_USAGE
     except BrokenPipeError:
-        return 0
+        return EXIT_OK
     except KeyboardInterrupt:
-        return 130
+        return EXIT_INTERRUPTED

@@ -1,11 +1,12 @@
 """The `tb-gradviz` argument parser: subcommands, their options, and the checks of each value."""
 
 import argparse
+import functools
 import math
 
 from tb_gradviz.board import health
 from tb_gradviz.cli.demo import DEFAULT_PORT
-from tb_gradviz.cli.status import CommandError
+from tb_gradviz.cli.status import EXIT_CODES_HELP, CommandError
 
 
 class _Parser(argparse.ArgumentParser):
@@ -13,12 +14,28 @@ class _Parser(argparse.ArgumentParser):
         raise CommandError(f"{self.prog}: {message}")
 
 
+SYNOPSIS = """commands:
+  tb-gradviz demo [--logdir DIR] [--model all|resnet50|cnn] [--steps N] [--image-size PX]
+                  [--batch-size N] [--no-serve] [--host HOST] [--port PORT] [--serve-seconds S]
+  tb-gradviz summary LOGDIR [--run RUN] [--step STEP]
+  tb-gradviz export LOGDIR [--format csv|json] [--output FILE] [--run RUN]
+  tb-gradviz check LOGDIR [--run RUN] [--fail-on FLAGS] [--ratio R] [--format text|json]"""
+
+
 def build_parser():
     parser = _Parser(
-        prog="tb-gradviz", description="Activations and gradients of Keras layers, in TensorBoard."
+        prog="tb-gradviz",
+        description="Activations and gradients of Keras layers, in TensorBoard.",
+        epilog=f"{SYNOPSIS}\n\n{EXIT_CODES_HELP}",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     commands.required = True
+    commands.add_parser = functools.partial(
+        commands.add_parser,
+        epilog=EXIT_CODES_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
 
     demo = commands.add_parser(
         "demo", help="train ResNet50 and a small CNN with the callback, then serve TensorBoard"
@@ -60,7 +77,8 @@ def build_parser():
         "--port",
         type=_port,
         default=None,
-        help=f"TensorBoard port (default: {DEFAULT_PORT}, TensorBoard's, or a free one when it is busy; 0: a free one)",
+        help=f"TensorBoard port (default: {DEFAULT_PORT}, TensorBoard's, or a free one when it is "
+        "busy; 0: a free one)",
     )
     demo.add_argument(
         "--serve-seconds",
@@ -93,7 +111,8 @@ def build_parser():
 
     check = commands.add_parser(
         "check",
-        help="training-health flags per run and layer at the last step; exit 1 when a chosen one is raised",
+        help="training-health flags per run and layer at the last step, and where each began; "
+        "exit 1 when a chosen one is raised",
     )
     check.add_argument("logdir")
     check.add_argument("--run", default=None, help="only this run")
@@ -107,7 +126,14 @@ def build_parser():
         "--ratio",
         type=_ratio,
         default=health.DEFAULT_RATIO,
-        help="vanishing / exploding: the output-gradient RMS ratio to the reference layer (default: %(default)g)",
+        help="vanishing / exploding: the output-gradient RMS ratio to the reference layer "
+        "(default: %(default)g)",
+    )
+    check.add_argument(
+        "--format",
+        choices=("text", "json"),
+        default="text",
+        help="text tables, or one strict JSON document on stdout for CI (default: %(default)s)",
     )
     return parser
 

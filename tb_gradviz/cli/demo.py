@@ -3,7 +3,7 @@
 import os
 import time
 
-from tb_gradviz.cli.status import EXIT_NO_DATA, CommandError
+from tb_gradviz.cli.status import EXIT_SERVE, CommandError
 
 DEFAULT_PORT = 6006  # TensorBoard's
 
@@ -32,7 +32,8 @@ def run_demo(args):
     print(f"Logs written in {time.monotonic() - started:.0f} s.", flush=True)
     if args.no_serve:
         print(
-            f"View them with: tensorboard --logdir {args.logdir} --samples_per_plugin=gradviz=0,histograms=0"
+            f"View them with: tensorboard --logdir {args.logdir} "
+            "--samples_per_plugin=gradviz=0,histograms=0"
         )
         return 0
     return serve(args.logdir, args.host, args.port, args.serve_seconds)
@@ -68,15 +69,13 @@ def serve(logdir, host, port=None, seconds=None):
     except program.TensorBoardServerException as e:
         if port is not None:
             raise CommandError(
-                f"cannot serve TensorBoard on {host}:{port}: {e.msg}", EXIT_NO_DATA
+                f"cannot serve TensorBoard on {host}:{port}: {e.msg}", EXIT_SERVE
             ) from None
         print(f"Port {DEFAULT_PORT} is busy ({e.msg}); serving on a free port instead.", flush=True)
         try:
             url = launch(0)
         except program.TensorBoardServerException as e:
-            raise CommandError(
-                f"cannot serve TensorBoard on {host}: {e.msg}", EXIT_NO_DATA
-            ) from None
+            raise CommandError(f"cannot serve TensorBoard on {host}: {e.msg}", EXIT_SERVE) from None
     print(f"GradViz tab: {url}#gradviz", flush=True)
     print("Press Ctrl-C to stop.", flush=True)
     deadline = None if seconds is None else time.monotonic() + seconds

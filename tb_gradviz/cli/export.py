@@ -1,43 +1,78 @@
 """`tb-gradviz export`: every series, routing map and update record as CSV or JSON."""
 
 import csv
+import io
 import json
 import os
 import sys
 
 from tb_gradviz.cli.logs import open_logdir, runs_of
-from tb_gradviz.cli.status import CommandError
+from tb_gradviz.cli.status import EXIT_OK, EXIT_OUTPUT, CommandError
 from tb_gradviz.format import records, summaries
 
 
 def run_export(args):
+    if args.output != "-":
+        _check_output(args.output)
     gradviz, ctx, experiment = open_logdir(args.logdir)
     runs = runs_of(gradviz, ctx, experiment, args.logdir, args.run)
     series = list(export_series(gradviz, ctx, experiment, runs))
-    if args.output != "-":
-        parent = os.path.dirname(os.path.abspath(args.output))
-        if not os.path.isdir(parent):
-            raise CommandError(f"cannot write {args.output!r}: folder {parent!r} does not exist")
-    out = sys.stdout if args.output == "-" else open(args.output, "w", newline="")
+    updates = list(export_updates(gradviz, ctx, experiment, runs))
+    text = io.StringIO()
+    if args.format == "json":
+        maps = list(export_routing_maps(gradviz, ctx, experiment, runs))
+        body = {"format_version": EXPORT_FORMAT_VERSION, "series": series, "routing_maps": maps}
+        if updates:  # a run without weights=True exports what it always did
+            body["updates"] = updates
+        write_json(body, text)
+    else:
+        write_csv(series, text, updates)
+    if args.output == "-":
+        sys.stdout.write(text.getvalue())
+        return EXIT_OK
     try:
-        updates = list(export_updates(gradviz, ctx, experiment, runs))
-        if args.format == "json":
-            maps = list(export_routing_maps(gradviz, ctx, experiment, runs))
-            body = {"format_version": 1, "series": series, "routing_maps": maps}
-            if updates:  # a run without weights=True exports what it always did
-                body["updates"] = updates
-            json.dump(body, out, allow_nan=True)
-            out.write("\n")
-        else:
-            write_csv(series, out, updates)
-    finally:
-        if out is not sys.stdout:
-            out.close()
-    return 0
+        with open(args.output, "w", newline="") as out:
+            out.write(text.getvalue())
+    except OSError as e:
+        raise CommandError(
+            f"cannot write --output {args.output!r}: {e.strerror or e}", EXIT_OUTPUT
+        ) from None
+    return EXIT_OK
+
+
+EXPORT_FORMAT_VERSION = 1
+
+
+def _check_output(output):
+    """Refuses an `--output` that cannot be a file, before any log is read."""
+    if os.path.isdir(output):
+        raise CommandError(
+            f"--output must be a file path; received {output!r}, which is a folder", EXIT_OUTPUT
+        )
+    parent = os.path.dirname(os.path.abspath(output))
+    if not os.path.isdir(parent):
+        raise CommandError(
+            f"cannot write --output {output!r}: folder {parent!r} does not exist", EXIT_OUTPUT
+        )
+
+
+def write_json(body, out):
+    """Writes `body` as strict JSON, a non-finite float as the HTTP API writes it.
+
+    NaN, Inf and -Inf become the strings "NaN", "Infinity" and "-Infinity"
+    (TensorBoard's `json_util.Cleanse`, which `http_util.Respond` applies to
+    every route's body), so that `jq`, `JSON.parse` and `json.loads` read the
+    export; `Number("NaN")` and `float("NaN")` read the strings back.
+    """
+    from tensorboard.backend import json_util
+
+    json.dump(json_util.Cleanse(body), out, allow_nan=False)
+    out.write("\n")
 
 
 def _found(impl, *args):
-    """`impl(*args)`, or None when it raises TensorBoard's NotFoundError (a layer without that record)."""
+    """`impl(*args)`, or None when it raises TensorBoard's NotFoundError (a layer without that
+    record)."""
     from tensorboard import errors
 
     try:
@@ -47,7 +82,8 @@ def _found(impl, *args):
 
 
 def export_series(gradviz, ctx, experiment, runs):
-    """Yields one dict per run, layer and tensor: `/series` data plus routing (and, as `/runs`, a weight's name)."""
+    """Yields one dict per run, layer and tensor: `/series` data plus routing (and, as `/runs`,
+    a weight's name)."""
     for run in runs:
         for layer in run["layers"]:
             routing = _found(gradviz.routing_impl, ctx, experiment, run["run"], layer["layer"])
@@ -96,7 +132,8 @@ def export_updates(gradviz, ctx, experiment, runs):
 
 
 def export_routing_maps(gradviz, ctx, experiment, runs):
-    """Yields the routing maps of each pooling layer that has them: every step, as `/routing_map` serves it."""
+    """Yields the routing maps of each pooling layer that has them: every step, as `/routing_map`
+    serves it."""
     for run in runs:
         for layer in run["layers"]:
             if not layer.get("routing_map"):

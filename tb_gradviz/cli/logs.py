@@ -75,7 +75,8 @@ def runs_of(gradviz, ctx, experiment, logdir, only_run):
     runs = gradviz.runs_impl(ctx, experiment)["runs"]
     if not runs:
         raise CommandError(
-            f"no tb_gradviz data in {logdir!r}: point it at the log_dir given to GradVizCallback (or a parent of it)",
+            f"no tb_gradviz data in {logdir!r}: point it at the log_dir given to GradVizCallback "
+            "(or a parent of it)",
             EXIT_NO_DATA,
         )
     if only_run is not None:

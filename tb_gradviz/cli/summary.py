@@ -23,7 +23,8 @@ def run_summary(args):
         updates = update_rows(snapshot)
         if updates:
             print(
-                "\nweight updates  (|w - w_previous| / |w| since the previous log event; size: per step, against the usual ~1e-3)"
+                "\nweight updates  (|w - w_previous| / |w| since the previous log event; "
+                "size: per step, against the usual ~1e-3)"
             )
             print(table(updates, UPDATE_COLUMNS))
         print()
@@ -103,7 +104,8 @@ LAYER_UPDATE = "(layer)"  # the weight column of a layer's combined row
 
 
 def update_rows(snapshot):
-    """Rows of the weight-update table of one run at one step: per layer, its weights and their combination.
+    """Rows of the weight-update table of one run at one step: per layer, its weights and their
+    combination.
 
     A layer's combined row (weight `LAYER_UPDATE`) is the server's
     `update_ratio` of the layer, its weights taken as one vector; its
@@ -159,7 +161,8 @@ def _interval(value):
 
 
 def mass_conservation(routing):
-    """'kept', 'off by ...' or '?': the server's verdict (`summaries.mass_conservation`), as the tab shows it."""
+    """'kept', 'off by ...' or '?': the server's verdict (`summaries.mass_conservation`), as the
+    tab shows it."""
     verdict = routing["mass"]
     if verdict["conserved"] is None:
         return "?"
