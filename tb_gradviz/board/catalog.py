@@ -15,7 +15,10 @@ logger = logging.getLogger(__name__)
 
 
 class SkipWarning:
-    """Logs, once per reason, that series were skipped (as TensorBoard's `_MetadataVersionChecker`)."""
+    """Logs, once per reason, that series were skipped.
+
+    As TensorBoard's `_MetadataVersionChecker` does.
+    """
 
     def __init__(self):
         self._warned = set()
@@ -77,7 +80,10 @@ def layer_index(run, time_series_by_tag, skip_warning):
 
 
 def weight_updates(layer):
-    """A layer's `updates` (of a `layer_index` entry) in the order of its weights (their tensors' `index`)."""
+    """A layer's `updates` (of a `layer_index` entry) in the order of its weights.
+
+    That order is their tensors' `index`.
+    """
     indexes = {
         content["weight"]: content["index"]
         for _, content, _ in layer["tensors"].values()
@@ -91,7 +97,7 @@ def weight_updates(layer):
 
 
 def parse_content(time_series, run, tag, skip_warning):
-    """Returns a series' tb_gradviz metadata as a dict, or None (with a logged warning) if unreadable.
+    """Returns a series' tb_gradviz metadata as a dict, or None (warning once) if unreadable.
 
     Newer, foreign or malformed metadata under our plugin name skips that
     series only; the rest of the run is served.

@@ -39,7 +39,10 @@ _SUM = {"reassoc", "nsz", "contract"}  # fastmath flags for the loops that only 
 # OCTAVE_EDGE[e] is the edge inside the octave (+inf when there is none).
 # tests/test_kernels.py checks the identity on every edge and its neighbours.
 def _octave_bins_and_edges(exponent_fields):
-    """`(OCTAVE_BIN, OCTAVE_EDGE)` for a binary format, by exponent field (the last, inf/NaN, excluded)."""
+    """`(OCTAVE_BIN, OCTAVE_EDGE)` for a binary format, by exponent field.
+
+    The last exponent field (inf and NaN) is left out.
+    """
     bias = exponent_fields // 2 - 1
     fields = np.arange(exponent_fields - 1)
     lows = np.ldexp(1.0, fields - bias)
@@ -117,7 +120,7 @@ def _squared_deviations(values, mean):
 
 @numba.njit(nogil=True, cache=True)
 def _linear_buckets(values, low, width, last, out):
-    """summaries.linear_histogram's bucket of each value: floor((v - low) / width), at most `last`."""
+    """The `summaries.linear_histogram` bucket of a value: floor((v - low) / width), <= `last`."""
     for i in range(values.size):
         out[i] = min(np.int32(np.floor((np.float64(values[i]) - low) / width)), last)
 
@@ -264,7 +267,7 @@ def update_sums(current, previous):
 
 
 def summary(values, divisor=None, buckets=records.HISTOGRAM_BUCKETS, precision=False):
-    """Returns `(summaries.linear_histogram(v), summaries.stats_vector(v))` of `v = values / divisor`.
+    """Returns `(linear_histogram(v), stats_vector(v))` of `v = values / divisor` (`summaries`).
 
     Args:
       values: a float32 or float64 array (float16 widens exactly: pass it as float32).
@@ -315,7 +318,7 @@ def _usable_cpus():
 
 
 def summaries(items, buckets=records.HISTOGRAM_BUCKETS, workers=None, precision=False):
-    """Returns `[(histogram, stats), ...]` for `items` of `(values, divisor)`, using `workers` threads.
+    """Returns `[(histogram, stats), ...]` for `items` of `(values, divisor)`, on `workers` threads.
 
     With `precision`, each also has the precision record of the values third.
     The kernel releases the GIL; the largest arrays go first.
@@ -326,7 +329,7 @@ def summaries(items, buckets=records.HISTOGRAM_BUCKETS, workers=None, precision=
 
 
 def _in_threads(function, items, workers=None):
-    """`[function(*item) for item in items]`, on up to `workers` threads, the largest first arrays first."""
+    """`[function(*item) for item in items]` on up to `workers` threads, largest arrays first."""
     items = list(items)
     workers = workers or min(len(items), _usable_cpus())
     if workers <= 1:

@@ -310,7 +310,7 @@ def layer_plan(
 
 
 def map_slices(plan, inputs, input_gradients, output_gradients, example):
-    """The probe example's slices a routing map is made of (backend tensors), or None without a map."""
+    """The probe example's slices a routing map is made of (backend tensors); None without a map."""
     if plan.map_cut is None:
         return None
     return inputs[0][example], input_gradients[0][example], output_gradients[0][example]

@@ -109,7 +109,10 @@ class Updates:
 
 
 def _update_sums(current, copy):
-    """`summaries.update_sums(current, copy)`, fused by `kernels` when numba is there; `copy` then holds `current`."""
+    """`summaries.update_sums(current, copy)`; then `copy` holds `current`.
+
+    Fused in one pass by `kernels` when numba is installed.
+    """
     if assemble.numba_available():
         from tb_gradviz.capture import kernels
 

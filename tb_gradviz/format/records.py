@@ -315,7 +315,7 @@ def decode_precision(vector):
 
 
 def update_columns(values):
-    """Decodes `[n, len(UPDATE_FIELDS)]` update records column-wise: `{field: [n] float64 array}`."""
+    """Decodes `[n, len(UPDATE_FIELDS)]` update records by column: `{field: [n] float64 array}`."""
     values = np.asarray(values, dtype=np.float64).reshape(-1, len(UPDATE_FIELDS))
     return {name: values[:, i] for i, name in enumerate(UPDATE_FIELDS)}
 
@@ -343,8 +343,8 @@ def _upgraded(layout, vector):
     upgraded = layout.upgrade(np.asarray(vector, dtype=np.float64).ravel())
     if upgraded is None:
         raise ValueError(
-            f"a {layout.name} record has {layout.shape[0]} values (or {sorted(layout._earlier_lengths)} "
-            f"in earlier layouts); received {np.size(vector)}"
+            f"a {layout.name} record has {layout.shape[0]} values (or "
+            f"{sorted(layout._earlier_lengths)} in earlier layouts); received {np.size(vector)}"
         )
     return upgraded
 

@@ -131,14 +131,17 @@ def summary_from_sums(
 
 
 def update_sums(current, previous):
-    """Returns `(sum(current**2), sum((current - previous)**2))` in float64: the squared norms of an update record."""
+    """Returns `(sum(current**2), sum((current - previous)**2))` in float64.
+
+    The squared norms of an update record.
+    """
     current = np.asarray(current, dtype=np.float64)
     delta = current - np.asarray(previous, dtype=np.float64)
     return float(np.sum(current * current)), float(np.sum(delta * delta))
 
 
 def update_vector(weight_norm, update_norm, interval):
-    """Returns the update record of a weight from its norm, its change's norm and the steps between."""
+    """Returns a weight's update record from its norm, its change's norm and the steps between."""
     weight_norm, update_norm = float(weight_norm), float(update_norm)
     with np.errstate(divide="ignore", invalid="ignore"):
         ratio = np.float64(update_norm) / np.float64(weight_norm)
@@ -146,7 +149,10 @@ def update_vector(weight_norm, update_norm, interval):
 
 
 def combined_update_ratio(weight_norms, update_norms):
-    """The update ratio of several weights taken as one vector (a layer's): `|all updates| / |all weights|`."""
+    """The update ratio of several weights taken as one vector (a layer's).
+
+    `|all updates| / |all weights|`.
+    """
     weight = float(np.sqrt(np.sum(np.square(np.asarray(weight_norms, dtype=np.float64)))))
     update = float(np.sqrt(np.sum(np.square(np.asarray(update_norms, dtype=np.float64)))))
     return float(update_vector(weight, update, 0)[UPDATE_RATIO])
@@ -189,19 +195,14 @@ def mass_conservation(routing, dtype):
     difference = routing["input_gradient_sum"] - routing["output_gradient_sum"]
     tolerance = MASS_TOLERANCE_UNITS * _UNIT_ROUNDOFF.get(dtype, _UNIT_ROUNDOFF["float32"])
     scale = routing["output_gradient_abs_sum"]
-    if not np.isfinite(scale):
+    if not (np.isfinite(scale) and np.isfinite(difference)):
+        # No scale (a record from before it): nothing to judge against. A
+        # non-finite difference: the mass is not conserved.
         return {
             "difference": difference,
             "relative": float("nan"),
             "tolerance": tolerance,
-            "conserved": None,
-        }
-    if not np.isfinite(difference):
-        return {
-            "difference": difference,
-            "relative": float("nan"),
-            "tolerance": tolerance,
-            "conserved": False,
+            "conserved": False if np.isfinite(scale) else None,
         }
     relative = abs(difference) / scale if scale > 0 else (0.0 if difference == 0 else float("inf"))
     return {
