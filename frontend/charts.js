@@ -1,7 +1,10 @@
 // The pieces every chart of the tab is drawn from: a frame with a plot area,
-// a value axis, signed bars with their magnitude axis, and a step axis. The
-// views compose them; the numbers behind them come from model.js.
+// a value axis, a log axis with its row of exact zeros, the update-ratio
+// guide, signed bars with their magnitude axis, and a step axis. The views
+// compose them; the numbers behind them come from model.js and flowmodel.js.
 
+import {UPDATE_RATIO_NOTE} from './captions.js';
+import * as flowmodel from './flowmodel.js';
 import * as model from './model.js';
 import {round, svg, tooltip} from './dom.js';
 
@@ -65,6 +68,40 @@ export function guideLine(chart, box, {y, label, title}) {
     svg('line', {className: 'guide', attrs: {x1: box.left, x2: box.plotRight, y1: at, y2: at}}, [tooltip(title)]),
     svg('text', {className: 'guide-label', text: label, attrs: {x: box.plotRight - 2, y: at - 3, 'text-anchor': 'end'}}),
   );
+}
+
+// ------------------------------------------------------------ log axis
+
+/**
+ * Where a value goes on a log axis over `range` (decade exponents,
+ * `flowmodel.logRange`) that rises `height` from `bottom`: exact zeros,
+ * which a log axis cannot hold, go on the row at `zeroY` below it.
+ */
+export function logScale(range, {bottom, height, zeroY}) {
+  return (value) => (value === 0 ? zeroY : bottom - flowmodel.logPosition(value, range) * height);
+}
+
+/**
+ * A log value axis: gridlines at decades (at most `maxTicks`, none without a
+ * `range`) placed by `yOf`, and when `zeros`, the row of exact zeros at
+ * `zeroY` with its "0".
+ */
+export function logAxis(chart, box, {range, yOf, zeroY, zeros, maxTicks}) {
+  if (range) {
+    valueAxis(chart, box, {ticks: flowmodel.decadeTicks(range, maxTicks).map((e) => 10 ** e),
+      max: 10 ** range.high, yOf, label: model.edgeLabel});
+  }
+  if (zeros) {
+    chart.append(
+      svg('line', {className: 'zero-line', attrs: {x1: box.left, x2: box.plotRight, y1: zeroY, y2: zeroY}}),
+      svg('text', {className: 'tick', text: '0', attrs: {x: box.left - 4, y: zeroY + 3, 'text-anchor': 'end'}}),
+    );
+  }
+}
+
+/** The update ratio practitioners call healthy (~1e-3) as a guide across a log axis placed by `yOf`. */
+export function updateRatioGuide(chart, box, yOf) {
+  guideLine(chart, box, {y: yOf(model.UPDATE_RATIO_GUIDE), label: '10⁻³: usual size', title: UPDATE_RATIO_NOTE});
 }
 
 // ------------------------------------------------------------ signed bars
@@ -144,6 +181,14 @@ function magnitudeTicks(bins, range, {left}, {half, barWidth, gap}) {
 }
 
 // ------------------------------------------------------------ step axis
+
+/** The x axis of a chart over `steps` (sorted): its `first` and `last` step, and `xOf(step)` (one step: the middle). */
+export function stepScale(box, steps) {
+  const first = steps[0];
+  const last = steps[steps.length - 1];
+  const xOf = (s) => box.left + (last > first ? (s - first) / (last - first) : 0.5) * box.plotWidth;
+  return {first, last, xOf};
+}
 
 /**
  * The first and last step under the plot, the axis title, and a vertical

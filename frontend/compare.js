@@ -139,9 +139,7 @@ export function renderRunComparison(container, entries, step) {
 function zeroFractionChart(entries, step) {
   const box = LINES;
   const steps = model.unionSteps(entries.map(({series}) => series.steps));
-  const first = steps[0];
-  const last = steps[steps.length - 1];
-  const xOf = (s) => box.left + (last > first ? (s - first) / (last - first) : 0.5) * box.plotWidth;
+  const {first, last, xOf} = charts.stepScale(box, steps);
   const yOf = (fraction) => box.top + box.plotHeight * (1 - fraction);
   const chart = charts.chartFrame(box, {className: 'lines', label: 'share of exact zeros over steps'});
   charts.valueAxis(chart, box, {ticks: [0, 0.25, 0.5, 0.75, 1], max: 1, yOf, label: (tick) => `${tick * 100} %`});

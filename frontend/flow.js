@@ -159,23 +159,15 @@ function panel(chart, geometry, place, role, lines) {
   }});
   chart.append(group);
   const box = {left: LEFT, plotRight: geometry.plotRight};
-  const logY = (value) => (value === 0 ? place.zeroY : place.bottom - flowmodel.logPosition(value, range) * LOG_HEIGHT);
+  const logY = charts.logScale(range, {bottom: place.bottom, height: LOG_HEIGHT, zeroY: place.zeroY});
   const zerosY = (fraction) => place.zerosBottom - fraction * ZEROS_HEIGHT;
   group.append(svg('text', {className: 'panel-title', text: `${captions.ROLE_TITLES[role]}: RMS and max |value|`,
     attrs: {x: LEFT, y: place.titleY}}));
-  if (range) {
-    charts.valueAxis(group, box, {ticks: flowmodel.decadeTicks(range).map((e) => 10 ** e), max: 10 ** range.high,
-      yOf: logY, label: model.edgeLabel});
-  } else {
+  if (!range) {
     group.append(svg('text', {className: 'empty-text', text: 'no non-zero finite value',
       attrs: {x: (LEFT + geometry.plotRight) / 2, y: (place.top + place.bottom) / 2, 'text-anchor': 'middle'}}));
   }
-  if (zeros) {
-    group.append(
-      svg('line', {className: 'zero-line', attrs: {x1: LEFT, x2: geometry.plotRight, y1: place.zeroY, y2: place.zeroY}}),
-      svg('text', {className: 'tick', text: '0', attrs: {x: LEFT - 4, y: place.zeroY + 3, 'text-anchor': 'end'}}),
-    );
-  }
+  charts.logAxis(group, box, {range, yOf: logY, zeroY: place.zeroY, zeros});
   charts.valueAxis(group, box, {ticks: [0, 1], max: 1, yOf: zerosY, label: (tick) => `${tick * 100} %`});
   group.append(svg('text', {className: 'strip-title', text: 'exact zeros',
     attrs: {x: geometry.plotRight, y: place.zerosTop - 2, 'text-anchor': 'end'}}));
@@ -225,19 +217,11 @@ function updatePanel(chart, geometry, place, lines) {
   }});
   chart.append(group);
   const box = {left: LEFT, plotRight: geometry.plotRight};
-  const height = place.bottom - place.top;
-  const logY = (value) => (value === 0 ? place.zeroY : place.bottom - flowmodel.logPosition(value, range) * height);
+  const logY = charts.logScale(range, {bottom: place.bottom, height: place.bottom - place.top, zeroY: place.zeroY});
   group.append(svg('text', {className: 'panel-title',
     text: 'Weight update ratio |Δw| / |w| since the previous log event (each layer\'s weights as one vector)',
     attrs: {x: LEFT, y: place.titleY}}));
-  charts.valueAxis(group, box, {ticks: flowmodel.decadeTicks(range, 4).map((e) => 10 ** e), max: 10 ** range.high,
-    yOf: logY, label: model.edgeLabel});
-  if (zeros) {
-    group.append(
-      svg('line', {className: 'zero-line', attrs: {x1: LEFT, x2: geometry.plotRight, y1: place.zeroY, y2: place.zeroY}}),
-      svg('text', {className: 'tick', text: '0', attrs: {x: LEFT - 4, y: place.zeroY + 3, 'text-anchor': 'end'}}),
-    );
-  }
+  charts.logAxis(group, box, {range, yOf: logY, zeroY: place.zeroY, zeros, maxTicks: 4});
   if (!lists.some((values) => values.some((value) => value !== null))) {
     group.append(svg('text', {className: 'empty-text', text: 'no update at or before this step: '
       + 'the first comes with the second log event',
@@ -246,8 +230,7 @@ function updatePanel(chart, geometry, place, lines) {
   for (const line of [...lines].sort((a, b) => b.pin - a.pin || b.series - a.series)) {
     draw(group, geometry, line, line.ratios, UPDATE_ROLE, 'update_ratio', flowmodel.drawableOnLogPanel, logY);
   }
-  charts.guideLine(group, box, {y: logY(model.UPDATE_RATIO_GUIDE), label: '10⁻³: usual size',
-    title: captions.UPDATE_RATIO_NOTE});
+  charts.updateRatioGuide(group, box, logY);
 }
 
 /** The vanishing and exploding thresholds of the view's run at the slider's step, where the axis reaches them. */

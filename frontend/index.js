@@ -6,53 +6,21 @@ import * as compare from './compare.js';
 import * as flow from './flow.js';
 import * as flowmodel from './flowmodel.js';
 import {connectToHost, followHost} from './host.js';
+import * as layout from './layout.js';
 import * as model from './model.js';
 import {RoutingMapView} from './routemap.js';
 import {fetchRoutingMap} from './routemapmodel.js';
 import * as views from './views.js';
+import * as weightsview from './weightsview.js';
 
 // Dragging the slider fires many input events; /step is fetched once it rests.
 const STEP_VIEWS_DELAY_MS = 150;
 
 export async function render() {
-  addStylesheets();
-  followHostTheme();
-  const app = new App(views.createLayout(document.body), connectToHost(window));
+  layout.addStylesheets();
+  layout.followHostTheme();
+  const app = new App(layout.createLayout(document.body), connectToHost(window));
   await app.start();
-}
-
-// One stylesheet per part of the page, in cascade order.
-const STYLESHEETS = ['style.css', 'charts.css', 'compare.css', 'flow.css', 'routemap.css'];
-
-function addStylesheets() {
-  // Resolved against this module, not the document, whose base is plugin/gradviz/.
-  document.head.append(...STYLESHEETS.map((name) => {
-    const link = document.createElement('link');
-    link.rel = 'stylesheet';
-    link.href = new URL(`./${name}`, import.meta.url).href;
-    return link;
-  }));
-}
-
-/**
- * Mirrors TensorBoard's dark mode (a class on the host page's body) onto this
- * document. Outside TensorBoard the stylesheet follows prefers-color-scheme.
- */
-function followHostTheme() {
-  let hostBody = null;
-  try {
-    hostBody = window.parent !== window ? window.parent.document.body : null;
-  } catch {
-    return; // A cross-origin parent is not TensorBoard.
-  }
-  if (!hostBody) return;
-  const apply = () => {
-    const dark = hostBody.classList.contains('dark-mode');
-    document.documentElement.classList.toggle('dark-mode', dark);
-    document.documentElement.classList.toggle('light-mode', !dark);
-  };
-  apply();
-  new MutationObserver(apply).observe(hostBody, {attributes: true, attributeFilter: ['class']});
 }
 
 // ------------------------------------------------------------ the tab
@@ -70,7 +38,7 @@ class App {
     // At the last step, a reload that brings new steps moves on to the new last one.
     this.followLatest = true;
     this.tensors = []; // {info, series} of the selected layer's own tensors
-    this.weights = []; // per weight of the selected layer (weights=True): views.renderWeights' entries
+    this.weights = []; // per weight of the selected layer (weights=True): weightsview.renderWeights' entries
     this.routing = null;
     this.compareRun = undefined; // undefined: not chosen yet; null: "(none)" chosen
     this.compareTensor = null;
@@ -145,7 +113,7 @@ class App {
   }
 
   fail(error) {
-    views.showStatus(this.ui.status, `Could not load data: ${error.message}`, true);
+    layout.showStatus(this.ui.status, `Could not load data: ${error.message}`, true);
   }
 
   async loadRuns() {
@@ -159,15 +127,15 @@ class App {
     }
     if (generation !== this.generation) return;
     this.runs = model.visibleRuns(runs, this.hostRuns);
-    views.setOptions(this.ui.runSelect, this.runs.map(({run}) => ({value: run})), this.run);
+    layout.setOptions(this.ui.runSelect, this.runs.map(({run}) => ({value: run})), this.run);
     if (this.runs.length === 0) {
       this.run = null;
-      views.showStatus(this.ui.status, runs.length
+      layout.showStatus(this.ui.status, runs.length
         ? 'None of the runs selected in TensorBoard has GradViz data.'
         : 'No GradViz data yet. Log some with tb_gradviz.GradVizCallback, then reload.');
       return;
     }
-    views.showStatus(this.ui.status, '');
+    layout.showStatus(this.ui.status, '');
     const keep = this.runs.some(({run}) => run === this.run);
     await this.selectRun(keep ? this.run : this.runs[0].run);
   }
@@ -178,7 +146,7 @@ class App {
     this.ui.runSelect.value = run;
     this.setFlowOptions();
     const layers = this.runs.find((entry) => entry.run === run)?.layers ?? [];
-    views.setOptions(this.ui.layerSelect,
+    layout.setOptions(this.ui.layerSelect,
       layers.map((layer) => ({value: layer.layer, label: `${layer.layer} (${layer.layer_class ?? '?'})`})),
       this.layer?.layer);
     const keep = layers.find((layer) => layer.layer === this.layer?.layer);
@@ -207,7 +175,7 @@ class App {
       return;
     }
     if (generation !== this.generation) return;
-    views.showStatus(this.ui.status, '');
+    layout.showStatus(this.ui.status, '');
     this.layer = layer;
     this.tensors = tensors;
     this.weights = weights;
@@ -265,7 +233,7 @@ class App {
     const {ui, step} = this;
     views.renderLayerTitle(ui.layerTitle, this.layer, step);
     views.renderPanels(ui.panels, this.layer, this.tensors, {step, logarithmic: ui.logToggle.checked});
-    views.renderWeights(ui.weights, this.layer, this.weights, {step, logarithmic: ui.logToggle.checked});
+    weightsview.renderWeights(ui.weights, this.layer, this.weights, {step, logarithmic: ui.logToggle.checked});
     const routing = this.routing && model.routingAt(this.routing, step);
     views.renderAside(ui.aside, this.layer, routing);
     views.renderHeatmaps(ui.heatmaps, this.layer, this.tensors, step);
@@ -302,7 +270,7 @@ class App {
   setFlowOptions() {
     const others = this.runs.filter(({run}) => run !== this.run).map(({run}) => ({value: run}));
     if (!others.some(({value}) => value === this.flowRun)) this.flowRun = null;
-    views.setOptions(this.ui.flowRunSelect, [{value: '', label: '(none)'}, ...others], this.flowRun ?? '');
+    layout.setOptions(this.ui.flowRunSelect, [{value: '', label: '(none)'}, ...others], this.flowRun ?? '');
   }
 
   setKeptSteps(steps, load = true) {
@@ -375,14 +343,14 @@ class App {
       const first = own.find(({role}) => role === 'input_gradient') ?? own[0] ?? layer.tensors[0];
       this.compareTensor = first?.tensor ?? null;
     }
-    views.setOptions(ui.compareTensorSelect, tensors, this.compareTensor);
+    layout.setOptions(ui.compareTensorSelect, tensors, this.compareTensor);
     const others = this.runs.filter(({run, layers}) => run !== this.run && layers.some((entry) =>
       entry.layer === layer.layer && entry.tensors.some(({tensor}) => tensor === this.compareTensor)));
     const offered = others.some(({run}) => run === this.compareRun);
     if (this.compareRun === undefined || (this.compareRun !== null && !offered)) {
       this.compareRun = others[0]?.run ?? undefined;
     }
-    views.setOptions(ui.compareRunSelect,
+    layout.setOptions(ui.compareRunSelect,
       [{value: '', label: '(none)'}, ...others.map(({run}) => ({value: run}))], this.compareRun ?? '');
   }
 
