@@ -85,8 +85,10 @@ export function renderFlow(container, {slots, lines, currentLayer, width, onSele
   if (updates) updatePanel(chart, geometry, geometry.updatePanel, drawn);
   layerLabels(chart, geometry, labels, slots, currentSlot);
 
-  container.replaceChildren(legend(drawn), html('div', {className: 'flow-scroll'}, [chart]),
-    updates ? html('p', {className: 'hint flow-update-note', text: captions.UPDATE_RATIO_NOTE}) : null);
+  const parts = [legend(drawn), html('div', {className: 'flow-scroll'}, [chart])];
+  // Only with update ratios: replaceChildren would write a null as the text "null".
+  if (updates) parts.push(html('p', {className: 'hint flow-update-note', text: captions.UPDATE_RATIO_NOTE}));
+  container.replaceChildren(...parts);
 }
 
 /** Where everything goes, top to bottom: `roleCount` role panels, then the update-ratio panel if `updates`. */

@@ -235,6 +235,28 @@ def _check_grid_badges(frame, snapshot):
             assert title.endswith(f"{rules[flag]}\n{served['detail']}"), title
 
 
+def test_no_stray_null_under_the_gradient_flow_of_a_run_without_weights(page, tensorboard):
+    """A run logged without weights has no update-ratio note under its chart: nothing, no "null"."""
+    frame = page.frame_locator(PLUGIN_FRAME)
+    frame.get_by_label("Run", exact=True).select_option(BIG_RUN)
+    assert _flow_children(page, BIG_RUN) == ["UL", "DIV"]
+    assert "null" not in frame.locator(".flow-section").inner_text()
+    # The demo's plain CNNs log their weights: the note is there.
+    frame.get_by_label("Run", exact=True).select_option(RELU_RUN)
+    assert _flow_children(page, RELU_RUN) == ["UL", "DIV", "P"]
+
+
+def _flow_children(page, run):
+    """What the flow's box holds once it draws `run`: tag names, and any text as `text:…`."""
+    return read_when_ready(
+        page,
+        ".flow-container",
+        """box => [...box.childNodes].map((node) =>
+          node.nodeType === Node.ELEMENT_NODE ? node.tagName : `text:${node.textContent}`)""",
+        has=f'.flow-point[data-run="{run}"]',
+    )
+
+
 def _timed(action, done):
     start = time.perf_counter()
     action()
