@@ -33,32 +33,6 @@ export function mapStepFor(steps, step) {
 
 // ------------------------------------------------------------ geometry
 
-/**
- * Per axis (rows, then columns) the pool's `kernel`, `stride`, the padding
- * `before` the first position and the window `count`, as the server cuts
- * windows (a 1D pool is one row; a global pool is one window over the map).
- */
-export function poolAxes(pooling, map) {
-  const sizes = [map.height, map.width];
-  if (pooling.global) return sizes.map((n) => ({kernel: n, stride: n, before: 0, count: 1}));
-  // A 3D pool's map is one depth slice (the server's `depth`): its rows and columns.
-  let kernel = pooling.pool_size.slice(-2);
-  let stride = (pooling.strides ?? pooling.pool_size).slice(-2);
-  if (kernel.length === 1) {
-    kernel = [1, kernel[0]];
-    stride = [1, stride[0]];
-  }
-  return sizes.map((n, axis) => {
-    const k = kernel[axis];
-    const s = stride[axis];
-    if (pooling.padding === 'same') {
-      const count = Math.ceil(n / s);
-      return {kernel: k, stride: s, before: Math.max((count - 1) * s + k - n, 0) >> 1, count};
-    }
-    return {kernel: k, stride: s, before: 0, count: Math.floor((n - k) / s) + 1};
-  });
-}
-
 /** The windows `[first, last]` of an axis that hold input position `p` (first > last: none). */
 export function coveringWindows(axis, p) {
   const first = Math.max(0, Math.ceil((p + axis.before - axis.kernel + 1) / axis.stride));
@@ -67,13 +41,15 @@ export function coveringWindows(axis, p) {
 }
 
 /**
- * Where the served windows lie on the crop. `rects[k]` is window k of the
- * answer (row-major over the window range): its window indices `row`, `col`
- * and its rectangle in crop cells (`top`, `left`, `height`, `width`), which
- * may reach past the crop or the map (padding).
+ * Where the served windows lie on the crop. `axes` are the answer's rows and
+ * columns as the server cuts them (`kernel`, `stride`, padding `before` the
+ * first position, window `count`). `rects[k]` is window k of the answer
+ * (row-major over the window range): its window indices `row`, `col` and its
+ * rectangle in crop cells (`top`, `left`, `height`, `width`), which may reach
+ * past the crop or the map (padding).
  */
 export function mapLayout(answer) {
-  const axes = poolAxes(answer.pooling, answer.map);
+  const axes = [answer.axes.rows, answer.axes.cols];
   const {crop, windows} = answer;
   const rects = [];
   for (let i = 0; i < windows.rows; i++) {

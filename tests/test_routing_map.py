@@ -268,6 +268,9 @@ def test_routing_map_route_and_export(tmp_path, capsys):
     body = gradviz.routing_map_impl(ctx, experiment, "run", "pool", 5)
     assert body["steps"] == [3, 7] and body["step"] == 3 and len(body["channels"]) == 2
     assert body["pooling"]["type"] == "max" and body["backend"] == "tensorflow"
+    # The window geometry the tab draws is served, not computed again in the browser.
+    halves = {"kernel": 2, "stride": 2, "before": 0, "count": 2}
+    assert body["axes"] == {"rows": halves, "cols": halves}
     from tensorboard import errors
 
     for args in (("run", "head", None), ("run", "pool", 2), ("nope", "pool", None)):
@@ -281,6 +284,49 @@ def test_routing_map_route_and_export(tmp_path, capsys):
         mapped["maps"][-1]["channels"]
         == gradviz.routing_map_impl(ctx, experiment, "run", "pool")["channels"]
     )
+
+
+def test_window_axes_of_valid_same_global_and_1d_pools():
+    """The window geometry `/routing_map` serves (`axes`) for each kind of pool."""
+    # ResNet50's pool1_pool at 64 px: a 34x34 input (ZeroPadding2D(1) of 32x32), 3x3, stride 2.
+    resnet = {"global": False, "pool_size": [3, 3], "strides": [2, 2], "padding": "valid"}
+    flat = {"kernel": 1, "stride": 1, "before": 0, "count": 1}
+    sixteen = {"kernel": 3, "stride": 2, "before": 0, "count": 16}
+    assert routing_map.window_axes(resnet, 1, 34, 34) == [flat, sixteen, sixteen]
+    # At 224 px: 114x114 (the 112x112 map, padded), 56 windows a side.
+    assert routing_map.window_axes(resnet, 1, 114, 114)[1]["count"] == 56
+    same = {**resnet, "padding": "same"}
+    assert routing_map.window_axes(same, 1, 5, 5)[1] == {
+        "kernel": 3,
+        "stride": 2,
+        "before": 1,
+        "count": 3,
+    }
+    assert routing_map.window_axes({**same, "pool_size": [2, 2]}, 1, 5, 5)[1] == {
+        "kernel": 2,
+        "stride": 2,
+        "before": 0,
+        "count": 3,
+    }
+    whole = {"global": True, "pool_size": None, "strides": None, "padding": "valid"}
+    assert routing_map.window_axes(whole, 1, 2, 7) == [
+        flat,
+        {"kernel": 2, "stride": 2, "before": 0, "count": 1},
+        {"kernel": 7, "stride": 7, "before": 0, "count": 1},
+    ]
+    one_d = {**resnet, "pool_size": [2], "strides": [2]}
+    assert routing_map.window_axes(one_d, 1, 1, 9) == [
+        flat,
+        flat,
+        {"kernel": 2, "stride": 2, "before": 0, "count": 4},
+    ]
+    cube = {**resnet, "pool_size": [2, 2, 2], "strides": [2, 2, 2]}
+    assert routing_map.window_axes(cube, 4, 6, 6)[0] == {
+        "kernel": 2,
+        "stride": 2,
+        "before": 0,
+        "count": 2,
+    }
 
 
 def test_a_global_pool_larger_than_the_budget_is_cropped_around_its_centre(tmp_path):

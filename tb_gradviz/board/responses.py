@@ -293,6 +293,21 @@ def updates_body(run, layer, series_by_weight):
     return {"run": run, "layer": layer, "weights": weights}
 
 
+def _map_axes(content):
+    """How the pool cuts the map's rows and columns into windows; None if the metadata lacks it."""
+    depth = content.get("depth")
+    try:
+        _, rows, cols = routing_map.window_axes(
+            content["pooling"],
+            depth["size"] if isinstance(depth, dict) else 1,
+            content["map"]["height"],
+            content["map"]["width"],
+        )
+    except (KeyError, TypeError, ValueError):
+        return None
+    return {"rows": rows, "cols": cols}
+
+
 def routing_map_body(run, content, series, limit):
     """The `/routing_map` body: a pooling layer's routing map at its latest step `<= limit`, or None if none.
 
@@ -320,6 +335,7 @@ def routing_map_body(run, content, series, limit):
         "map": content["map"],
         "crop": content["crop"],
         "windows": content["windows"],
+        "axes": _map_axes(content),
         "steps": steps,
         "step": step,
         "channels": [routing_map.decode(row, content) for row in array],

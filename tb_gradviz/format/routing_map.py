@@ -101,20 +101,38 @@ def same_padding(n, k, s):
     return count, total // 2, total - total // 2
 
 
-def _geometry(pooling, depth, height, width):
-    """Per axis `(first input position of each window, its size)`: depth, rows, columns."""
+def window_axes(pooling, depth, height, width):
+    """How a pool cuts windows along depth, rows and columns of a `depth x height x width` input.
+
+    Returns:
+      Per axis a dict: `kernel` and `stride` (input positions), `before` (the
+      padding before the first position) and `count` (windows). A 2D pool has
+      `kernel` 1 along depth, a 1D pool along depth and rows; a global pool is
+      one window over each axis.
+    """
+    sizes = (depth, height, width)
     if pooling["global"]:
-        return [(np.zeros(1, np.int64), n) for n in (depth, height, width)]
-    sizes, strides = list(pooling["pool_size"]), list(pooling["strides"])
-    sizes, strides = [1] * (3 - len(sizes)) + sizes, [1] * (3 - len(strides)) + strides
+        return [{"kernel": n, "stride": n, "before": 0, "count": 1} for n in sizes]
+    kernels, strides = list(pooling["pool_size"]), list(pooling["strides"])
+    kernels, strides = [1] * (3 - len(kernels)) + kernels, [1] * (3 - len(strides)) + strides
     axes = []
-    for n, k, s in zip((depth, height, width), sizes, strides):
+    for n, k, s in zip(sizes, kernels, strides):
         if pooling["padding"] == "same":
             count, before, _ = same_padding(n, k, s)
         else:
             count, before = (n - k) // s + 1, 0
-        axes.append((np.arange(count) * s - before, k))
+        axes.append(
+            {"kernel": int(k), "stride": int(s), "before": int(before), "count": int(count)}
+        )
     return axes
+
+
+def _geometry(pooling, depth, height, width):
+    """Per axis `(first input position of each window, its size)`: depth, rows, columns."""
+    return [
+        (np.arange(axis["count"]) * axis["stride"] - axis["before"], axis["kernel"])
+        for axis in window_axes(pooling, depth, height, width)
+    ]
 
 
 def _crop(starts, size, n, budget_windows, origin):

@@ -53,26 +53,21 @@ test('the map step follows the tab\'s step: the latest at or before it, else the
   assert.equal(routemap.mapStepFor([2, 4], 99), 4);
 });
 
-test('pool geometry: valid, same (padding before the first window), global and 1D', () => {
-  // ResNet50's pool1_pool at 64 px: a 34x34 input (ZeroPadding2D(1) of 32x32), 3x3, stride 2, valid.
-  const resnet = {type: 'max', global: false, pool_size: [3, 3], strides: [2, 2], padding: 'valid'};
-  assert.deepEqual(routemap.poolAxes(resnet, {height: 34, width: 34}),
-    [{kernel: 3, stride: 2, before: 0, count: 16}, {kernel: 3, stride: 2, before: 0, count: 16}]);
-  // At 224 px: 114x114 (the 112x112 map, padded), 56 windows a side.
-  assert.equal(routemap.poolAxes(resnet, {height: 114, width: 114})[0].count, 56);
-  const same = {...resnet, padding: 'same'};
-  assert.deepEqual(routemap.poolAxes(same, {height: 5, width: 5})[0], {kernel: 3, stride: 2, before: 1, count: 3});
-  assert.deepEqual(routemap.poolAxes({...same, pool_size: [2, 2]}, {height: 5, width: 5})[0],
-    {kernel: 2, stride: 2, before: 0, count: 3});
-  assert.deepEqual(routemap.poolAxes({type: 'average', global: true, pool_size: null, strides: null, padding: 'valid'},
-    {height: 2, width: 7}), [{kernel: 2, stride: 2, before: 0, count: 1}, {kernel: 7, stride: 7, before: 0, count: 1}]);
-  assert.deepEqual(routemap.poolAxes({...resnet, pool_size: [2], strides: [2]}, {height: 1, width: 9}),
-    [{kernel: 1, stride: 1, before: 0, count: 1}, {kernel: 2, stride: 2, before: 0, count: 4}]);
-  const axis = routemap.poolAxes(resnet, {height: 34, width: 34})[0];
+test('the windows are cut as the server serves them: every served window lies in its axes\' range', () => {
+  // ResNet50's pool1_pool at 64 px: a 34x34 input, 3x3 windows, stride 2, valid: 16 a side.
+  const axis = {kernel: 3, stride: 2, before: 0, count: 16};
   assert.deepEqual(routemap.coveringWindows(axis, 0), [0, 0]);
   assert.deepEqual(routemap.coveringWindows(axis, 2), [0, 1]); // the shared row of windows 0 and 1
   assert.deepEqual(routemap.coveringWindows(axis, 32), [15, 15]);
   assert.deepEqual(routemap.coveringWindows(axis, 33), [16, 15]); // no window reaches the last row
+  // SAME padding: the first window starts one position before the map.
+  assert.deepEqual(routemap.coveringWindows({kernel: 3, stride: 2, before: 1, count: 3}, 0), [0, 0]);
+  for (const map of maps()) {
+    const layout = routemap.mapLayout(map);
+    assert.deepEqual(layout.axes, [map.axes.rows, map.axes.cols]);
+    assert.ok(map.windows.row + map.windows.rows <= map.axes.rows.count, `${map.run} ${map.layer}`);
+    assert.ok(map.windows.col + map.windows.cols <= map.axes.cols.count, `${map.run} ${map.layer}`);
+  }
 });
 
 test('every window holds its served winner, the first maximum of the window in raster order', () => {
