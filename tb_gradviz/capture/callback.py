@@ -7,6 +7,7 @@ import keras
 import numpy as np
 
 from tb_gradviz.capture import probe, selection
+from tb_gradviz.capture import budget as budget_module
 from tb_gradviz.capture import weights as weights_module
 from tb_gradviz.format import events, metadata, records, storage
 from tb_gradviz.format import routing_map as routing_map_module
@@ -79,6 +80,13 @@ class GradVizCallback(keras.callbacks.Callback):
         second log event on the update size `|w - w_previous| / |w|` since the
         previous one (`weights.Updates`: it keeps one copy of those weights).
         Keras 2's `TensorBoard(write_grads=True)`, for Keras 3. Off by default.
+      budget: None, or the share of training time logging may take (e.g.
+        0.02): the callback times its log events against the training time
+        between them and logs every whole multiple of the asked interval
+        that keeps the share within it, never more often than asked
+        (`budget.Budget`). Each log event records the interval used and the
+        measured share. Without a budget, a warning says once when logging
+        passes 10 % of training time.
 
     Raises:
       ValueError, TypeError: an argument is invalid; the message says what
@@ -101,6 +109,7 @@ class GradVizCallback(keras.callbacks.Callback):
         routing_map_channels=None,
         routing_map_origin=None,
         weights=False,
+        budget=None,
     ):
         super().__init__()
         # A URL is only parsed here, without touching the network: a store's
@@ -149,6 +158,7 @@ class GradVizCallback(keras.callbacks.Callback):
         self._capture = None
         self._updates = None
         self._logged_multiple = 0
+        self._budget = budget_module.Budget(budget)
 
     @property
     def chosen_layers(self):
@@ -157,6 +167,7 @@ class GradVizCallback(keras.callbacks.Callback):
 
     def on_train_begin(self, logs=None):
         self._build()
+        self._budget.begin_fit()
         if self.every_n_batches is not None:
             # Keras calls the batch hook once per `steps_per_execution` steps, so
             # the step is compared with the last multiple of N logged, not tested
@@ -195,14 +206,18 @@ class GradVizCallback(keras.callbacks.Callback):
             self._updates = weights_module.Updates() if self.weights else None
 
     def on_epoch_end(self, epoch, logs=None):
-        if self.every_n_epochs is not None and (epoch + 1) % self.every_n_epochs == 0:
+        if (
+            self.every_n_epochs is not None
+            and (epoch + 1) % self._budget.interval(self.every_n_epochs) == 0
+        ):
             self.log_now()
 
     def _on_train_batch_end(self, batch, logs=None):
-        multiple = self._step() // self.every_n_batches
+        multiple = self._step() // self._budget.interval(self.every_n_batches)
         if multiple > self._logged_multiple:
-            self._logged_multiple = multiple
             self.log_now()
+            # In multiples of the interval the budget decided at this log event.
+            self._logged_multiple = self._step() // self._budget.interval(self.every_n_batches)
 
     def on_train_end(self, logs=None):
         self._log.close()
@@ -231,12 +246,15 @@ class GradVizCallback(keras.callbacks.Callback):
                 self._capture.run(x, y, sample_weight)
                 self._capture.take_host_weights()
             return
+        self._budget.log_started()
         written, skipped = self._capture.run(x, y, sample_weight)
         host_weights = self._capture.take_host_weights()
         probe.warn_skipped(skipped)
         step = self._step() if step is None else _check_step(step)
         if self._updates is not None:
             written += self._updates.records(self._capture.plans, step, host_weights)
+        self._budget.log_ended()
+        written += self._budget.records(self.every_n_batches or self.every_n_epochs or 0)
         self._log.write(step, written)
         if self.stop_on_nonfinite:
             nonfinite = [

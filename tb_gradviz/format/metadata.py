@@ -26,9 +26,20 @@ KIND_ROUTING_MAP = "routing_map"
 KIND_UPDATE = "update"
 # Per recorded tensor, what casts to narrow formats do (`records.PRECISION_FIELDS`).
 KIND_PRECISION = "precision"
-# The per-event digest (`digest`), written under its own plugin name.
+# The per-event digest (`digest`) and the cost budget's record (`capture.budget`),
+# written under the digest's plugin name.
 KIND_DIGEST = "digest"
-KINDS = (KIND_TENSOR, KIND_ROUTING, KIND_UNITS, KIND_ROUTING_MAP, KIND_UPDATE, KIND_PRECISION, KIND_DIGEST)
+KIND_BUDGET = "budget"
+KINDS = (
+    KIND_TENSOR,
+    KIND_ROUTING,
+    KIND_UNITS,
+    KIND_ROUTING_MAP,
+    KIND_UPDATE,
+    KIND_PRECISION,
+    KIND_DIGEST,
+    KIND_BUDGET,
+)
 
 
 class NewerVersionError(ValueError):
@@ -122,6 +133,9 @@ def _is_shape(value):
 
 def _valid_content(content):
     """Whether parsed metadata has the fields, of the types, readers rely on (absent optional ones allowed)."""
+    if content["kind"] == KIND_BUDGET:
+        fields = content.get("fields")
+        return isinstance(fields, list) and all(map(_is_str, fields))
     if content["kind"] == KIND_DIGEST:
         rows = content.get("rows")
         return isinstance(rows, list) and all(
