@@ -311,14 +311,15 @@ def _map_axes(content):
 def routing_map_body(run, content, series, limit):
     """The `/routing_map` body: a pooling layer's routing map at its latest step `<= limit`, or None if none.
 
-    Rows whose size is not the one the metadata gives (a later fit with other
-    settings) are left out.
+    Records whose size is not the one the metadata gives (a later fit with
+    other settings), or with a malformed row (`routing_map.valid_rows`), are
+    left out.
     """
     values = content.get("values")
     rows = [
         (int(step), array)
         for step, array in zip(series.steps.tolist(), series.values)
-        if array.shape[1] == values
+        if array.shape[1] == values and routing_map.valid_rows(array, content).all()
     ]
     steps = [step for step, _ in rows]
     at = [entry for entry in rows if entry[0] <= limit]

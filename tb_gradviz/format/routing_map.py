@@ -320,8 +320,33 @@ def record(pooling, inputs, input_gradient, output_gradient, cut, settings):
     ).astype(np.float32)
 
 
+def valid_rows(array, cut):
+    """Which channel rows of a routing map record (`[channels, values]`) hold whole counts.
+
+    A row is malformed, as a row of another record layout whose counts are
+    not whole, non-negative numbers, when its channel is not a whole number
+    >= 0, a winner not a whole number >= -1, or a tie mark not 0, 1 or NaN.
+    """
+    crop, windows = cut["crop"], cut["windows"]
+    cells, count = crop["height"] * crop["width"], windows["rows"] * windows["cols"]
+    array = np.asarray(array, dtype=np.float64)
+    if array.ndim != 2 or array.shape[1] != 1 + 2 * cells + 3 * count:
+        return np.zeros(len(array), bool)
+    channel = array[:, 0]
+    winner = array[:, 1 + 2 * cells : 1 + 2 * cells + count]
+    tied = array[:, 1 + 2 * cells + count : 1 + 2 * cells + 2 * count]
+    with np.errstate(invalid="ignore"):
+        whole_channel = np.isfinite(channel) & (channel >= 0) & (channel == np.floor(channel))
+        whole_winner = np.isfinite(winner) & (winner >= -1) & (winner == np.floor(winner))
+        marked = np.isnan(tied) | (tied == 0) | (tied == 1)
+    return whole_channel & whole_winner.all(axis=1) & marked.all(axis=1)
+
+
 def decode(row, cut):
-    """One channel row of a routing map as a dict of lists (for the API and `export`)."""
+    """One channel row of a routing map as a dict of lists (for the API and `export`).
+
+    The row must be one that `valid_rows` accepts.
+    """
     crop, windows = cut["crop"], cut["windows"]
     cells, count = crop["height"] * crop["width"], windows["rows"] * windows["cols"]
     row = np.asarray(row, dtype=np.float64)
