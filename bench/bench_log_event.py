@@ -13,7 +13,7 @@ scaled by layers / sample; `baseline_layers_timed` says how many ran).
 
 Examples:
   python bench/bench_log_event.py --model resnet50 --layers pool
-  python bench/bench_log_event.py --model resnet50 --layers all --summary current,previous,null
+  python bench/bench_log_event.py --model resnet50 --layers all --summary current,device,null
   python bench/bench_log_event.py --model resnet50 --scaling layers
   python bench/bench_log_event.py --model resnet50 --scaling batch
 """

@@ -16,10 +16,9 @@ keras = pytest.importorskip("keras")
 
 import eventdata  # noqa: E402
 from autodiff import BACKEND, gradients, numpy, tracing_count  # noqa: E402
-from values import awkward_rows  # noqa: E402
 
 from tb_gradviz import GradVizCallback  # noqa: E402
-from tb_gradviz.format import digest, records, routing_map, summaries  # noqa: E402
+from tb_gradviz.format import digest, records, routing_map  # noqa: E402
 
 layers = keras.layers
 
@@ -586,58 +585,6 @@ def test_under_keras_distribution_the_probe_runs_on_one_device_with_the_same_rec
     plain, distributed = result.stdout.strip().split("\n")[-2:]
     assert plain == "2 1 ['cpu:0']"
     assert distributed == "2 2 ['cpu:0']"  # the model lives on both devices, the probe ran on one
-
-
-@pytest.mark.skipif(
-    BACKEND == "tensorflow", reason="TensorFlow's device statistics: tests/test_capture.py"
-)
-@pytest.mark.parametrize("dtype", ["float32", "float16", "float64"])
-@pytest.mark.parametrize("divisor", [None, 1024.0])
-def test_device_statistics_equal_the_numpy_definition(dtype, divisor):
-    import importlib
-
-    from tb_gradviz.capture import assemble
-
-    backend = importlib.import_module(f"tb_gradviz.capture.backends.{BACKEND}")
-    rng = np.random.default_rng(5)
-    with np.errstate(over="ignore"):  # float16: 3e38 and 1e6 become inf, as intended
-        rows = [r.astype(dtype) for r in awkward_rows(rng, 4 * 9 * 9)]
-    finite_only = [r for r in rows if np.isfinite(r).all()]
-    for group in (rows, finite_only):
-        if BACKEND == "jax":
-            import jax
-
-            with jax.enable_x64(True):
-                sums, linear, magnitude = (
-                    np.asarray(a) for a in backend._group_sums(np.stack(group), divisor)
-                )
-        else:
-            sums, linear, magnitude = (
-                t.numpy()
-                for t in backend._group_sums(keras.ops.convert_to_tensor(np.stack(group)), divisor)
-            )
-        for r, row in enumerate(group):
-            values = row.astype(np.float64) / (divisor or 1.0)
-            histogram, stats = summaries.summary_from_sums(
-                row.size, *sums[r][:8], linear[r], magnitude[r].astype(np.float64), len(linear[r])
-            )
-            expected = summaries.stats_vector(values)
-            summed = [records.STATS_FIELDS.index(f) for f in ("mean", "std", "sum")]
-            exact = np.setdiff1d(np.arange(records.STATS_LENGTH), summed)
-            np.testing.assert_array_equal(stats[exact], expected[exact], err_msg=f"row {r}")
-            scale = np.abs(values[np.isfinite(values)]).sum()
-            np.testing.assert_allclose(
-                stats[summed], expected[summed], rtol=1e-9, atol=1e-12 * scale, err_msg=f"row {r}"
-            )
-            np.testing.assert_array_equal(
-                histogram, summaries.linear_histogram(values), err_msg=f"row {r}"
-            )
-            with np.errstate(invalid="ignore"):
-                raw = [values.sum(), np.abs(values).sum()]
-                np.testing.assert_allclose(
-                    sums[r][8:], raw, rtol=1e-9, atol=1e-12 * raw[1], equal_nan=True
-                )
-    assert assemble.DEVICE_SUMS[8:] == ("raw_sum", "raw_abs_sum")
 
 
 def test_host_and_device_statistics_give_the_same_records():

@@ -70,22 +70,22 @@ def step_records(plans, summaries, routings, skipped, units, maps=(), map_settin
     return result, list(skipped)
 
 
-# The sums each device statistics pass returns per tensor, in this order:
-# `summaries.summary_from_sums`' arguments from `zeros` to `squares`, then the
-# plain sum and the sum of magnitudes of all values (the routing record's,
-# NaN when a value is).
-DEVICE_SUMS = (
-    "zeros",
-    "nans",
-    "pos_inf",
-    "neg_inf",
-    "low",
-    "high",
-    "total",
-    "squares",
-    "raw_sum",
-    "raw_abs_sum",
-)
+def summary_of_row(row):
+    """`(histogram, stats)` of a tensor from its row of `device_statistics.tensor_rows`."""
+    return summaries.summary_from_sums(
+        n=row["count"],
+        zeros=row["zeros"],
+        nans=row["nans"],
+        pos_inf=row["pos_inf"],
+        neg_inf=row["neg_inf"],
+        low=row["low"],
+        high=row["high"],
+        total=row["total"],
+        squares=row["squares"],
+        linear=row["linear"],
+        magnitude=row["magnitude"].astype(np.float64),
+        buckets=len(row["linear"]),
+    )
 
 
 def device_records(plans, rows, routing_counts, skipped, units, maps=(), map_settings=None):
@@ -93,31 +93,33 @@ def device_records(plans, rows, routing_counts, skipped, units, maps=(), map_set
 
     Args:
       plans: the `LayerPlan`s.
-      rows: per plan tensor, in plan order, `(n, sums, linear, magnitude)`:
-        its number of elements, its `DEVICE_SUMS`, its linear bucket counts
-        and its magnitude bin counts (zeros in negative bin 0), as numpy.
-      routing_counts, skipped, units, maps, map_settings: as for `host_records`.
+      rows: per plan tensor, in plan order, its row of device statistics
+        (`device_statistics.tensor_rows`).
+      routing_counts: `(input_positions, routed_positions, windows,
+        tied_windows)` of each plan with routing, in order.
+      skipped, units, maps, map_settings: as for `host_records`.
     """
-    summaries, routings = [], []
+    tensor_summaries, routings = [], []
     rows, counts = iter(rows), iter(routing_counts)
     for plan in plans:
         by_name = {}
         for t in plan.tensors:
-            n, sums, linear, magnitude = by_name[t.name] = next(rows)
-            summaries.append(
-                summaries.summary_from_sums(
-                    n, *sums[:8], linear, magnitude.astype(np.float64), len(linear)
+            row = by_name[t.name] = next(rows)
+            tensor_summaries.append(summary_of_row(row))
+        if plan.has_routing:
+            input_row = by_name[records.INPUT_GRADIENT]
+            output_row = by_name[records.OUTPUT_GRADIENT]
+            routings.append(
+                np.array(
+                    [
+                        *map(float, next(counts)),
+                        input_row["raw_sum"],
+                        output_row["raw_sum"],
+                        output_row["raw_abs_sum"],
+                    ]
                 )
             )
-        if plan.has_routing:
-            input_sums, output_sums = (
-                by_name[records.INPUT_GRADIENT][1],
-                by_name[records.OUTPUT_GRADIENT][1],
-            )
-            routings.append(
-                np.array([*map(float, next(counts)), input_sums[8], output_sums[8], output_sums[9]])
-            )
-    return step_records(plans, summaries, routings, skipped, units, maps, map_settings)
+    return step_records(plans, tensor_summaries, routings, skipped, units, maps, map_settings)
 
 
 def host_routing(counts, input_gradient, output_gradient, divisor=None):
@@ -144,32 +146,6 @@ def host_routing(counts, input_gradient, output_gradient, divisor=None):
             ],
             dtype=np.float64,
         )
-
-
-# Device statistics summarise many tensors at once: tensors of one number of
-# elements, dtype and divisor are stacked into a `[rows, n]` matrix summarised
-# with row-wise ops. ResNet50's 544 tensors have ~20 distinct sizes, so a few
-# hundred ops run instead of ~40k, and small tensors pay no per-op overhead
-# each. A group is cut into chunks of at most this many values (one row at
-# least), so that stacking copies little and the float64 temporaries stay small.
-CHUNK_VALUES = 1 << 21
-
-
-def summary_chunks(keys):
-    """Returns how device statistics group tensors: lists of indices into `keys`.
-
-    Args:
-      keys: per tensor, `(number of elements, anything else that must match)`;
-        a number of elements of None (unknown) makes a chunk of its own.
-    """
-    groups = {}
-    for i, key in enumerate(keys):
-        groups.setdefault(key if key[0] is not None else ("unknown", i), []).append(i)
-    chunks = []
-    for key, indices in groups.items():
-        rows = max(1, CHUNK_VALUES // max(key[0], 1)) if key[0] != "unknown" else 1
-        chunks += [indices[begin : begin + rows] for begin in range(0, len(indices), rows)]
-    return chunks
 
 
 def host_summaries(items):
@@ -216,6 +192,12 @@ def numba_available():
             )
         return False
     return True
+
+
+def host_array(t):
+    """A backend's tensor as the numpy array the host kernels take (float16, bfloat16 widened)."""
+    a = np.asarray(keras.ops.convert_to_numpy(t))
+    return a if a.dtype in (np.float32, np.float64) else a.astype(np.float32)
 
 
 def host_weights(plans, arrays):

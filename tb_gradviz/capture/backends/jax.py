@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import keras
 import numpy as np
 
-from tb_gradviz.capture import assemble, probe
+from tb_gradviz.capture import assemble, device_statistics, probe
 from tb_gradviz.format import records
 
 
@@ -38,16 +38,16 @@ class LayerCapture(probe.ProbePass):
     """The probe pass of `model` on JAX. Args: as `probe.new_capture`.
 
     `statistics="host"`: the pass returns the tensors and `kernels` summarises
-    them. `"device"`: a second jitted function, in float64, summarises them
-    where they are, a group of equal-sized tensors per op (`_group_sums`),
-    and only sums and counts leave the device.
+    them. `"device"`: a second jitted function summarises them where they
+    are (`device_statistics`, grouped, two fused reads per group), and only
+    sums and counts leave the device.
     """
 
     def __init__(self, model, chosen, loss=None, training=True, statistics=None):
         super().__init__(model, chosen, loss, training, statistics, default_statistics)
         self.devices = None  # the devices the last pass ran on
         self._pass = None
-        self._chunks = None
+        self._groups = None  # how `device_statistics` groups the tensors
 
     def run(self, x, y, sample_weight=None):
         """Runs the pass; returns `(step_records, skipped_paths)` (see `assemble.step_records`)."""
@@ -82,7 +82,7 @@ class LayerCapture(probe.ProbePass):
             tensors += [*layer_activations, *input_grads, *output_grads, *weights, *weight_grads]
         counts = [tuple(np.nan if c is None else int(c) for c in layer) for layer in routing_counts]
         if self.statistics == "host":
-            arrays = [_host(t) for t in tensors]
+            arrays = [assemble.host_array(t) for t in tensors]
             self.host_weights = assemble.host_weights(self.plans, arrays)
             return assemble.host_records(
                 self.plans, arrays, divisor, counts, self._skipped, units, maps, self.map_settings
@@ -98,22 +98,19 @@ class LayerCapture(probe.ProbePass):
         )
 
     def _device_rows(self, tensors, divisor):
-        """`(n, sums, linear, magnitude)` of each tensor, computed on its device in float64."""
+        """Each tensor's row of `device_statistics`, computed where it is, in one jitted call."""
         scaled = [t.loss_scaled for plan in self.plans for t in plan.tensors]
-        if self._chunks is None:
+        if self._groups is None:
             keys = [(t.size, t.dtype, d) for t, d in zip(tensors, scaled)]
-            self._chunks = assemble.summary_chunks(keys)
-            with jax.enable_x64(True):
-                self._statistics = jax.jit(functools.partial(_chunk_sums, self._chunks, scaled))
-        with jax.enable_x64(True):
+            self._groups = device_statistics.chunks(keys)
+            self._statistics = jax.jit(
+                functools.partial(device_statistics.chunk_statistics, self._groups, scaled)
+            )
+        with jax.enable_x64(True):  # float64 sums and bucket arithmetic, as the definition's
             results = jax.device_get(
                 self._statistics(tensors, jnp.float64(divisor if divisor is not None else 1.0))
             )
-        rows = [None] * len(tensors)
-        for indices, (sums, linear, magnitude) in zip(self._chunks, results):
-            for r, i in enumerate(indices):
-                rows[i] = (tensors[i].size, sums[r], linear[r], magnitude[r])
-        return rows
+        return device_statistics.tensor_rows(self._groups, results, [t.size for t in tensors])
 
     def _plan(self, state, x, y, sample_weight, scale):
         """Finds which layers run and the shapes of their tensors; builds the jitted pass."""
@@ -250,87 +247,6 @@ class LayerCapture(probe.ProbePass):
         return activations, gradients, weight_gradients, routing_counts, units, maps
 
 
-def _chunk_sums(chunks, scaled, tensors, divisor):
-    """`_group_sums` of each chunk of `tensors` (runs jitted, with float64 enabled)."""
-    return [
-        _group_sums(
-            jnp.stack([tensors[i].reshape(-1) for i in indices]),
-            divisor if scaled[indices[0]] else None,
-        )
-        for indices in chunks
-    ]
-
-
-def _group_sums(x, divisor, buckets=records.HISTOGRAM_BUCKETS):
-    """`(sums [R, len(DEVICE_SUMS)], linear [R, buckets], magnitude [R, 2 MAGNITUDE_BINS])` of R rows.
-
-    The float64 arithmetic of `kernels`, row-wise: the bucket of a value is
-    `floor((v - low) / width)` and its magnitude bin `searchsorted(LOG_EDGES,
-    |v|, "right")`, so counts and extrema equal the definition's; the sums
-    differ only in the order of additions.
-    """
-    v = x.astype(jnp.float64)
-    if divisor is not None:
-        v = v / _unbroadcast(jnp.where(jnp.isfinite(v), v, 0.0), divisor)
-    finite = jnp.isfinite(v)
-    f = jnp.where(finite, v, 0.0)
-    n_finite = jnp.sum(finite, axis=1)
-    low = jnp.min(jnp.where(finite, v, jnp.inf), axis=1)
-    high = jnp.max(jnp.where(finite, v, -jnp.inf), axis=1)
-    total = jnp.sum(f, axis=1)
-    mean = total / jnp.maximum(n_finite, 1)
-    squares = jnp.sum(jnp.where(finite, jnp.square(v - mean[:, None]), 0.0), axis=1)
-    spread = high > low
-    width = jnp.where(spread, (high - low) / buckets, 1.0)
-    position = jnp.floor(
-        (f - jnp.where(spread, low, 0.0)[:, None]) / _unbroadcast(f, width[:, None])
-    )
-    linear = jnp.where(finite, jnp.clip(position, 0, buckets - 1), buckets).astype(jnp.int32)
-    bins = records.MAGNITUDE_BINS
-    magnitude = jnp.searchsorted(
-        jnp.asarray(records.LOG_EDGES), jnp.abs(f), side="right"
-    ) + jnp.where(f > 0, bins, 0)
-    magnitude = jnp.where(finite, magnitude, 2 * bins).astype(jnp.int32)
-    count = lambda mask: jnp.sum(mask, axis=1).astype(jnp.float64)  # noqa: E731
-    sums = jnp.stack(
-        [
-            count(v == 0),
-            count(jnp.isnan(v)),
-            count(v == jnp.inf),
-            count(v == -jnp.inf),
-            low,
-            high,
-            total,
-            squares,
-            jnp.sum(v, axis=1),
-            jnp.sum(jnp.abs(v), axis=1),
-        ],
-        axis=1,
-    )
-    return (
-        sums,
-        _row_counts(linear, buckets + 1)[:, :buckets],
-        _row_counts(magnitude, 2 * bins + 1)[:, : 2 * bins],
-    )
-
-
-def _unbroadcast(like, divisor):
-    """`divisor` at the shape of `like` (finite values), not as a broadcast.
-
-    XLA rewrites `x / broadcast(d)` into `x * broadcast(1 / d)`, which can
-    differ in the last bit and move a value across a bucket edge. `like * 0`
-    is never folded (XLA cannot know `like` is finite), so the division stays.
-    """
-    return like * 0.0 + divisor
-
-
-def _row_counts(index, length):
-    """Per-row counts of `index` (`[R, n]`, values in `[0, length)`): `[R, length]`."""
-    rows = index.shape[0]
-    flat = (index + jnp.arange(rows, dtype=jnp.int32)[:, None] * length).reshape(-1)
-    return jnp.zeros(rows * length, jnp.int32).at[flat].add(1).reshape(rows, length)
-
-
 def _same(t):
     return t
 
@@ -347,9 +263,3 @@ def _routing_counts(original_call, inputs, pooling):
     if isinstance(tied, float):  # adaptive pooling: windows vary
         tied = None
     return inputs.size, jnp.count_nonzero(routes > 0), pooled.size, tied
-
-
-def _host(t):
-    """The values as a numpy array the host kernels take (float16/bfloat16 widen exactly)."""
-    a = np.asarray(t)
-    return a if a.dtype in (np.float32, np.float64) else a.astype(np.float32)

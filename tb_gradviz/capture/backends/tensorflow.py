@@ -13,7 +13,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from tb_gradviz.capture import assemble, probe
+from tb_gradviz.capture import assemble, device_statistics, probe
 from tb_gradviz.capture.backends import tf_statistics
 from tb_gradviz.format import records
 
@@ -65,33 +65,29 @@ class LayerCapture(probe.ProbePass):
         # only in scope, and one trace must serve every call.
         with self.model.distribute_strategy.scope():
             outputs = self._probe(x, y, sample_weight)
-        outputs = [np.asarray(t) for t in outputs]  # on a CPU, no copy
-        routings = outputs[self._routing_start : self._units_start]
-        units = outputs[self._units_start : self._maps_start]
-        slices = outputs[self._maps_start :]
+        outputs = tf.nest.map_structure(np.asarray, outputs)  # on a CPU, no copy
+        slices = outputs["maps"]
         maps = [assemble.host_map(slices[i : i + 3]) for i in range(0, len(slices), 3)]
         if self.statistics == "host":
+            values = outputs["values"]
             self.host_weights = assemble.host_weights(
-                self.plans, [outputs[item] for item in self._items]
+                self.plans, [values[item] for item in self._items]
             )
-            scale = float(outputs[self._routing_start - 1]) if any(self._divided_items) else None
+            scale = float(outputs["scale"]) if "scale" in outputs else None
             summaries = assemble.host_summaries(
-                [
-                    (values, scale if divided else None)
-                    for values, divided in zip(outputs, self._divided_items)
-                ]
+                [(v, scale if divided else None) for v, divided in zip(values, self._divided_items)]
             )
         else:
-            summaries = [
-                (outputs[position][row], outputs[position + 1][row])
-                for position, row in self._group_rows
-            ]
+            rows = device_statistics.tensor_rows(
+                self._groups, outputs["statistics"], self._item_sizes
+            )
+            summaries = [assemble.summary_of_row(row) for row in rows]
         return assemble.step_records(
             self.plans,
             [summaries[item] for item in self._items],
-            routings,
+            outputs["routings"],
             self._skipped,
-            units,
+            outputs["units"],
             maps,
             self.map_settings,
         )
@@ -273,41 +269,33 @@ class LayerCapture(probe.ProbePass):
             item_of_tensor[position] = item_of_output_gradient[id(producer)]
 
         self._items = item_of_tensor  # plan tensor k is summarised item self._items[k]
+        outputs = {"routings": routings, "units": units, "maps": maps}
         if self.statistics == "host":
             # The values themselves, float16 and bfloat16 widened (exactly)
             # to what the kernel takes, then the loss scale if any divides.
-            outputs = [
+            outputs["values"] = [
                 t if t.dtype in (tf.float32, tf.float64) else tf.cast(t, tf.float32)
                 for t, _ in summarised
             ]
             self._divided_items = [divisor is not None for _, divisor in summarised]
             if any(self._divided_items):
-                outputs.append(scale)
+                outputs["scale"] = scale
         else:
-            # All tensors' statistics at once, a group of equal-sized tensors
-            # per op (see group_summary); item i is row self._group_rows[i][1]
-            # of outputs self._group_rows[i][0] (histograms) and the next (stats).
-            outputs, self._group_rows = [], [None] * len(summarised)
-            for indices, divisor in tf_statistics.summary_chunks(summarised):
-                histograms, stats = tf_statistics.group_summary(
-                    [summarised[i][0] for i in indices], divisor=divisor
-                )
-                for row, i in enumerate(indices):
-                    self._group_rows[i] = (len(outputs), row)
-                outputs += [histograms, stats]
-        self._routing_start = len(outputs)
-        outputs += routings
-        self._units_start = len(outputs)
-        outputs += units
-        self._maps_start = len(outputs)
-        outputs += maps
+            # All tensors' statistics in one XLA-compiled call (`device_statistics`).
+            tensors = [t for t, _ in summarised]
+            scaled = [divisor is not None for _, divisor in summarised]
+            self._item_sizes = [t.shape.num_elements() for t in tensors]
+            keys = [(n, t.dtype, s) for n, t, s in zip(self._item_sizes, tensors, scaled)]
+            self._groups = device_statistics.chunks(keys)
+            divisor = tf.constant(1.0, tf.float64) if scale is None else scale
+            outputs["statistics"] = tf_statistics.compiled(self._groups, scaled)(tensors, divisor)
 
         # Written after every read above: automatic control dependencies keep
         # program order for ops on the same variable.
-        with tf.control_dependencies(outputs):
+        with tf.control_dependencies(tf.nest.flatten(outputs)):
             for v, value in zip(state, saved):
                 v.assign(value)
-        return [tf.identity(t) for t in outputs]
+        return tf.nest.map_structure(tf.identity, outputs)
 
 
 def _read_variable(variable):

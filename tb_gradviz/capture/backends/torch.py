@@ -20,8 +20,7 @@ import keras
 import numpy as np
 import torch
 
-from tb_gradviz.capture import assemble, probe
-from tb_gradviz.format import records
+from tb_gradviz.capture import assemble, device_statistics, probe
 
 
 def _is_float(t):
@@ -37,9 +36,9 @@ class LayerCapture(probe.ProbePass):
     """The probe pass of `model` on PyTorch. Args: as `probe.new_capture`.
 
     `statistics="host"`: the pass hands the tensors to `kernels` on the host.
-    `"device"`: float64 ops summarise them where they are, a group of
-    equal-sized tensors per op (`_group_sums`), and only sums and counts
-    leave the device.
+    `"device"`: `device_statistics` summarises them where they are, in eager
+    ops over groups of equal-sized tensors, and only sums and counts leave
+    the device.
     """
 
     def __init__(self, model, chosen, loss=None, training=True, statistics=None):
@@ -127,7 +126,7 @@ class LayerCapture(probe.ProbePass):
                 v.assign(value)
         skipped = [c.path for c in self.chosen if not recordings[c.path].outputs]
         if self.statistics == "host":
-            arrays = [_host(t) for t in tensors]
+            arrays = [assemble.host_array(t) for t in tensors]
             self.host_weights = assemble.host_weights(self.plans, arrays)
             return assemble.host_records(
                 self.plans, arrays, scale, routing_counts, skipped, units, maps, self.map_settings
@@ -143,20 +142,15 @@ class LayerCapture(probe.ProbePass):
         )
 
     def _device_rows(self, tensors, divisor):
-        """`(n, sums, linear, magnitude)` of each tensor, computed on its device in float64."""
+        """Each tensor's row of `device_statistics`, computed where it is (eager ops)."""
         scaled = [t.loss_scaled for plan in self.plans for t in plan.tensors]
         keys = [(t.numel(), t.dtype, d) for t, d in zip(tensors, scaled)]
-        rows = [None] * len(tensors)
+        groups = device_statistics.chunks(keys)
         with torch.no_grad():
-            for indices in assemble.summary_chunks(keys):
-                stacked = torch.stack([tensors[i].reshape(-1) for i in indices])
-                sums, linear, magnitude = (
-                    t.cpu().numpy()
-                    for t in _group_sums(stacked, divisor if scaled[indices[0]] else None)
-                )
-                for r, i in enumerate(indices):
-                    rows[i] = (tensors[i].numel(), sums[r], linear[r], magnitude[r])
-        return rows
+            results = device_statistics.chunk_statistics(
+                groups, scaled, tensors, divisor, fused=False
+            )
+            return device_statistics.tensor_rows(groups, results, [t.numel() for t in tensors])
 
     def _loss_value(self, x, y, sample_weight):
         y_pred = self.model(x, training=self.training)
@@ -191,63 +185,6 @@ def _kept_random_state():
             torch.cuda.set_rng_state_all(cuda)
 
 
-def _group_sums(x, divisor, buckets=records.HISTOGRAM_BUCKETS):
-    """`(sums [R, len(DEVICE_SUMS)], linear [R, buckets], magnitude [R, 2 MAGNITUDE_BINS])` of R rows.
-
-    The float64 arithmetic of `kernels`, row-wise (see backends/jax.py's
-    `_group_sums`, the same computation).
-    """
-    v = x.to(torch.float64)
-    if divisor is not None:
-        v = v / divisor
-    finite = torch.isfinite(v)
-    f = torch.where(finite, v, 0.0)
-    n_finite = finite.sum(dim=1)
-    low = torch.where(finite, v, torch.inf).amin(dim=1)
-    high = torch.where(finite, v, -torch.inf).amax(dim=1)
-    total = f.sum(dim=1)
-    mean = total / n_finite.clamp(min=1)
-    squares = torch.where(finite, (v - mean[:, None]).square(), 0.0).sum(dim=1)
-    spread = high > low
-    width = torch.where(spread, (high - low) / buckets, 1.0)
-    position = torch.floor((f - torch.where(spread, low, 0.0)[:, None]) / width[:, None])
-    linear = torch.where(finite, position.clamp(0, buckets - 1), buckets).to(torch.int64)
-    bins = records.MAGNITUDE_BINS
-    edges = torch.as_tensor(records.LOG_EDGES, dtype=torch.float64, device=v.device)
-    magnitude = torch.searchsorted(edges, f.abs(), right=True) + (f > 0) * bins
-    magnitude = torch.where(finite, magnitude, 2 * bins)
-    count = lambda mask: mask.sum(dim=1).to(torch.float64)  # noqa: E731
-    sums = torch.stack(
-        [
-            count(v == 0),
-            count(torch.isnan(v)),
-            count(v == torch.inf),
-            count(v == -torch.inf),
-            low,
-            high,
-            total,
-            squares,
-            v.sum(dim=1),
-            v.abs().sum(dim=1),
-        ],
-        dim=1,
-    )
-    return (
-        sums,
-        _row_counts(linear, buckets + 1)[:, :buckets],
-        _row_counts(magnitude, 2 * bins + 1)[:, : 2 * bins],
-    )
-
-
-def _row_counts(index, length):
-    """Per-row counts of `index` (`[R, n]`, values in `[0, length)`): `[R, length]`."""
-    rows = index.shape[0]
-    offsets = torch.arange(rows, device=index.device)[:, None] * length
-    return torch.bincount((index + offsets).reshape(-1), minlength=rows * length).reshape(
-        rows, length
-    )
-
-
 def _routing_counts(original_call, inputs, pooling):
     """`(input_positions, routed_positions, windows, tied_windows)` of a pooling layer.
 
@@ -261,11 +198,3 @@ def _routing_counts(original_call, inputs, pooling):
         tied = probe.tied_windows(inputs.detach(), pooling) if pooling["type"] == "max" else np.nan
         tied = np.nan if isinstance(tied, float) else int(tied)
         return inputs.numel(), int(torch.count_nonzero(routes > 0)), pooled.numel(), tied
-
-
-def _host(t):
-    """The values as a numpy array the host kernels take (float16/bfloat16 widen exactly)."""
-    t = t.detach()
-    if t.dtype not in (torch.float32, torch.float64):
-        t = t.to(torch.float32)
-    return t.cpu().numpy()

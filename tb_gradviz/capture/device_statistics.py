@@ -1,0 +1,268 @@
+"""The statistics of captured tensors on their device: grouped rows, comparison counts, two reads.
+
+One implementation for every backend, written in `keras.ops`: JAX runs it
+jitted, TensorFlow inside an XLA-compiled `tf.function` (`tf_statistics`),
+PyTorch eagerly. Only sums and counts leave the device; `assemble` turns
+them into records with `summaries.summary_from_sums`, as it does the host
+kernel's.
+
+- Tensors of one number of elements, dtype and divisor are stacked into the
+  rows of a `[R, n]` group (`chunks`), so that one launch summarises many.
+  A group holds at most `CHUNK_VALUES` values (one tensor at least), which
+  bounds the working memory by a small multiple of the largest group.
+- Each group is read twice. The first read takes the extrema, the sums and
+  every count of `FIRST_PASS_COUNTS`; the second, which needs the row's
+  extrema and mean, the squared deviations and `SECOND_PASS_COUNTS`.
+- Every count is the reduction of a comparison (`sum(values >= threshold)`,
+  `sum(bucket == j)`) that XLA fuses with the read: no scatter, no sort, no
+  searchsorted. The magnitude bins come from cumulative counts against
+  `records.LOG_EDGES`, the linear buckets from a one-hot comparison of each
+  value's bucket, `floor((v - low) / width)`, in float64 as the definition.
+- Values are widened to float64 inside the fused reductions (XLA does not
+  materialise the conversion), so counts and extrema equal
+  `summaries.stats_vector`'s and `linear_histogram`'s exactly, and the sums
+  differ from numpy's only in the order of float64 additions.
+
+A new per-tensor count (one number, or one per threshold) is one `Count` in
+`FIRST_PASS_COUNTS` (it sees the values) or `SECOND_PASS_COUNTS` (it also
+sees each row's extrema and mean); its result comes back under its name in
+every tensor's row (`tensor_rows`).
+"""
+
+import dataclasses
+import functools
+
+import keras
+import numpy as np
+
+from tb_gradviz.format import records
+
+ops = keras.ops
+
+# The most values one group stacks (a single larger tensor is a group of its own).
+CHUNK_VALUES = 1 << 21
+
+# Without a compiler to fuse them (PyTorch eager), a comparison against T
+# thresholds materialises `T` booleans per value; at most this many
+# thresholds are compared at once.
+EAGER_THRESHOLDS = 4
+
+# The sums and extrema of each row, as `summaries.summary_from_sums` names them,
+# then the plain sum and the sum of magnitudes of all values (the routing
+# record's; NaN when a value is).
+SUMS = ("low", "high", "total", "squares", "raw_sum", "raw_abs_sum")
+
+
+@dataclasses.dataclass
+class Rows:
+    """A group's values, as the counts see them.
+
+    Per-value fields are `[R, 1, n]`, per-row fields `[R, 1, 1]`, so that a
+    mask compares them with thresholds shaped `[1, T, 1]` into `[R, T, n]`.
+    """
+
+    values: object  # float64, divided by the loss scale where it applies
+    finite: object  # bool
+    finite_values: object  # float64: the values, 0 where not finite
+    buckets: int = records.HISTOGRAM_BUCKETS
+    low: object = None  # second pass: the finite minimum (+inf without finite values)
+    high: object = None  # second pass: the finite maximum (-inf without finite values)
+    mean: object = None  # second pass: the mean of the finite values
+
+    @functools.cached_property
+    def linear_bucket(self):
+        """Each value's int32 bucket, `floor((v - low) / width)`, at most the last; -1 if not finite."""
+        spread = ops.greater(self.high, self.low)
+        width = ops.where(spread, _divide(self.high - self.low, self.buckets), 1.0)
+        start = ops.where(spread, self.low, 0.0)
+        shifted = ops.where(self.finite, self.values, start) - start
+        # The quotient is >= 0 wherever it is used, so truncation is its floor;
+        # clipping to integers first keeps the cast in range and commutes with it.
+        quotient = ops.clip(_divide(shifted, width, like=shifted), 0.0, self.buckets - 1.0)
+        return ops.where(self.finite, ops.cast(quotient, "int32"), -1)
+
+
+@dataclasses.dataclass(frozen=True)
+class Count:
+    """A per-tensor count: the values for which `mask(rows, thresholds)` holds.
+
+    Attributes:
+      name: the key of the count in each tensor's row.
+      mask: `(Rows, thresholds) -> bool [R, T, n]` (or `[R, 1, n]` without
+        thresholds); `thresholds` is a float64 `[1, T, 1]` tensor, or None.
+      thresholds: None for one count, or a function of the number of linear
+        buckets that returns a 1-D numpy array: one count per threshold.
+    """
+
+    name: str
+    mask: object
+    thresholds: object = None
+
+
+def _log_edges(buckets):
+    return records.LOG_EDGES
+
+
+FIRST_PASS_COUNTS = (
+    Count("zeros", lambda r, _: ops.equal(r.values, 0.0)),
+    Count("nans", lambda r, _: ops.isnan(r.values)),
+    Count("pos_inf", lambda r, _: ops.equal(r.values, np.inf)),
+    Count("neg_inf", lambda r, _: ops.equal(r.values, -np.inf)),
+    # The magnitude bins: negative side with the zeros (in its bin 0), positive side.
+    Count("nonpositive", lambda r, _: ops.logical_and(r.finite, ops.less_equal(r.values, 0.0))),
+    Count("positive", lambda r, _: ops.greater(r.finite_values, 0.0)),
+    Count("negative_at_least", lambda r, t: ops.less_equal(r.finite_values, -t), _log_edges),
+    Count("positive_at_least", lambda r, t: ops.greater_equal(r.finite_values, t), _log_edges),
+)
+
+SECOND_PASS_COUNTS = (
+    Count(
+        "linear",
+        lambda r, t: ops.equal(r.linear_bucket, ops.cast(t, "int32")),
+        lambda buckets: np.arange(buckets),
+    ),
+)
+
+
+def group_statistics(x, divisor=None, buckets=records.HISTOGRAM_BUCKETS, fused=True):
+    """Returns the sums and counts of each row of `x`, as a dict of `[R, ...]` tensors.
+
+    Args:
+      x: a `[R, n]` floating-point tensor (float16 and bfloat16 widen exactly).
+      divisor: None, or the float64 number the widened values are divided by
+        first (the loss scale).
+      buckets: the number of linear histogram buckets.
+      fused: whether a compiler fuses the comparisons into the reductions
+        (XLA); without one, thresholds are compared `EAGER_THRESHOLDS` at a time.
+
+    Returns:
+      `SUMS` (float64 `[R]`), every count of `FIRST_PASS_COUNTS` and
+      `SECOND_PASS_COUNTS` (int32 `[R]` or `[R, T]`), and `magnitude`, the
+      int32 `[R, 2 * MAGNITUDE_BINS]` bins (negative then positive, the zeros
+      in negative bin 0) that `summaries.summary_from_sums` takes.
+    """
+    v = ops.expand_dims(ops.cast(x, "float64"), 1)
+    if divisor is not None:
+        v = _divide(v, divisor, like=v)
+    finite = ops.isfinite(v)
+    rows = Rows(v, finite, ops.where(finite, v, 0.0), buckets)
+    result = {  # [R, 1] each
+        "low": ops.min(ops.where(finite, v, np.inf), axis=2),
+        "high": ops.max(ops.where(finite, v, -np.inf), axis=2),
+        "total": ops.sum(rows.finite_values, axis=2),
+        "raw_sum": ops.sum(v, axis=2),
+        "raw_abs_sum": ops.sum(ops.abs(v), axis=2),
+    }
+    result.update(_counts(rows, FIRST_PASS_COUNTS, buckets, fused))
+    finite_count = x.shape[1] - (result["nans"] + result["pos_inf"] + result["neg_inf"])
+    mean = result["total"][:, 0] / ops.cast(ops.maximum(finite_count, 1), "float64")
+    rows.low, rows.high = result["low"][:, :, None], result["high"][:, :, None]
+    rows.mean = mean[:, None, None]
+    result["squares"] = ops.sum(ops.where(finite, ops.square(v - rows.mean), 0.0), axis=2)
+    result.update(_counts(rows, SECOND_PASS_COUNTS, buckets, fused))
+    for name in SUMS:
+        result[name] = ops.reshape(result[name], [-1])
+    result["magnitude"] = ops.concatenate(
+        [
+            _bins(result["nonpositive"], result["negative_at_least"]),
+            _bins(result["positive"], result["positive_at_least"]),
+        ],
+        axis=1,
+    )
+    return result
+
+
+def _counts(rows, counts, buckets, fused):
+    """`{name: int32 [R] or [R, T]}` of each `Count`."""
+    result = {}
+    for count in counts:
+        if count.thresholds is None:
+            result[count.name] = _count_true(count.mask(rows, None))[:, 0]
+            continue
+        thresholds = np.asarray(count.thresholds(buckets), np.float64)
+        step = len(thresholds) if fused else EAGER_THRESHOLDS
+        parts = [
+            _count_true(count.mask(rows, ops.convert_to_tensor(block.reshape(1, -1, 1), "float64")))
+            for block in (thresholds[i : i + step] for i in range(0, len(thresholds), step))
+        ]
+        result[count.name] = parts[0] if len(parts) == 1 else ops.concatenate(parts, axis=1)
+    return result
+
+
+def _count_true(mask):
+    return ops.sum(ops.cast(mask, "int32"), axis=2)
+
+
+def _bins(total, at_least):
+    """Bin counts from a side's total and its counts at or beyond each edge (`[R, edges]`)."""
+    above = ops.concatenate([total[:, None], at_least], axis=1)
+    below = ops.concatenate([at_least, ops.zeros_like(at_least[:, :1])], axis=1)
+    return above - below
+
+
+def _divide(x, divisor, like=None):
+    """`x / divisor`, correctly rounded, as numpy divides.
+
+    XLA rewrites a division by a constant (or a broadcast) into a
+    multiplication by its reciprocal, which can differ in the last bit and
+    move a value across a bucket edge. `like * 0 + divisor`, with `like`
+    finite where it matters, is not folded (`like` could be NaN), so the
+    division stays one.
+    """
+    like = x if like is None else like
+    zero = ops.where(ops.isfinite(like), like, 0.0) * 0.0
+    return x / (zero + divisor)
+
+
+def chunks(keys):
+    """Returns how tensors are grouped: lists of indices into `keys`.
+
+    Args:
+      keys: per tensor, `(number of elements, anything else that must match)`;
+        a number of elements of None (unknown) makes a group of its own.
+    """
+    groups = {}
+    for i, key in enumerate(keys):
+        groups.setdefault(key if key[0] is not None else ("unknown", i), []).append(i)
+    result = []
+    for key, indices in groups.items():
+        rows = max(1, CHUNK_VALUES // max(key[0], 1)) if key[0] != "unknown" else 1
+        result += [indices[begin : begin + rows] for begin in range(0, len(indices), rows)]
+    return result
+
+
+def chunk_statistics(groups, scaled, tensors, divisor, fused=True):
+    """`group_statistics` of each group of `tensors`, in order (a list of dicts).
+
+    Args:
+      groups: `chunks`' lists of indices.
+      scaled: per tensor, whether `divisor` divides it.
+      tensors: the backend's tensors.
+      divisor: the loss scale (a float64 scalar); unused where `scaled` is false.
+      fused: as for `group_statistics`.
+    """
+    return [
+        group_statistics(
+            ops.stack([ops.reshape(tensors[i], [-1]) for i in indices]),
+            divisor if scaled[indices[0]] else None,
+            fused=fused,
+        )
+        for indices in groups
+    ]
+
+
+def tensor_rows(groups, results, sizes):
+    """Each tensor's row of its group's results: `{name: numpy value}`, with `count`.
+
+    Args:
+      groups: `chunks`' lists of indices.
+      results: `chunk_statistics`' dicts, as the backend's tensors or numpy.
+      sizes: the number of elements of each tensor.
+    """
+    rows = [None] * len(sizes)
+    for indices, result in zip(groups, results):
+        arrays = {name: np.asarray(ops.convert_to_numpy(t)) for name, t in result.items()}
+        for r, i in enumerate(indices):
+            rows[i] = {name: a[r] for name, a in arrays.items()}
+            rows[i]["count"] = sizes[i]
+    return rows
