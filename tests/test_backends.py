@@ -384,7 +384,7 @@ def probe_sources(x, y):
             4,
         ),
         "PyDataset": (Batches(x, y), 3),
-        "generator": (((x[i : i + 2], y[i : i + 2]) for i in range(0, 8, 2)), 2),
+        "iterable": (Reiterable(x, y), 2),
     }
     try:
         import tensorflow as tf
@@ -417,14 +417,28 @@ def test_every_kind_of_probe_data(tmp_path):
         )
         assert content["shape"] == [size, 4, 4, 4], name
     with pytest.raises(
-        ValueError, match=r"probe_data is an empty list_iterator; it must yield at least one"
+        ValueError, match=r"at least one \(x, y\) batch\. Received: an empty Reiterable"
     ):
-        GradVizCallback(tmp_path, iter([]))
+        GradVizCallback(tmp_path, Reiterable(x[:0], y[:0]))
     with pytest.raises(
-        ValueError,
-        match=r"first batch of probe_data \(a list_iterator\) must be \(x, y\).*received a ndarray",
+        TypeError,
+        match=r"first batch of probe_data \(a Reiterable\) must be \(x, y\).*"
+        r"Received: a \w+ of shape \(2, 8, 8, 3\)",
     ):
-        GradVizCallback(tmp_path, iter([x]))
+        GradVizCallback(tmp_path, Reiterable(x, None))
+    with pytest.raises(TypeError, match=r"one-shot iterator \(a generator\)"):
+        GradVizCallback(tmp_path, (batch for batch in Reiterable(x, y)))
+
+
+class Reiterable:
+    """An iterable of (x, y) batches of 2 that can be read again; y None: batches of x alone."""
+
+    def __init__(self, x, y):
+        self.x, self.y = x, y
+
+    def __iter__(self):
+        for i in range(0, len(self.x), 2):
+            yield self.x[i : i + 2] if self.y is None else (self.x[i : i + 2], self.y[i : i + 2])
 
 
 def test_a_custom_training_loop_logs_with_log_now(tmp_path):
@@ -442,7 +456,7 @@ def test_a_custom_training_loop_logs_with_log_now(tmp_path):
         10,
         20,
     ]
-    with pytest.raises(ValueError, match="step must be a non-negative integer; received -1"):
+    with pytest.raises(ValueError, match="step must be a non-negative integer. Received: step=-1"):
         callback.log_now(step=-1)
 
 
@@ -460,9 +474,11 @@ def test_log_events_across_fits_reuse_one_compiled_pass(tmp_path):
 
 def test_bad_arguments_say_what_was_received(tmp_path):
     x, y = data(2)
-    with pytest.raises(ValueError, match="every_n_batches must be a positive integer; received 0"):
+    with pytest.raises(
+        ValueError, match="every_n_batches must be a positive integer. Received: every_n_batches=0"
+    ):
         GradVizCallback(tmp_path, (x, y), every_n_batches=0)
-    with pytest.raises(ValueError, match=r"same batch size; received batch sizes \[1, 2\]"):
+    with pytest.raises(ValueError, match=r"same batch size\. Received: batch sizes \[1, 2\]"):
         GradVizCallback(tmp_path, (x, y[:1]))
 
 

@@ -1,6 +1,7 @@
 """GradVizCallback in model.fit: frequency, steps, files, layer choice, arguments."""
 
 import os
+import re
 
 import numpy as np
 import pytest
@@ -199,29 +200,37 @@ def test_model_without_pooling_says_how_to_choose_layers(tmp_path):
         (
             {"every_n_epochs": 0},
             ValueError,
-            "every_n_epochs must be a positive integer; received 0",
+            "every_n_epochs must be a positive integer. Received: every_n_epochs=0",
         ),
-        ({"every_n_epochs": -2}, ValueError, "received -2"),
-        ({"every_n_epochs": 1.5}, ValueError, "received 1.5"),
+        ({"every_n_epochs": -2}, ValueError, "Received: every_n_epochs=-2"),
+        ({"every_n_epochs": 1.5}, TypeError, "Received: every_n_epochs=1.5"),
         (
             {"every_n_batches": 0},
             ValueError,
-            "every_n_batches must be a positive integer; received 0",
+            "every_n_batches must be a positive integer. Received: every_n_batches=0",
         ),
         (
             {"every_n_batches": 2, "every_n_epochs": 3},
             ValueError,
-            "either every_n_epochs or every_n_batches",
+            "either every_n_epochs or every_n_batches, not both. "
+            "Received: every_n_epochs=3, every_n_batches=2",
         ),
-        ({"layers": 3}, TypeError, "received 3 of type int"),
-        ({"layers": []}, ValueError, "at least one layer"),
-        ({"training": "yes"}, TypeError, "training must be True or False; received 'yes'"),
-        ({"loss": "no_such_loss"}, ValueError, "no_such_loss"),
+        ({"layers": 3}, TypeError, "Received: layers=3, holding 3 of type int"),
+        ({"layers": []}, ValueError, "at least one layer; pass None to log all pooling layers"),
+        ({"layers": [""]}, ValueError, "must not hold an empty name. Received: layers=['']"),
+        ({"layers": [int]}, TypeError, "int is not one. Received: layers=[<class 'int'>]"),
+        (
+            {"training": "yes"},
+            TypeError,
+            "training must be True or False. Received: training='yes'",
+        ),
+        ({"loss": "no_such_loss"}, ValueError, "Received: loss='no_such_loss'"),
+        ({"loss": lambda: 0.0}, TypeError, "does not take (y_true, y_pred). Received: loss=<"),
     ],
 )
 def test_bad_arguments_say_what_was_received(tmp_path, kwargs, error, message):
     x, y = data(2)
-    with pytest.raises(error, match=message.replace("(", r"\(").replace(".", r"\.")):
+    with pytest.raises(error, match=re.escape(message)):
         GradVizCallback(tmp_path, (x, y), **kwargs)
 
 
@@ -229,18 +238,108 @@ def test_bad_log_dir_and_probe_data(tmp_path):
     x, y = data(4)
     a_file = tmp_path / "file"
     a_file.write_text("")
-    with pytest.raises(ValueError, match="log_dir must be a directory; received .*which is a file"):
+    with pytest.raises(ValueError, match="log_dir must be a directory; it is a file. Received: "):
         GradVizCallback(a_file, (x, y))
     with pytest.raises(
-        ValueError, match=r"must be \(x, y\) or \(x, y, sample_weight\); received a ndarray"
+        TypeError,
+        match=r"must be \(x, y\) or \(x, y, sample_weight\)\. "
+        r"Received: probe_data=a ndarray of shape \(4, 8, 8, 3\)",
     ):
         GradVizCallback(tmp_path, x)
-    with pytest.raises(ValueError, match="length 4"):
+    with pytest.raises(ValueError, match="Received: probe_data=a tuple of length 4"):
         GradVizCallback(tmp_path, (x, y, y, y))
-    with pytest.raises(ValueError, match=r"same batch size; received batch sizes \[3, 4\]"):
+    with pytest.raises(ValueError, match=r"same batch size\. Received: batch sizes \[3, 4\]"):
         GradVizCallback(tmp_path, (x, y[:3]))
-    with pytest.raises(ValueError, match="empty tf.data.Dataset"):
+    with pytest.raises(ValueError, match="Received: an empty tf.data.Dataset"):
         GradVizCallback(tmp_path, tf.data.Dataset.from_tensor_slices((x, y)).take(0))
+
+
+def test_a_generator_as_probe_data_is_refused_and_training_keeps_every_batch(tmp_path):
+    x, y = data(8)
+    batches = ((x[i : i + 2], y[i : i + 2]) for i in range(0, 8, 2))
+    with pytest.raises(
+        TypeError,
+        match=r"one-shot iterator \(a generator\).*tf\.data\.Dataset.*PyDataset.*"
+        r"Received: probe_data=<generator",
+    ):
+        GradVizCallback(tmp_path, batches)
+    with pytest.raises(TypeError, match=r"one-shot iterator \(a list_iterator\)"):
+        GradVizCallback(tmp_path, iter([(x, y)]))
+    dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(2)
+    with pytest.raises(TypeError, match="one-shot iterator"):
+        GradVizCallback(tmp_path, iter(dataset))
+    # The generator was not read: fit still gets all four batches.
+    model = small_cnn()
+    model.fit(batches, epochs=1, verbose=0, steps_per_epoch=4, shuffle=False)
+    assert int(model.optimizer.iterations.numpy()) == 4
+    assert not os.listdir(tmp_path)
+
+
+def test_log_now_validates_step_before_the_probe_pass_runs(tmp_path):
+    x, y = data(4)
+    model = small_cnn()
+    callback = GradVizCallback(tmp_path, (x, y))
+    callback.set_model(model)
+    for step, error in ((-1, ValueError), (1.5, TypeError), ("3", TypeError), (True, TypeError)):
+        with pytest.raises(
+            error, match=re.escape(f"step must be a non-negative integer. Received: step={step!r}")
+        ):
+            callback.log_now(step=step)
+    assert callback._capture is None  # no pass was built, none ran
+    assert not os.listdir(tmp_path)
+    callback.log_now(step=np.int64(3))
+    log = eventdata.load(tmp_path)
+    assert [s for s, _ in eventdata.values(log, records.stats_tag("pool", "activation"))] == [3]
+
+
+def test_layer_instances_are_chosen_at_any_depth(tmp_path):
+    keras.utils.set_random_seed(0)
+    inner = keras.Sequential(
+        [keras.Input((8, 8, 4)), layers.MaxPooling2D(name="inner_pool"), layers.ReLU(name="act")],
+        name="block",
+    )
+    inputs = keras.Input((8, 8, 3))
+    conv = layers.Conv2D(4, 3, padding="same", name="conv")
+    outputs = layers.Dense(2, name="dense")(layers.Flatten()(inner(conv(inputs))))
+    model = keras.Model(inputs, outputs, name="outer")
+    model.compile("sgd", "mse")
+    x, y = data(4)
+    callback = GradVizCallback(
+        tmp_path, (x, y), layers=[model.get_layer("conv"), inner.get_layer("inner_pool")]
+    )
+    model.fit(x, y, epochs=1, verbose=0, callbacks=[callback])
+    assert callback.chosen_layers == ["conv", "block/inner_pool"]
+    assert eventdata.layers(eventdata.load(tmp_path)) == ["conv", "block/inner_pool"]
+
+    stranger = layers.MaxPooling2D(name="stranger")
+    with pytest.raises(
+        ValueError, match=r"The layer 'stranger' is not a layer of model 'outer'.*Received: layers="
+    ):
+        model.fit(
+            x, y, epochs=1, verbose=0, callbacks=[GradVizCallback(tmp_path, (x, y), stranger)]
+        )
+
+
+def test_a_callable_that_is_not_a_predicate_says_so(tmp_path):
+    x, y = data(4)
+    with pytest.raises(
+        TypeError, match=r"takes one layer and returns True or False; .* takes \(a, b\)"
+    ):
+        GradVizCallback(tmp_path, (x, y), layers=[lambda a, b: True])
+    model = small_cnn()
+    weights_before = [np.array(v) for v in model.weights]
+    with pytest.raises(
+        TypeError, match=r"raised AttributeError: .*on layer 'conv'.*Received: layers=\["
+    ):
+        model.fit(
+            x,
+            y,
+            epochs=1,
+            verbose=0,
+            callbacks=[GradVizCallback(tmp_path, (x, y), layers=[lambda layer: layer.units > 1])],
+        )
+    for before, after in zip(weights_before, model.weights):
+        np.testing.assert_array_equal(before, np.array(after))
 
 
 class _Scaled(layers.Layer):

@@ -177,7 +177,10 @@ def test_a_nan_in_the_probe_flags_every_layer_it_reaches_and_stops_fit_when_aske
 
 
 def test_stop_on_nonfinite_must_be_a_bool(tmp_path):
-    with pytest.raises(TypeError, match="stop_on_nonfinite must be True or False; received 'yes'"):
+    with pytest.raises(
+        TypeError,
+        match="stop_on_nonfinite must be True or False. Received: stop_on_nonfinite='yes'",
+    ):
         GradVizCallback(tmp_path, (np.zeros((1, 2)), np.zeros(1)), stop_on_nonfinite="yes")
 
 
@@ -220,7 +223,7 @@ def test_check_exit_statuses(tmp_path, capsys):
     assert cli.main(["check", str(tmp_path)]) == cli.EXIT_FLAGGED == 1
     out, err = capsys.readouterr()
     assert "conv   dead  activation  yes    2 of 4 channels never non-zero: 1, 3" in out
-    assert "1 flag(s) among --fail-on nonfinite,vanishing,exploding,dead raised" in err
+    assert "1 flag(s) among --fail-on nonfinite,vanishing,exploding,dead,underflow,overflow raised" in err
     assert cli.main(["check", str(tmp_path), "--fail-on", "vanishing,exploding"]) == 0
     assert "conv   dead  activation  no" in capsys.readouterr().out
     assert cli.main(["check", str(tmp_path), "--fail-on", "dead,sleepy"]) == cli.EXIT_USAGE

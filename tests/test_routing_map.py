@@ -207,25 +207,37 @@ def test_average_pools_map_gradients_without_winners(tmp_path):
         (
             dict(routing_map_channels=9),
             ValueError,
-            "routing_map_channels must be 1..8 channels; received 9",
+            "routing_map_channels must be None, a count 1..8 or a list of at most 8 distinct "
+            "channel indices >= 0. Received: routing_map_channels=9",
         ),
         (
             dict(routing_map_channels=[1, 1]),
             ValueError,
-            "at most 8 distinct channels; received [1, 1]",
+            "Received: routing_map_channels=[1, 1]",
         ),
-        (dict(routing_map_channels="all"), TypeError, "received 'all'"),
+        (dict(routing_map_channels=[]), ValueError, "Received: routing_map_channels=[]"),
+        (dict(routing_map_channels=[-1]), ValueError, "Received: routing_map_channels=[-1]"),
+        (dict(routing_map_channels="all"), TypeError, "Received: routing_map_channels='all'"),
+        (dict(routing_map_channels=2.0), TypeError, "Received: routing_map_channels=2.0"),
         (
             dict(routing_map_example=-1),
-            TypeError,
-            "routing_map_example must be an int >= 0; received -1",
+            ValueError,
+            "routing_map_example must be an int >= 0. Received: routing_map_example=-1",
         ),
+        (dict(routing_map_example=0.0), TypeError, "Received: routing_map_example=0.0"),
         (
             dict(routing_map_origin=(1,)),
-            TypeError,
-            "routing_map_origin must be None or (row, col) ints >= 0",
+            ValueError,
+            "routing_map_origin must be None or (row, col), two ints >= 0. "
+            "Received: routing_map_origin=(1,)",
         ),
-        (dict(routing_map="yes"), TypeError, "routing_map must be True or False; received 'yes'"),
+        (dict(routing_map_origin=(0, -1)), ValueError, "Received: routing_map_origin=(0, -1)"),
+        (dict(routing_map_origin="ab"), TypeError, "Received: routing_map_origin='ab'"),
+        (
+            dict(routing_map="yes"),
+            TypeError,
+            "routing_map must be True or False. Received: routing_map='yes'",
+        ),
     ],
 )
 def test_bad_routing_map_arguments_say_what_was_received(tmp_path, kwargs, error, message):
@@ -243,7 +255,9 @@ def test_an_example_beyond_the_probe_batch_is_refused_when_training_begins(tmp_p
     )
     callback.set_model(model)
     with pytest.raises(
-        ValueError, match="routing_map_example must be below the probe batch's size, 2; received 2"
+        ValueError,
+        match="routing_map_example must be below the probe batch's size, 2. "
+        "Received: routing_map_example=2",
     ):
         callback.on_train_begin()
 

@@ -301,7 +301,7 @@ def test_host_and_device_statistics_give_the_same_weight_records():
 
 def test_a_bad_weights_argument_says_what_was_received(tmp_path):
     x, y = data(2)
-    with pytest.raises(TypeError, match="weights must be True or False; received 'yes'"):
+    with pytest.raises(TypeError, match="weights must be True or False. Received: weights='yes'"):
         GradVizCallback(tmp_path, (x, y), weights="yes")
 
 

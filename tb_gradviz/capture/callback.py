@@ -1,15 +1,11 @@
 """`GradVizCallback`: logs activations and gradients of chosen layers during `fit`."""
 
-import os
-import sys
-
 import keras
-import numpy as np
 
-from tb_gradviz.capture import probe, selection
+from tb_gradviz.capture import arguments, probe, selection
 from tb_gradviz.capture import budget as budget_module
 from tb_gradviz.capture import weights as weights_module
-from tb_gradviz.format import events, metadata, records, storage
+from tb_gradviz.format import events, metadata, records
 from tb_gradviz.format import routing_map as routing_map_module
 
 
@@ -46,11 +42,14 @@ class GradVizCallback(keras.callbacks.Callback):
         (numpy arrays, tensors of any backend, or dicts/lists of them for
         multi-input models), or a source whose first batch is used: a
         `tf.data.Dataset`, a `keras.utils.PyDataset`, a PyTorch
-        `DataLoader`, or any iterable of batches.
+        `DataLoader`, or any iterable of batches that can be read again. A
+        one-shot iterator (a generator, say) is refused: taking its first
+        batch would take it from training too.
       layers: None for every pooling layer (Max/Average/Global, 1D/2D/3D,
         inside nested models too), or a layer name, a path from the model
         (`"resnet50/pool1_pool"`), a glob pattern on paths
-        (`"resnet50/conv*_out"`), a layer class, a predicate
+        (`"resnet50/conv*_out"`), a layer instance (`model.get_layer("pool")`,
+        or a layer of a nested model), a layer class, a predicate
         `layer -> bool`, or a list of those.
       every_n_epochs: log at the end of every N-th epoch. Default 1.
       every_n_batches: log instead every N optimizer steps (then
@@ -89,9 +88,11 @@ class GradVizCallback(keras.callbacks.Callback):
         passes 10 % of training time.
 
     Raises:
-      ValueError, TypeError: an argument is invalid; the message says what
-        was received and what is allowed. Layer names are checked when
-        training starts, against the model.
+      TypeError: an argument's type is not one allowed.
+      ValueError: an argument's value is not one allowed. Messages say what
+        is allowed and end "Received: <argument>=...". What depends on the
+        model (layer names, the probe's shapes, a loss) is checked when
+        training starts, before the first step.
     """
 
     def __init__(
@@ -112,48 +113,27 @@ class GradVizCallback(keras.callbacks.Callback):
         budget=None,
     ):
         super().__init__()
-        # A URL is only parsed here, without touching the network: a store's
-        # errors come at the first upload, and training goes on (upload.Uploader).
-        location = storage.location(log_dir, "log_dir")
-        log_dir = location.url
-        if location.local_path is not None:
-            _check_local_dir(location.local_path, log_dir)
-        if every_n_batches is not None:
-            _check_frequency("every_n_batches", every_n_batches)
-            if every_n_epochs not in (1, None):
-                raise ValueError(
-                    "Pass either every_n_epochs or every_n_batches, not both; received "
-                    f"every_n_epochs={every_n_epochs!r}, every_n_batches={every_n_batches!r}"
-                )
-            every_n_epochs = None
+        location = arguments.check_log_dir(log_dir)
+        self.every_n_epochs, self.every_n_batches = arguments.check_frequency(
+            every_n_epochs, every_n_batches
+        )
+        if self.every_n_batches is not None:
             # Defining a batch hook makes Keras wait for every batch; do it
             # only when batch frequency is asked for.
             self.on_train_batch_end = self._on_train_batch_end
-        else:
-            _check_frequency("every_n_epochs", every_n_epochs)
-        if not isinstance(training, bool):
-            raise TypeError(f"training must be True or False; received {training!r}")
-        if not isinstance(stop_on_nonfinite, bool):
-            raise TypeError(
-                f"stop_on_nonfinite must be True or False; received {stop_on_nonfinite!r}"
-            )
-        if not isinstance(routing_map, bool):
-            raise TypeError(f"routing_map must be True or False; received {routing_map!r}")
-        if not isinstance(weights, bool):
-            raise TypeError(f"weights must be True or False; received {weights!r}")
+        self.log_dir = location.url
+        self.layers = selection.check_layer_spec(layers)
+        self.loss = None if loss is None else selection.as_loss(loss)
+        self.training = arguments.check_bool("training", training)
+        self.stop_on_nonfinite = arguments.check_bool("stop_on_nonfinite", stop_on_nonfinite)
         map_settings = routing_map_module.Settings(
             routing_map_example, routing_map_channels, routing_map_origin
         )
-        self.log_dir = log_dir
-        self.layers = selection.check_layer_spec(layers)
-        self.every_n_epochs = every_n_epochs
-        self.every_n_batches = every_n_batches
-        self.loss = None if loss is None else selection.as_loss(loss)
-        self.training = training
-        self.stop_on_nonfinite = stop_on_nonfinite
-        self.routing_map = map_settings if routing_map else None
-        self.weights = weights
-        self._probe = probe_batch(probe_data)
+        self.routing_map = (
+            map_settings if arguments.check_bool("routing_map", routing_map) else None
+        )
+        self.weights = arguments.check_bool("weights", weights)
+        self._probe = arguments.probe_batch(probe_data)
         self._log = events.EventLog(location)
         self._capture = None
         self._updates = None
@@ -185,15 +165,15 @@ class GradVizCallback(keras.callbacks.Callback):
             ):
                 raise ValueError(
                     "GradVizCallback needs a loss: compile the model with one, or pass loss= "
-                    "(a Keras loss name, function or Loss instance)"
+                    "(a Keras loss name, function or Loss instance). Received: loss=None"
                 )
-            check_probe_inputs(self.model, self._probe[0])
+            arguments.check_probe_inputs(self.model, self._probe[0])
             if self.routing_map is not None:
                 examples = len(keras.tree.flatten(self._probe[0])[0])
                 if self.routing_map.example >= examples:
                     raise ValueError(
-                        f"routing_map_example must be below the probe batch's size, {examples}; "
-                        f"received {self.routing_map.example}"
+                        f"routing_map_example must be below the probe batch's size, {examples}. "
+                        f"Received: routing_map_example={self.routing_map.example}"
                     )
             self._capture = probe.new_capture(
                 self.model,
@@ -237,7 +217,13 @@ class GradVizCallback(keras.callbacks.Callback):
         contain one, every worker runs it (and all but the chief drop the
         result), since a collective that only some workers enter never
         completes. On JAX, only process 0 runs the pass and writes.
+
+        Raises:
+          TypeError, ValueError: `step` is not an integer >= 0 (checked
+            before the pass runs).
         """
+        if step is not None:
+            step = arguments.check_step(step)
         self._build()  # a custom loop calls set_model only
         x, y, sample_weight = self._probe
         if not self._writes_summaries():
@@ -250,7 +236,7 @@ class GradVizCallback(keras.callbacks.Callback):
         written, skipped = self._capture.run(x, y, sample_weight)
         host_weights = self._capture.take_host_weights()
         probe.warn_skipped(skipped)
-        step = self._step() if step is None else _check_step(step)
+        step = self._step() if step is None else step
         if self._updates is not None:
             written += self._updates.records(self._capture.plans, step, host_weights)
         self._budget.log_ended()
@@ -264,7 +250,8 @@ class GradVizCallback(keras.callbacks.Callback):
             ]
             if nonfinite:
                 print(
-                    f"GradVizCallback: step {step}: NaN or Inf recorded in {', '.join(nonfinite)}; stopping training"
+                    f"GradVizCallback: step {step}: NaN or Inf recorded in {', '.join(nonfinite)}; "
+                    "stopping training"
                 )
                 self.model.stop_training = True
 
@@ -286,7 +273,7 @@ class GradVizCallback(keras.callbacks.Callback):
         if optimizer is None:
             raise ValueError(
                 "log_now() needs a step: the model has no optimizer to count iterations; "
-                "pass log_now(step=...)"
+                "pass log_now(step=...). Received: step=None"
             )
         return int(keras.ops.convert_to_numpy(optimizer.iterations))
 
@@ -298,162 +285,3 @@ def _is_stats_record(summary_metadata):
         plugin_data.plugin_name == metadata.PLUGIN_NAME
         and metadata.parse_plugin_metadata(plugin_data.content)["kind"] == metadata.KIND_TENSOR
     )
-
-
-def _check_local_dir(path, log_dir):
-    if os.path.exists(path) and not os.path.isdir(path):
-        raise ValueError(f"log_dir must be a directory; received {log_dir!r}, which is a file")
-    # Fail now rather than at the first log event, after training has run.
-    ancestor = os.path.dirname(os.path.abspath(path))
-    while not os.path.exists(ancestor):
-        ancestor = os.path.dirname(ancestor)
-    if not os.path.isdir(ancestor):
-        raise ValueError(
-            f"log_dir must be a directory; received {log_dir!r}, which cannot be created "
-            f"inside {ancestor!r}, a file"
-        )
-
-
-def _check_step(step):
-    if isinstance(step, bool) or not isinstance(step, (int, np.integer)) or step < 0:
-        raise ValueError(f"step must be a non-negative integer; received {step!r}")
-    return int(step)
-
-
-def _check_frequency(name, value):
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be a positive integer; received {value!r}")
-
-
-def check_probe_inputs(model, x):
-    """Checks the probe's `x` against the inputs the model declares.
-
-    Functional and Sequential models declare their inputs (`keras.Input`);
-    dimensions given as None there (the batch, or a free image size) accept
-    any size. Subclassed models declare none, and are not checked.
-
-    Raises:
-      ValueError: an input is missing, or has another rank or size than
-        declared; the message gives the received and the expected shapes.
-    """
-    try:
-        declared = model.inputs
-    except AttributeError:
-        return  # a subclassed model, or a Sequential one without an Input
-    if isinstance(model, keras.Sequential) or len(declared) == 1:
-        expected = [(None, declared[0])]
-    elif isinstance(model.input, dict):
-        expected = list(model.input.items())
-    else:
-        expected = [(t.name, t) for t in declared]
-
-    if isinstance(x, dict) and expected[0][0] is not None:
-        missing = [name for name, _ in expected if name not in x]
-        if missing:
-            raise ValueError(
-                f"probe_data x has no input named {', '.join(map(repr, missing))} for model "
-                f"{model.name!r}; received a dict with keys {sorted(x)}, expected keys {[n for n, _ in expected]}"
-            )
-        pairs = [(name, spec, x[name]) for name, spec in expected]
-    else:
-        received = keras.tree.flatten(x)
-        if len(received) != len(expected):
-            raise ValueError(
-                f"probe_data x must hold {len(expected)} input(s) for model {model.name!r}; "
-                f"received {len(received)}"
-            )
-        pairs = [(name, spec, t) for (name, spec), t in zip(expected, received)]
-
-    for name, spec, tensor in pairs:
-        want, got = tuple(spec.shape), tuple(tensor.shape)
-        fits = len(want) == len(got) and all(w is None or w == g for w, g in zip(want[1:], got[1:]))
-        if not fits:
-            which = "" if name is None else f" {name!r}"
-            raise ValueError(
-                f"probe_data x{which} has shape {got}, which does not fit model {model.name!r}: "
-                f"it expects {want} (None: any size)"
-            )
-
-
-def probe_batch(probe_data):
-    """Returns `(x, y, sample_weight)` backend tensors from the callback's `probe_data`.
-
-    `probe_data` is `(x, y)` or `(x, y, sample_weight)` (numpy arrays or
-    tensors of any backend, or dicts/lists of them), or a source of such
-    batches whose first batch is taken: a `tf.data.Dataset`, a
-    `keras.utils.PyDataset`, a PyTorch `DataLoader` or any other iterable.
-
-    Raises:
-      ValueError: the data is not one of those, a source yields nothing, or
-        the parts disagree on the batch size.
-    """
-    probe_data, source = _first_batch(probe_data)
-    if not isinstance(probe_data, (tuple, list)) or len(probe_data) not in (2, 3):
-        described = f"a {type(probe_data).__name__}"
-        if isinstance(probe_data, (tuple, list)):
-            described += f" of length {len(probe_data)}"
-        raise ValueError(f"{source} must be (x, y) or (x, y, sample_weight); received {described}")
-    x, y, *rest = probe_data
-    sample_weight = rest[0] if rest else None
-    if x is None or y is None:
-        raise ValueError(
-            f"{source} must hold both x and y; received x={type(x).__name__}, y={type(y).__name__}"
-        )
-    x, y = (keras.tree.map_structure(_as_tensor, part) for part in (x, y))
-    if sample_weight is not None:
-        sample_weight = _as_tensor(sample_weight)
-    sizes = {
-        int(t.shape[0])
-        for t in keras.tree.flatten((x, y, sample_weight))
-        if t is not None and len(t.shape) and t.shape[0] is not None
-    }
-    if len(sizes) > 1:
-        raise ValueError(
-            f"The parts of {source} must have the same batch size; received batch sizes {sorted(sizes)}"
-        )
-    if sizes == {0}:
-        raise ValueError(f"{source} is empty (batch size 0); it needs at least one example")
-    return x, y, sample_weight
-
-
-def _first_batch(probe_data):
-    """Returns `(batch, description)`: `probe_data` itself, or the first batch of a source of batches."""
-    if (
-        isinstance(probe_data, (tuple, list, dict))
-        or keras.ops.is_tensor(probe_data)
-        or isinstance(probe_data, np.ndarray)
-    ):
-        return probe_data, "probe_data"
-    kind = _source_kind(probe_data)
-    if kind is None:
-        return probe_data, "probe_data"
-    if isinstance(probe_data, keras.utils.PyDataset):
-        batch = probe_data[0] if len(probe_data) else None
-    else:
-        batch = next(iter(probe_data), None)
-    if batch is None:
-        raise ValueError(f"probe_data is an empty {kind}; it must yield at least one (x, y) batch")
-    return batch, f"the first batch of probe_data (a {kind})"
-
-
-def _source_kind(probe_data):
-    """Names the kind of batch source `probe_data` is, or None if it is none."""
-    # Only a module the user has already imported can have made probe_data.
-    tf = sys.modules.get("tensorflow")
-    if tf is not None and isinstance(probe_data, tf.data.Dataset):
-        return "tf.data.Dataset"
-    if isinstance(probe_data, keras.utils.PyDataset):
-        return "keras.utils.PyDataset"
-    data = sys.modules.get("torch.utils.data")
-    if data is not None and isinstance(probe_data, data.DataLoader):
-        return "torch DataLoader"
-    if hasattr(probe_data, "__iter__") and not isinstance(probe_data, (str, bytes)):
-        return type(probe_data).__name__
-    return None
-
-
-def _as_tensor(t):
-    # Tensors of another framework (a tf.data batch on JAX, say) pass through numpy.
-    if not keras.ops.is_tensor(t) and hasattr(t, "numpy"):
-        t = t.numpy()
-    return keras.ops.convert_to_tensor(t)

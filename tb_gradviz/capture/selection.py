@@ -7,6 +7,7 @@ the layer metadata and the routing record need.
 
 import difflib
 import fnmatch
+import inspect
 from dataclasses import dataclass
 
 import keras
@@ -99,25 +100,55 @@ def check_layer_spec(spec):
     """Returns the layer selection as a list, or None for the default.
 
     Raises:
-      TypeError: an item is not a string, a layer class or a callable.
+      TypeError: an item is not a string, a layer instance, a layer class or
+        a predicate (a callable that takes one layer).
+      ValueError: the list is empty, or a name is the empty string.
     """
     if spec is None:
         return None
     items = list(spec) if isinstance(spec, (list, tuple, set, frozenset)) else [spec]
     if not items:
         raise ValueError(
-            "layers must name at least one layer; received an empty "
-            f"{type(spec).__name__}. Pass None to log all pooling layers."
+            "layers must name at least one layer; pass None to log all pooling layers. "
+            f"Received: layers={spec!r}"
         )
     for item in items:
-        if isinstance(item, str) or callable(item):
-            continue
-        raise TypeError(
-            "layers must be None, a layer name or path, a glob pattern, a Keras "
-            f"layer class, a predicate, or a list of those; received {item!r} "
-            f"of type {type(item).__name__}"
-        )
+        if isinstance(item, str):
+            if not item:
+                raise ValueError(f"layers must not hold an empty name. Received: layers={spec!r}")
+        elif isinstance(item, type):
+            if not issubclass(item, keras.layers.Layer):
+                raise TypeError(
+                    "layers may hold Keras layer classes (keras.layers.Conv2D, say); "
+                    f"{item.__name__} is not one. Received: layers={spec!r}"
+                )
+        elif not isinstance(item, keras.layers.Layer) and callable(item):
+            _check_predicate(item, spec)
+        elif not isinstance(item, keras.layers.Layer):
+            raise TypeError(
+                "layers must be None, a layer name or path, a glob pattern, a Keras "
+                "layer instance or class, a predicate, or a list of those. "
+                f"Received: layers={spec!r}, holding {item!r} of type {type(item).__name__}"
+            )
     return items
+
+
+def _check_predicate(item, spec):
+    try:
+        signature = inspect.signature(item)
+    except (TypeError, ValueError):
+        return  # a builtin without a signature: it is tried on the first layer
+    try:
+        signature.bind(None)
+    except TypeError:
+        raise TypeError(
+            "layers may hold a predicate, a callable that takes one layer and returns True or "
+            f"False; {_callable_name(item)} takes {signature}. Received: layers={spec!r}"
+        ) from None
+
+
+def _callable_name(item):
+    return getattr(item, "__qualname__", type(item).__name__)
 
 
 def select_layers(model, spec):
@@ -128,11 +159,14 @@ def select_layers(model, spec):
       spec: None (all pooling layers), or a list as returned by
         `check_layer_spec`: exact paths (`"resnet50/pool1_pool"`), bare layer
         names (every layer of that name, at any depth), glob patterns on paths
-        (`"resnet50/conv*_out"`), layer classes, or predicates `layer -> bool`.
+        (`"resnet50/conv*_out"`), layer instances (at any depth), layer
+        classes, or predicates `layer -> bool`.
 
     Raises:
       ValueError: a name or pattern matches no layer (the message lists the
-        nearest names), or nothing at all is chosen.
+        nearest names), a layer instance is not in the model, or nothing at
+        all is chosen.
+      TypeError: a predicate raised on a layer.
     """
     spec = check_layer_spec(spec)
     layers = walk_layers(model)
@@ -150,36 +184,52 @@ def select_layers(model, spec):
         return chosen
     picked = set()
     for item in spec:
-        matches = [c for c in indexed if _matches(item, c)]
+        matches = [c for c in indexed if _matches(item, c, spec)]
         if not matches and isinstance(item, str):
-            raise ValueError(_no_match_message(model, item, [c.path for c in indexed]))
+            raise ValueError(_no_match_message(model, item, [c.path for c in indexed], spec))
+        if not matches and isinstance(item, keras.layers.Layer):
+            raise ValueError(
+                f"The layer {item.name!r} is not a layer of model {model.name!r} nor of a model "
+                f"nested in it. Its layers are: {_preview([c.path for c in indexed])}. "
+                f"Received: layers={spec!r}"
+            )
         picked.update(c.index for c in matches)
     if not picked:
         raise ValueError(
-            f"layers={spec!r} chose no layer of model {model.name!r}. Its layers are: "
-            f"{_preview([c.path for c in indexed])}"
+            f"layers chose no layer of model {model.name!r}. Its layers are: "
+            f"{_preview([c.path for c in indexed])}. Received: layers={spec!r}"
         )
     return [c for c in indexed if c.index in picked]
 
 
-def _matches(item, chosen):
+def _matches(item, chosen, spec):
     if isinstance(item, str):
         if _GLOB_CHARACTERS & set(item):
             return fnmatch.fnmatchcase(chosen.path, item)
         return item in (chosen.path, chosen.layer.name)
+    if isinstance(item, keras.layers.Layer):
+        return chosen.layer is item
     if isinstance(item, type):
         return isinstance(chosen.layer, item)
-    return bool(item(chosen.layer))
+    try:
+        return bool(item(chosen.layer))
+    except Exception as e:
+        raise TypeError(
+            f"layers may hold a predicate, a callable that takes one layer and returns True or "
+            f"False; {_callable_name(item)} raised {type(e).__name__}: {e} on layer "
+            f"{chosen.path!r}. Received: layers={spec!r}"
+        ) from e
 
 
-def _no_match_message(model, item, paths):
+def _no_match_message(model, item, paths, spec):
     names = sorted(set(paths) | {p.rsplit("/", 1)[-1] for p in paths})
     nearest = difflib.get_close_matches(item, names, n=5, cutoff=0.5)
     hint = f" Nearest: {', '.join(repr(n) for n in nearest)}." if nearest else ""
     kind = "pattern" if _GLOB_CHARACTERS & set(item) else "name"
     return (
         f"No layer of model {model.name!r} matches the {kind} {item!r}.{hint} "
-        f"Layers are named by path from the model, e.g. 'resnet50/pool1_pool': {_preview(paths)}"
+        f"Layers are named by path from the model, e.g. 'resnet50/pool1_pool': "
+        f"{_preview(paths)}. Received: layers={spec!r}"
     )
 
 
@@ -214,17 +264,29 @@ def as_loss(loss):
     reduces it the way `compile` does.
 
     Raises:
-      ValueError: Keras does not know the loss (Keras' own message).
-      TypeError: it resolves to something that is not callable.
+      ValueError: Keras does not know the loss (with Keras' own message).
+      TypeError: it resolves to something that is not callable, or to a
+        function that does not take `(y_true, y_pred)`.
     """
-    loss = keras.losses.get(loss)
-    if isinstance(loss, keras.losses.Loss):
-        return loss
-    if not callable(loss):
+    allowed = "loss must be None, a Keras loss name, a function (y_true, y_pred) or a Loss"
+    try:
+        resolved = keras.losses.get(loss)
+    except (ValueError, TypeError) as e:
+        raise ValueError(f"{allowed} ({e}). Received: loss={loss!r}") from None
+    if isinstance(resolved, keras.losses.Loss):
+        return resolved
+    if not callable(resolved):
+        raise TypeError(f"{allowed}. Received: loss={loss!r}")
+    try:
+        inspect.signature(resolved).bind(None, None)
+    except TypeError:
         raise TypeError(
-            f"loss must be a Keras loss name, a function (y_true, y_pred) or a Loss; received {loss!r}"
-        )
-    return _FunctionLoss(loss)
+            f"{allowed}; {_callable_name(resolved)} does not take (y_true, y_pred). "
+            f"Received: loss={loss!r}"
+        ) from None
+    except ValueError:
+        pass  # a builtin without a signature
+    return _FunctionLoss(resolved)
 
 
 class _FunctionLoss(keras.losses.Loss):

@@ -29,51 +29,59 @@ class Settings:
         input position the crop starts at (clipped to the map).
 
     Raises:
-      ValueError, TypeError: an argument is invalid (the message says what
-        was received and what is allowed).
+      TypeError: an argument is not of a type allowed.
+      ValueError: its value is not one allowed.
     """
 
     def __init__(self, example=0, channels=None, origin=None):
-        if not isinstance(example, int) or isinstance(example, bool) or example < 0:
-            raise TypeError(f"routing_map_example must be an int >= 0; received {example!r}")
-        if channels is not None:
-            if isinstance(channels, int) and not isinstance(channels, bool):
-                if not 1 <= channels <= MAX_CHANNELS:
-                    raise ValueError(
-                        f"routing_map_channels must be 1..{MAX_CHANNELS} channels; received {channels!r}"
-                    )
-            elif (
-                isinstance(channels, (list, tuple))
-                and channels
-                and all(isinstance(c, int) and not isinstance(c, bool) and c >= 0 for c in channels)
-            ):
-                if len(channels) > MAX_CHANNELS or len(set(channels)) != len(channels):
-                    raise ValueError(
-                        f"routing_map_channels lists at most {MAX_CHANNELS} distinct channels; received {channels!r}"
-                    )
-                channels = list(channels)
-            else:
-                raise TypeError(
-                    "routing_map_channels must be None, a count 1..8 or a list of channel indices; "
-                    f"received {channels!r}"
-                )
-        if origin is not None and not (
-            isinstance(origin, (list, tuple))
-            and len(origin) == 2
-            and all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in origin)
-        ):
-            raise TypeError(
-                f"routing_map_origin must be None or (row, col) ints >= 0; received {origin!r}"
-            )
-        self.example = example
-        self.channels = channels
-        self.origin = None if origin is None else tuple(origin)
+        message = (
+            f"routing_map_example must be an int >= 0. Received: routing_map_example={example!r}"
+        )
+        if not _is_int(example):
+            raise TypeError(message)
+        if example < 0:
+            raise ValueError(message)
+        self.example = int(example)
+        self.channels = None if channels is None else _checked_channels(channels)
+        self.origin = None if origin is None else _checked_origin(origin)
 
     @property
     def channel_count(self):
         if self.channels is None:
             return DEFAULT_CHANNELS
         return self.channels if isinstance(self.channels, int) else len(self.channels)
+
+
+def _is_int(value):
+    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
+
+
+def _checked_channels(channels):
+    allowed = f"routing_map_channels must be None, a count 1..{MAX_CHANNELS} or a list of at most "
+    allowed += f"{MAX_CHANNELS} distinct channel indices >= 0. Received: routing_map_channels="
+    if _is_int(channels):
+        if not 1 <= channels <= MAX_CHANNELS:
+            raise ValueError(f"{allowed}{channels!r}")
+        return int(channels)
+    if not isinstance(channels, (list, tuple)) or not all(_is_int(c) for c in channels):
+        raise TypeError(f"{allowed}{channels!r}")
+    if (
+        not channels
+        or len(channels) > MAX_CHANNELS
+        or len(set(channels)) != len(channels)
+        or min(channels) < 0
+    ):
+        raise ValueError(f"{allowed}{channels!r}")
+    return [int(c) for c in channels]
+
+
+def _checked_origin(origin):
+    allowed = "routing_map_origin must be None or (row, col), two ints >= 0. Received: "
+    if not isinstance(origin, (list, tuple)) or not all(_is_int(v) for v in origin):
+        raise TypeError(f"{allowed}routing_map_origin={origin!r}")
+    if len(origin) != 2 or min(origin) < 0:
+        raise ValueError(f"{allowed}routing_map_origin={origin!r}")
+    return tuple(int(v) for v in origin)
 
 
 def maps_layer(pooling, input_shape):
