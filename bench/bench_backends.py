@@ -101,7 +101,8 @@ def main():
     p.add_argument(
         "--statistics",
         default="default",
-        help="comma list of default (host on a CPU), host, device (forced: a device's statistics on this CPU)",
+        help="comma list of default (host on a CPU), host, device (a device's statistics, forced "
+        "on the CPU)",
     )
     p.add_argument("--repeats", type=int, default=7)
     p.add_argument("--child", action="store_true", help=argparse_hidden())
@@ -140,7 +141,8 @@ def main():
         found = [line for line in result.stdout.splitlines() if line.startswith("ROWS ")]
         if result.returncode != 0 or not found:
             sys.exit(
-                f"{backend}: the measurement failed\n{result.stdout[-2000:]}\n{result.stderr[-4000:]}"
+                f"{backend}: the measurement failed\n"
+                f"{result.stdout[-2000:]}\n{result.stderr[-4000:]}"
             )
         rows += json.loads(found[-1][5:])
         cases = len(args.layers.split(",")) * len(args.statistics.split(","))

@@ -68,7 +68,8 @@ def write_logdir(root, layers, steps, seed):
         synthetic.write_run(logdir / RUN, layers=layers, steps=steps, seed=seed)
         done.write_text("")
         print(
-            f"wrote {layers} layers x {steps} steps to {logdir} in {time.perf_counter() - start:.1f} s"
+            f"wrote {layers} layers x {steps} steps to {logdir} "
+            f"in {time.perf_counter() - start:.1f} s"
         )
     return logdir
 
@@ -170,7 +171,8 @@ def wait_until(predicate, process, log_path, timeout):
     while True:
         if process.poll() is not None:
             raise RuntimeError(
-                f"tensorboard exited with {process.returncode}:\n{pathlib.Path(log_path).read_text()}"
+                f"tensorboard exited with {process.returncode}:\n"
+                f"{pathlib.Path(log_path).read_text()}"
             )
         with contextlib.suppress(OSError, ValueError):
             if predicate():
@@ -212,7 +214,7 @@ def all_loaded(base, layers, steps):
     return (
         bool(runs)
         and len(runs[0]["layers"]) == layers
-        and all(l["max_step"] == steps for l in runs[0]["layers"])
+        and all(layer["max_step"] == steps for layer in runs[0]["layers"])
     )
 
 
@@ -262,7 +264,8 @@ def measure_loader(args, logdir, load_fast, layer_names, workdir):
     }
     with tensorboard(logdir, load_fast, log_path) as (base, process, sampler, started):
         t_enabled = wait_until(lambda: enabled(base), process, log_path, args.timeout)
-        # What a user opening the tab at once sees: keep asking for the first layer's view until it is complete.
+        # What a user opening the tab at once sees: keep asking for the first
+        # layer's view until it is complete.
         t_view = wait_until(
             lambda: complete_view(base, layer_names[0], args.steps), process, log_path, args.timeout
         )
@@ -281,9 +284,11 @@ def measure_loader(args, logdir, load_fast, layer_names, workdir):
         # Cold: each tag's first request (the browser above read only layer 0; skip it).
         others = layer_names[1:]
         series_urls = [
-            route(base, "series", run=RUN, layer=l, tensor=t) for l in others for t in TENSORS
+            route(base, "series", run=RUN, layer=layer, tensor=t)
+            for layer in others
+            for t in TENSORS
         ]
-        routing_urls = [route(base, "routing", run=RUN, layer=l) for l in others]
+        routing_urls = [route(base, "routing", run=RUN, layer=layer) for layer in others]
         step_urls = [route(base, "step", run=RUN, step=s) for s in (args.steps, args.steps // 2, 1)]
         routes = {
             "runs": [route(base, "runs")],
@@ -299,7 +304,9 @@ def measure_loader(args, logdir, load_fast, layer_names, workdir):
                 row[f"{name}_{kind}_p95_ms"] = common.percentile(times, 95) * 1e3
                 row[f"{name}_{kind}_n"] = len(times)
         # One whole layer view (all its requests, in the frontend's order), warm.
-        view_times = [sum(latencies(layer_view_urls(base, l))) for l in others[: args.views]]
+        view_times = [
+            sum(latencies(layer_view_urls(base, layer))) for layer in others[: args.views]
+        ]
         row["layer_view_requests_warm_p50_ms"] = common.percentile(view_times, 50) * 1e3
         _, _, body = get(route(base, "step", run=RUN))
         row["step_body_kb"] = len(body) / 1024

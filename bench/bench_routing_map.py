@@ -8,6 +8,7 @@ counted as serialized. Results: bench/RESULTS.md, section 7.
     python bench/bench_routing_map.py --model resnet50 --image-size 64 --batch 16 --repeats 12
 """
 
+import functools
 import os
 import sys
 import tempfile
@@ -17,7 +18,7 @@ import common  # noqa: E402
 
 
 def _record_seconds(probe, x, repeats):
-    """Median time of `routing_map.record` over the mapped layers, on slices shaped like the pass's."""
+    """Median time of `routing_map.record` over the mapped layers, on slices like the pass's."""
     import numpy as np
 
     from tb_gradviz.format import routing_map
@@ -69,7 +70,8 @@ def main():
         times = {True: [], False: []}
         for repeat in range(args.repeats):
             for mapped, callback in callbacks.items():
-                times[mapped].append(common.seconds(lambda: callback.log_now(step=repeat + 1)))
+                log = functools.partial(callback.log_now, step=repeat + 1)
+                times[mapped].append(common.seconds(log))
         written, _ = callbacks[True]._capture.run(x, y)
         # The host work the map adds, alone: choosing channels, cropping, finding winners.
         record_s = _record_seconds(callbacks[True]._capture, x, args.repeats)
@@ -91,7 +93,8 @@ def main():
         {"what": "all record bytes per event", "value": event_bytes},
     ] + [{"what": f"  {tag}", "value": size} for tag, size in map_bytes.items()]
     common.print_table(
-        f"{args.model} {args.image_size}px batch {args.batch}, pooling layers, {args.repeats} repeats",
+        f"{args.model} {args.image_size}px batch {args.batch}, pooling layers, "
+        f"{args.repeats} repeats",
         rows,
         [("what", "what", "{}"), ("value", "value", "{:.4g}")],
     )

@@ -19,6 +19,7 @@ Examples:
   python bench/bench_statistics.py --model resnet50 --layers all
 """
 
+import functools
 import os
 import subprocess
 import sys
@@ -50,7 +51,10 @@ def best(fn, repeats):
 
 
 def compile_seconds(cache_dir):
-    """`(float32 kernel, the others)` first-call seconds in a fresh process with numba's cache in `cache_dir`."""
+    """`(float32 kernel, the others)` first-call seconds in a fresh process.
+
+    numba's cache is in `cache_dir`.
+    """
     output = subprocess.run(
         [sys.executable, "-c", _COMPILE_SNIPPET],
         capture_output=True,
@@ -123,12 +127,12 @@ def event_row(args):
         step = common.seconds(lambda: model.train_on_batch(x, y))
         with model.distribute_strategy.scope():
             outputs, pass_s = timed(lambda: pass_._probe(x, y, None))
-        arrays, asarray_s = timed(lambda: [np.asarray(t) for t in outputs])
+        arrays, asarray_s = timed(functools.partial(_to_numpy, outputs))
         items = [(values, None) for values in arrays[: pass_._routing_start]]
-        one_thread_s = common.seconds(lambda: kernels.summaries(items, workers=1))
-        all_threads_s = common.seconds(lambda: kernels.summaries(items))
+        one_thread_s = common.seconds(functools.partial(kernels.summaries, items, workers=1))
+        all_threads_s = common.seconds(functools.partial(kernels.summaries, items))
         written, run_s = timed(lambda: pass_.run(x, y)[0])
-        write_s = common.seconds(lambda: log.write(len(rows), written))
+        write_s = common.seconds(functools.partial(log.write, len(rows), written))
         rows.append(
             dict(
                 train_step_s=step,
@@ -154,6 +158,10 @@ def event_row(args):
     for key in rows[0]:
         row[key] = common.median([r[key] for r in rows])
     return row
+
+
+def _to_numpy(tensors):
+    return [np.asarray(t) for t in tensors]
 
 
 def timed(fn):

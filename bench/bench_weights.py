@@ -100,7 +100,8 @@ def measure(args):
                 callbacks[weights] = Timed(cb, spent)
             first = {weights: callbacks[weights].log_now()[0] for weights in (False, True)}
             model.train_on_batch(x, y)
-            # The update records start at the second event, which also loads (or compiles) their kernel.
+            # The update records start at the second event, which also loads (or
+            # compiles) their kernel.
             second = {weights: callbacks[weights].log_now()[0] for weights in (False, True)}
             updates = callbacks[True].callback._updates
             held = sum(copy.nbytes for _, _, copy in updates._previous.values())
@@ -224,12 +225,14 @@ def main():
         found = [line for line in result.stdout.splitlines() if line.startswith("ROWS ")]
         if result.returncode != 0 or not found:
             sys.exit(
-                f"{backend}: the measurement failed\n{result.stdout[-2000:]}\n{result.stderr[-4000:]}"
+                f"{backend}: the measurement failed\n"
+                f"{result.stdout[-2000:]}\n{result.stderr[-4000:]}"
             )
         new = json.loads(found[-1][5:])
         rows += new
         common.print_table(
-            f"{backend}: weights=True vs without, against a train step ({args.repeats} repeats, medians)",
+            f"{backend}: weights=True vs without, against a train step "
+            f"({args.repeats} repeats, medians)",
             [dict(r, update_bytes_held=r["update_bytes_held"] / 1e6) for r in new],
             COLUMNS,
         )

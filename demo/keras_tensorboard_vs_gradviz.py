@@ -94,9 +94,8 @@ def main(argv):
     for layer, (keras_tags, gradviz_tags) in table.items():
         print(f"{layer}")
         print(f"  Keras TensorBoard(histogram_freq=1): {', '.join(keras_tags) or 'nothing'}")
-        print(
-            f"  tb_gradviz:                          {', '.join(gradviz_tags) or 'nothing (not chosen)'}"
-        )
+        logged = ", ".join(gradviz_tags) or "nothing (not chosen)"
+        print(f"  tb_gradviz:                          {logged}")
     print(f"\nLogs in {logdir}")
     return 0
 

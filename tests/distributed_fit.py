@@ -116,7 +116,8 @@ def fit_twice_and_compare(strategy, x, y, log_dir, fit_kwargs):
             model = cnn(dropout=True)
         callbacks = []
         if with_callback:
-            # With weights=True: the weights' gradients and the update copies leave every replica's copy as it was too.
+            # With weights=True: the weights' gradients and the update copies leave
+            # every replica's copy as it was too.
             callbacks.append(
                 GradVizCallback(
                     log_dir,

@@ -59,13 +59,16 @@ def layers(accumulator):
 
 
 def assert_record_matches(log, layer, tensor, array, rel=1e-6, abs=1e-12):
-    """Asserts that the last records of `layer`'s `tensor` are those of `array` (sums to `rel` or `abs`)."""
+    """Asserts that the last records of `layer`'s `tensor` are those of `array`.
+
+    Counts exactly, sums to `rel` or `abs`.
+    """
     logged = stats(log, layer, tensor)
     expected = records.decode_stats(summaries.stats_vector(array))
     for field in ("count", "zeros", "nan", "pos_inf", "neg_inf"):
         assert logged[field] == expected[field], (tensor, field)
     for field in ("min", "max", "mean", "std", "sum"):
-        # float(): pytest 9.2 takes Python numbers only, and a tolerance may come as a numpy float32.
+        # float(): pytest 9.2 takes Python numbers only; a tolerance may be a numpy float32.
         assert logged[field] == pytest.approx(expected[field], rel=float(rel), abs=float(abs)), (
             tensor,
             field,

@@ -58,7 +58,8 @@ def running_tensorboard(
         while True:
             if process.poll() is not None:
                 raise AssertionError(
-                    f"tensorboard exited with {process.returncode}:\n{pathlib.Path(log_path).read_text()}"
+                    f"tensorboard exited with {process.returncode}:\n"
+                    f"{pathlib.Path(log_path).read_text()}"
                 )
             with contextlib.suppress(OSError, ValueError):
                 listing = get_json(f"{url}/data/plugins_listing")

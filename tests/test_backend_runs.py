@@ -24,8 +24,9 @@ BACKENDS = ("tensorflow", "jax", "torch")
 SCRIPT = """
 import sys, numpy as np, keras, tb_gradviz
 L = keras.layers
-model = keras.Sequential([keras.Input((8, 8, 3)), L.Conv2D(4, 3, padding="same", name="conv"), L.ReLU(name="relu"),
-                          L.MaxPooling2D(name="pool"), L.Flatten(name="flat"), L.Dense(2, name="dense")])
+model = keras.Sequential([keras.Input((8, 8, 3)), L.Conv2D(4, 3, padding="same", name="conv"),
+                          L.ReLU(name="relu"), L.MaxPooling2D(name="pool"), L.Flatten(name="flat"),
+                          L.Dense(2, name="dense")])
 rng = np.random.default_rng(0)
 model.set_weights([rng.normal(size=w.shape).astype("float32") * 0.3 for w in model.get_weights()])
 model.compile(keras.optimizers.SGD(0.0), "mse")

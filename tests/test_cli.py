@@ -178,7 +178,7 @@ def test_export_json_is_strict_json_with_nan_written_as_the_http_api_writes_it(l
 
 @pytest.fixture(scope="module")
 def weights_logdir(tmp_path_factory):
-    """A small CNN logged with weights=True at steps 2, 4 and 6; also its final weights, by layer and name."""
+    """A small CNN logged with weights=True at steps 2, 4 and 6, and its final weights by layer."""
     keras = pytest.importorskip("keras")
     from tb_gradviz import GradVizCallback
 
@@ -451,7 +451,7 @@ def test_demo_into_a_file_or_onto_a_busy_port_fails_cleanly(tmp_path):
 
 
 def test_demo_serves_on_6006_and_falls_back_to_a_free_port_when_it_is_busy(tmp_path):
-    # Issue 11, defect 8: TensorBoard's port by default, and a message, not a failure, when it is taken.
+    # TensorBoard's port by default, and a message, not a failure, when it is taken.
     with socket.socket() as busy:
         busy.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
@@ -604,7 +604,7 @@ def test_readme_main_job_trains_writes_and_serves_within_five_minutes(main_job):
 
 
 def served_scalars(url, run, tag, steps):
-    """`[(step, value)]` of a scalar as TensorBoard's Scalars dashboard gets it, once `steps` are loaded."""
+    """`[(step, value)]` of a scalar as the Scalars dashboard gets it, once `steps` are loaded."""
     query = urllib.parse.urlencode({"run": run, "tag": tag})
     deadline = time.monotonic() + 60
     while True:
@@ -623,9 +623,9 @@ def served_scalars(url, run, tag, steps):
     "run, steps", [("resnet50", 48), ("cnn_maxpool", 40), ("cnn_averagepool", 40)]
 )
 def test_demo_resnet50_and_cnns_learn_loss_falls_and_accuracy_beats_chance(main_job, run, steps):
-    # Issue 11, defect 8: from scratch with SGD(0.01, momentum 0.9), ResNet50's loss rose from 2.2 to
-    # 6.9 and its accuracy stayed at chance (and the CNNs, Adam(1e-3) at batch 16, stayed near it).
-    # Each step's loss and accuracy are in the run, beside its GradViz records, for the Scalars dashboard.
+    # From scratch with SGD(0.01, momentum 0.9), ResNet50's loss rose from 2.2 to 6.9 and its
+    # accuracy stayed at chance (and the CNNs, Adam(1e-3) at batch 16, stayed near it). Each step's
+    # loss and accuracy are in the run, beside its GradViz records, for the Scalars dashboard.
     _, url, _, _ = main_job
     loss = served_scalars(url, run, "train/loss", steps)
     accuracy = served_scalars(url, run, "train/accuracy", steps)

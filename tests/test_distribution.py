@@ -149,7 +149,7 @@ def test_multi_worker_only_the_chief_writes_and_training_is_unchanged(tmp_path):
             if p.poll() is None:
                 p.kill()
                 p.communicate()
-    for p, (stdout, stderr) in zip(processes, outputs):
+    for p, (_, stderr) in zip(processes, outputs):
         assert p.returncode == 0, stderr[-3000:]
     chief, other = (parse_result(*o) for o in outputs)
 

@@ -298,8 +298,8 @@ def test_skipped_newer_and_unknown_metadata_is_logged_once_per_reason(logdir, ca
     assert "version 99; this reader knows 1..1" in newer
     # Corrupt, non-object and mistyped metadata: one warning, naming the first.
     assert (
-        "metadata tb_gradviz cannot read (sample: run 'malformed', tag 'gradviz/junk/activation/stats')"
-        in unreadable
+        "metadata tb_gradviz cannot read "
+        "(sample: run 'malformed', tag 'gradviz/junk/activation/stats')" in unreadable
     )
 
 
@@ -519,8 +519,8 @@ def test_routing_records_without_abs_sum_are_served_with_nan(tmp_path):
 
 
 def test_cli_and_tab_judge_mass_conservation_alike(tmp_path):
-    # Issue 11, defect 2: the CLI judged against Σ|grad| with 1e-5, the tab against n·RMS with 1e-3.
-    # Now the server decides once (summaries.mass_conservation) and /routing, /step and the CLI say the same.
+    # The CLI once judged against Σ|grad| with 1e-5, the tab against n·RMS with 1e-3. The server
+    # decides once (summaries.mass_conservation); /routing, /step and the CLI say the same.
     from tb_gradviz import cli
 
     content = {"layer_index": 0, "layer_class": "MaxPooling2D", "pooling": _MAX_POOL}

@@ -9,8 +9,8 @@ keras = pytest.importorskip("keras")
 import eventdata  # noqa: E402
 
 from tb_gradviz import GradVizCallback  # noqa: E402
-from tb_gradviz.format import (
-    records,  # noqa: E402
+from tb_gradviz.format import (  # noqa: E402
+    records,
     summaries,
 )
 

@@ -62,7 +62,8 @@ def large_logdir(tmp_path_factory):
     names, path = synthetic.write_large_run(root / "logs" / "big", layers=LAYERS, steps=STEPS)
     seconds = time.perf_counter() - start
     print(
-        f"\nwrote {LAYERS} layers x {STEPS} steps ({os.path.getsize(path) / 1e6:.0f} MB) in {seconds:.1f} s"
+        f"\nwrote {LAYERS} layers x {STEPS} steps ({os.path.getsize(path) / 1e6:.0f} MB) "
+        f"in {seconds:.1f} s"
     )
     return root, names
 
@@ -146,7 +147,8 @@ def test_layer_view_of_200_layers_x_1000_steps_stays_responsive(browser, large_l
     print(
         f"start -> all loaded {loaded_s:.1f} s; "
         + "; ".join(f"{k} {v:.2f} s" for k, v in times.items())
-        + f"; tensorboard RSS (with data server) {loaded_rss_mb:.0f} MB loaded, {rss_mb:.0f} MB at the end"
+        + f"; tensorboard RSS (with data server) {loaded_rss_mb:.0f} MB loaded, "
+        + f"{rss_mb:.0f} MB at the end"
     )
     assert problems.errors == []
     # Measured 3.4 GB at the end, ~0.55 GB of it the plugin's decoded stats

@@ -1,4 +1,7 @@
-"""`synthetic.write_large_run` and `events.EventFile`: the real event-file format, checked by TensorBoard's own readers."""
+"""`synthetic.write_large_run` and `events.EventFile`: the real event-file format.
+
+Checked by TensorBoard's own readers.
+"""
 
 import itertools
 

@@ -17,7 +17,7 @@ STEPS = 100
 
 
 def gradient(rng, layer, step):
-    """The output gradient of `layer` at `step`: RMS ~1e-3, with a spike and a NaN at known places."""
+    """The output gradient of `layer` at `step`: RMS ~1e-3, a spike and a NaN at known places."""
     values = rng.normal(0, 1e-3, 64)
     if layer == "b" and step == 37:
         values *= 1e6  # exploding at one step of 100

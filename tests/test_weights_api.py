@@ -20,7 +20,8 @@ CONTENT = {
     "pooling": None,
     "backend": "torch",
 }
-# weight -> (values, gradient); the update records at steps 2 and 4: (weight_norm, update_norm, interval)
+# weight -> (values, gradient); the update records at steps 2 and 4:
+# (weight_norm, update_norm, interval)
 WEIGHTS = {
     "kernel": (np.arange(-6.0, 6.0).reshape(3, 4), np.linspace(-1e-3, 2e-3, 12).reshape(3, 4)),
     "bias": (np.zeros(4), np.array([0.0, 1e-4, -1e-4, 0.0])),
