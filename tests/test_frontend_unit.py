@@ -199,6 +199,7 @@ def _dump_answers(client, folder):
     runs = json.loads(get("runs").get_data())["runs"]
     for run in runs:
         get("step", run=run["run"])
+        get("timeline", run=run["run"])
         for layer in run["layers"]:
             for tensor in layer["tensors"]:
                 get("series", run=run["run"], layer=layer["layer"], tensor=tensor["tensor"])
@@ -217,6 +218,7 @@ def _dump_answers(client, folder):
     assert get("step", run="clean", step=-1).status_code == 404
     # The weights run at its first log event: no update record yet.
     get("step", run="weights", step=STEPS_PER_EPOCH)
+    get("timeline", run="weights", field="update_ratio", role="weight")
     assert get("updates", run="weights", layer="pool").status_code == 404
     assert get("updates", run="clean", layer="conv").status_code == 404
     (folder / "index.json").write_text(json.dumps(answers, indent=1))

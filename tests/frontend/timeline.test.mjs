@@ -1,0 +1,86 @@
+// timelinemodel.js over real /timeline answers (api_answers.mjs): the flags of
+// each layer at the last column are the flags /step gives it at the last step.
+
+import assert from 'node:assert/strict';
+import {test} from 'node:test';
+
+import * as timelinemodel from '../../frontend/timelinemodel.js';
+import {answer, runs} from './api_answers.mjs';
+
+// The flags the timeline decides (/step may raise others, which it does not draw).
+const flagsOf = (snapshot) => snapshot.flags.map(({flag}) => flag).filter((flag) => timelinemodel.FLAGS.includes(flag)).sort();
+
+test('each layer, in model order, has the flags at the last column that /step raises at the last step', () => {
+  for (const {run, layers} of runs) {
+    const body = answer('timeline', {run});
+    const matrix = timelinemodel.timelineMatrix(body);
+    assert.deepEqual(matrix.rows.map((row) => row.layer), layers.map(({layer}) => layer), run);
+    const last = matrix.columns.first_step.length - 1;
+    assert.equal(matrix.columns.last_step[last], answer('step', {run}).step);
+    const step = new Map(answer('step', {run}).layers.map((snapshot) => [snapshot.layer, flagsOf(snapshot)]));
+    for (const row of matrix.rows) {
+      assert.deepEqual([...row.flags[last]].sort(), step.get(row.layer), `${run} ${row.layer}`);
+    }
+  }
+  // The runs are chosen so that these flags are raised at all.
+  const vanishing = timelinemodel.timelineMatrix(answer('timeline', {run: 'vanishing'}));
+  assert.ok(vanishing.rows.some((row) => row.flags.at(-1).includes('vanishing')));
+  assert.ok(vanishing.rows.some((row) => row.flags.at(-1).includes('dead')));
+  const nan = timelinemodel.timelineMatrix(answer('timeline', {run: 'nan'}));
+  assert.ok(nan.rows.some((row) => row.flags.at(-1).includes('nonfinite')));
+});
+
+test('cells show log10 of the column maximum, and the range spans them', () => {
+  const body = answer('timeline', {run: 'clean'});
+  const matrix = timelinemodel.timelineMatrix(body);
+  const first = body.layers[0];
+  assert.equal(matrix.rows[0].values[0], Math.log10(first.rms.max[0]));
+  const values = matrix.rows.flatMap((row) => row.values).filter((v) => v !== null);
+  assert.equal(matrix.low, Math.min(...values));
+  assert.equal(matrix.high, Math.max(...values));
+  assert.equal(matrix.diverging, false);
+  // Update ratios of the weights run: the first log event has none (no value), the next has.
+  const weights = timelinemodel.timelineMatrix(answer('timeline', {run: 'weights', field: 'update_ratio', role: 'weight'}));
+  const conv = weights.rows.find((row) => row.layer === 'conv');
+  assert.equal(conv.values[0], null);
+  assert.ok(Number.isFinite(conv.values.at(-1)));
+});
+
+test('a run against itself differs by zero, against another where both have values', () => {
+  const clean = timelinemodel.timelineMatrix(answer('timeline', {run: 'clean'}));
+  const nan = timelinemodel.timelineMatrix(answer('timeline', {run: 'nan'}));
+  const same = timelinemodel.differenceMatrix(clean, clean);
+  assert.ok(same.diverging && same.low === -same.high);
+  assert.ok(same.rows.every((row) => row.values.every((v) => v === null || v === 0)));
+  const other = timelinemodel.differenceMatrix(clean, nan);
+  assert.deepEqual(other.rows.map((row) => row.layer), clean.rows.map((row) => row.layer));
+  assert.equal(other.rows[0].values[0], clean.rows[0].values[0] - nan.rows[0].values[0]);
+});
+
+test('the column holding a step, the cell under a point, and what hovering it says', () => {
+  const columns = {first_step: [1, 13, 25], last_step: [12, 24, 30]};
+  assert.equal(timelinemodel.columnHolding(columns, 0), null);
+  assert.equal(timelinemodel.columnHolding(columns, 1), 0);
+  assert.equal(timelinemodel.columnHolding(columns, 24), 1);
+  assert.equal(timelinemodel.columnHolding(columns, 30), 2);
+  assert.equal(timelinemodel.columnHolding(columns, 31), null);
+  const matrix = {field: 'rms', diverging: false, columns, rows: [
+    {layer: 'a', values: [0, -1, null], flags: [[], ['vanishing'], []], envelope: {min: [1, 0.05, null], max: [1, 0.1, null]}},
+    {layer: 'b', values: [0, 0, 0], flags: [[], [], []], envelope: {min: [1, 1, 1], max: [1, 1, 1]}},
+  ]};
+  assert.deepEqual(timelinemodel.cellAt(matrix, 300, 20, 150, 5), {row: 0, column: 1});
+  assert.deepEqual(timelinemodel.cellAt(matrix, 300, 20, 299.9, 19.9), {row: 1, column: 2});
+  assert.equal(timelinemodel.cellAt(matrix, 300, 20, 300, 5), null);
+  assert.equal(timelinemodel.describeCell(matrix, {row: 0, column: 1}),
+    'a, steps 13-24: rms 0.0500 to 0.100; flags: vanishing');
+  assert.equal(timelinemodel.describeCell(matrix, {row: 0, column: 2}), 'a, steps 25-30: no value');
+  assert.equal(timelinemodel.describeCell(matrix, {row: 1, column: 0}), 'b, steps 1-12: rms 1.00');
+});
+
+test('colours run from the ramp\'s first stop to its last; a difference is white at zero', () => {
+  assert.deepEqual(timelinemodel.colourOf(0, 0, 1, false), [68, 1, 84]);
+  assert.deepEqual(timelinemodel.colourOf(1, 0, 1, false), [253, 231, 37]);
+  assert.deepEqual(timelinemodel.colourOf(5, 0, 1, false), [253, 231, 37]);
+  assert.deepEqual(timelinemodel.colourOf(0, -1, 1, true), [247, 247, 247]);
+  assert.equal(timelinemodel.colourOf(null, 0, 1, false), null);
+});
