@@ -240,6 +240,9 @@ def test_bad_log_dir_and_probe_data(tmp_path):
     a_file.write_text("")
     with pytest.raises(ValueError, match="log_dir must be a directory; it is a file. Received: "):
         GradVizCallback(a_file, (x, y))
+    # A trailing slash named the same file, passed the check and failed inside fit.
+    with pytest.raises(ValueError, match="log_dir must be a directory; it is a file. Received: "):
+        GradVizCallback(f"{a_file}{os.sep}", (x, y))
     with pytest.raises(
         TypeError,
         match=r"must be \(x, y\) or \(x, y, sample_weight\)\. "

@@ -213,7 +213,12 @@ def test_loss_given_by_name_takes_sample_weight(tmp_path):
             "every_n_epochs=None logs only with every_n_batches; pass one of them. "
             "Received: every_n_epochs=None, every_n_batches=None",
         ),
-        ({"loss": 3}, ValueError, "(Could not interpret loss identifier: 3). Received: loss=3"),
+        ({"loss": 3}, TypeError, "a function (y_true, y_pred) or a Loss. Received: loss=3"),
+        (
+            {"loss": "qx"},
+            ValueError,
+            "(Could not interpret loss identifier: qx). Received: loss='qx'",
+        ),
         ({"layers": [None]}, TypeError, "Received: layers=[None], holding None of type NoneType"),
         (
             {"probe_data": (None, np.ones((2, 2)))},

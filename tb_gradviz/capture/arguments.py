@@ -95,22 +95,22 @@ def check_log_dir(log_dir):
     """Returns the `storage.Location` of `log_dir`, a directory that can be created.
 
     A URL is only parsed, without touching the network: a store's errors come
-    at the first upload, and training goes on (`storage.Uploader`).
+    at the first upload, and training goes on (`upload.Uploader`).
 
     Raises:
       TypeError, ValueError: `log_dir` is not a path or URL, or a local one
         is a file or lies below a file.
     """
     location = storage.location(log_dir, "log_dir")
-    path = location.local_path
-    if path is None:
+    if location.local_path is None:
         return location
+    path = os.path.abspath(location.local_path)  # "a_file/" is the file too
     if os.path.exists(path) and not os.path.isdir(path):
         raise ValueError(
             f"log_dir must be a directory; it is a file. {received('log_dir', location.url)}"
         )
     # Fail now rather than at the first log event, after training has run.
-    ancestor = os.path.dirname(os.path.abspath(path))
+    ancestor = os.path.dirname(path)
     while not os.path.exists(ancestor):
         ancestor = os.path.dirname(ancestor)
     if not os.path.isdir(ancestor):

@@ -265,10 +265,12 @@ def as_loss(loss):
 
     Raises:
       ValueError: Keras does not know the loss (with Keras' own message).
-      TypeError: it resolves to something that is not callable, or to a
-        function that does not take `(y_true, y_pred)`.
+      TypeError: it is not a name, a config dict or a callable, or it
+        resolves to a function that does not take `(y_true, y_pred)`.
     """
     allowed = "loss must be None, a Keras loss name, a function (y_true, y_pred) or a Loss"
+    if not isinstance(loss, (str, dict)) and not callable(loss):
+        raise TypeError(f"{allowed}. Received: loss={loss!r}")
     try:
         resolved = keras.losses.get(loss)
     except (ValueError, TypeError) as e:
