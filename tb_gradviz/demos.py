@@ -9,15 +9,16 @@ scalars, so the Scalars dashboard shows the model learning next to the
 GradViz tab.
 """
 
+import functools
 import os
 import time
 
 import keras
 import numpy as np
 from tensorboard.compat.proto import event_pb2, summary_pb2
-from tensorboard.summary.writer.event_file_writer import EventFileWriter
 
 from tb_gradviz.capture.callback import GradVizCallback
+from tb_gradviz.format import events
 
 PATTERNS = ("horizontal stripes", "vertical stripes", "disc", "checkerboard")
 
@@ -69,10 +70,10 @@ class StepScalars(keras.callbacks.Callback):
     `log_dir/train`, a run apart from the GradViz run, and writes the
     epoch's running mean, which lags behind the steps. These go into the
     GradViz run's own directory, so the Scalars dashboard names the same runs
-    as the GradViz tab, through TensorBoard's own writer, without TensorFlow
-    (as tb_gradviz writes). The run then holds two event files: the demo
-    serves once both are complete, since TensorBoard's Python loader follows
-    only the newest file of a run that is still being written.
+    as the GradViz tab, through tb_gradviz's own event file writer
+    (`events.EventFile`), without TensorFlow. The run then holds two event
+    files: the demo serves once both are complete, since TensorBoard's Python
+    loader follows only the newest file of a run that is still being written.
     """
 
     TAGS = {"loss": "train/loss", "accuracy": "train/accuracy"}
@@ -85,7 +86,7 @@ class StepScalars(keras.callbacks.Callback):
 
     def on_train_batch_end(self, batch, logs=None):
         if self._writer is None:
-            self._writer = EventFileWriter(self.log_dir)
+            self._writer = events.EventFile(self.log_dir, suffix=".scalars")
         values = []
         for name, tag in self.TAGS.items():
             # Keras' logs hold the mean over the epoch's first `batch + 1`
@@ -99,7 +100,8 @@ class StepScalars(keras.callbacks.Callback):
         event = event_pb2.Event(
             wall_time=time.time(), step=step, summary=summary_pb2.Summary(value=values)
         )
-        self._writer.add_event(event)
+        self._writer.write(event.SerializeToString())
+        self._writer.flush()
 
     def on_train_end(self, logs=None):
         if self._writer is not None:
@@ -123,7 +125,7 @@ def _fit(model, log_dir, layers, x, y, batch_size, log_every, verbose, weights=F
 
 
 def resnet50(image_size):
-    """ResNet50 (`weights=None`) for `image_size` px patterns, initialised to learn in a few dozen steps.
+    """ResNet50 (`weights=None`) for `image_size` px patterns, set up to learn in a few dozen steps.
 
     Keras' initialisation leaves each residual block adding a full-scale
     branch to its shortcut and the classifier confidently wrong (loss ~2.2,
@@ -248,7 +250,7 @@ def plain_cnn(activation):
 
 
 def train_plain_cnn(log_dir, activation, steps=12, batch_size=16, log_every=4, verbose=1, seed=0):
-    """Trains `plain_cnn(activation)` on 16x16 patterns; logs every layer, for the gradient-flow view.
+    """Trains `plain_cnn(activation)` on 16x16 patterns; logs every layer (the gradient-flow view).
 
     With `weights=True`: the convolutions' kernels and biases, their
     gradients and update sizes are logged too.
@@ -269,34 +271,72 @@ def train_plain_cnn(log_dir, activation, steps=12, batch_size=16, log_every=4, v
     ).chosen_layers
 
 
-def run_demo(logdir, model="all", steps=None, image_size=64, batch_size=16, verbose=1):
-    """Writes the demo runs into `logdir`; returns `{run: [layer paths]}`.
+def demo_plan(model="all", steps=None, image_size=64, batch_size=16):
+    """The demo's runs in training order: `[(run, what trains, why, train(log_dir, verbose))]`.
+
+    The small models come first, so their runs can be looked at while
+    ResNet50 trains; `steps` (None: each run's own default) applies to the
+    small CNNs and ResNet50, not to the plain CNNs.
+    """
+    plan = []
+    step_arg = {} if steps is None else {"steps": steps}
+    if model in ("cnn", "all"):
+        for pooling in ("max", "average"):
+            plan.append(
+                (
+                    f"cnn_{pooling}pool",
+                    f"a small CNN with {pooling} pooling (32 px)",
+                    "to compare how max and average pooling route the gradient "
+                    "(its ReLU layers also have dead channels, which check flags)",
+                    functools.partial(train_small_cnn, pooling=pooling, **step_arg),
+                )
+            )
+        plan += [
+            (
+                "plain_sigmoid",
+                f"a plain {PLAIN_DEPTH}-layer CNN of sigmoids (16 px)",
+                "its gradient vanishes toward the input, which check flags",
+                functools.partial(train_plain_cnn, activation="sigmoid"),
+            ),
+            (
+                "plain_relu_bn",
+                f"the same {PLAIN_DEPTH} layers with BatchNorm and ReLU",
+                "the healthy comparison: its gradient keeps flowing",
+                functools.partial(train_plain_cnn, activation="relu_bn"),
+            ),
+        ]
+    if model in ("resnet50", "all"):
+        plan.append(
+            (
+                "resnet50",
+                f"ResNet50 (weights=None, {image_size} px, batch {batch_size})",
+                "its max pool pool1_pool, average pool and stage outputs",
+                functools.partial(
+                    train_resnet50, image_size=image_size, batch_size=batch_size, **step_arg
+                ),
+            )
+        )
+    return plan
+
+
+def run_demo(logdir, model="all", steps=None, image_size=64, batch_size=16, verbose=1, say=None):
+    """Writes the demo runs into `logdir`, in `demo_plan`'s order; returns `{run: [layer paths]}`.
 
     `model` is "resnet50", "cnn" or "all". The CNN demo writes two runs,
     max and average pooling, so the GradViz tab can overlay them, and two
     20-layer plain CNNs, sigmoid and ReLU with BatchNorm, whose gradient
     flow and health flags show a vanishing gradient next to a healthy one,
     with their weights (`weights=True`).
+
+    Args:
+      say: None, or a function given a line of text before each run trains
+        (which model and why) and after it (the layers it logged).
     """
+    say = say or (lambda text: None)
+    plan = demo_plan(model, steps, image_size, batch_size)
     runs = {}
-    if model in ("cnn", "all"):
-        for activation in ("sigmoid", "relu_bn"):
-            run = f"plain_{activation}"
-            runs[run] = train_plain_cnn(os.path.join(logdir, run), activation, verbose=verbose)
-    if model in ("cnn", "all"):
-        for pooling in ("max", "average"):
-            run = f"cnn_{pooling}pool"
-            kwargs = {} if steps is None else {"steps": steps}
-            runs[run] = train_small_cnn(
-                os.path.join(logdir, run), pooling, verbose=verbose, **kwargs
-            )
-    if model in ("resnet50", "all"):
-        kwargs = {} if steps is None else {"steps": steps}
-        runs["resnet50"] = train_resnet50(
-            os.path.join(logdir, "resnet50"),
-            image_size=image_size,
-            batch_size=batch_size,
-            verbose=verbose,
-            **kwargs,
-        )
+    for number, (run, what, why, train) in enumerate(plan, 1):
+        say(f"[{number}/{len(plan)}] {run}: {what}; {why}.")
+        runs[run] = train(os.path.join(logdir, run), verbose=verbose)
+        say(f"      {run} logged {len(runs[run])} layers: {', '.join(runs[run])}")
     return runs

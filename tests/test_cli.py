@@ -659,3 +659,45 @@ def test_demo_shows_a_vanishing_gradient_the_flags_catch_next_to_a_healthy_netwo
         and "logits" not in flagged
         and "conv20" not in flagged
     )
+    # As the demo says: check also flags dead ReLU channels in both small CNNs.
+    for run in ("cnn_maxpool", "cnn_averagepool"):
+        assert cli.main(["check", str(logs), "--run", run, "--fail-on", "dead"]) == cli.EXIT_FLAGGED
+    capsys.readouterr()
+
+
+def test_demo_says_what_trains_and_why_lists_each_runs_layers_and_keeps_tensorflow_quiet(tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TF_CPP", "GRPC"))}
+    logs = tmp_path / "logs"
+    done = subprocess.run(
+        [sys.executable, "-m", "tb_gradviz.cli", "demo", "--model", "cnn", "--steps", "1"]
+        + ["--no-serve", "--logdir", str(logs)],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=REPO,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr
+    from tb_gradviz import demos
+
+    plan = demos.demo_plan("cnn", 1)
+    said = [
+        line for line in done.stdout.splitlines() if re.match(r"\[\d+/\d+\] |\s+\S+ logged ", line)
+    ]
+    # Before each run: its number, name, model and why; after it: the layers it logged.
+    assert len(said) == 2 * len(plan)
+    for i, (run, what, why, _) in enumerate(plan):
+        assert said[2 * i] == f"[{i + 1}/{len(plan)}] {run}: {what}; {why}."
+        assert said[2 * i + 1].split()[:2] == [run, "logged"]
+        assert os.listdir(logs / run)
+    assert said[3].split(": ", 1)[1] == "pool1, pool2, gap"  # cnn_averagepool
+    # TensorFlow's C++ start-up notices are not the demo's output.
+    assert "oneDNN" not in done.stderr and "absl::InitializeLog" not in done.stderr, done.stderr
+    # The step scalars are written by tb_gradviz's own writer, beside its records.
+    assert any(name.endswith(".scalars") for name in os.listdir(logs / "cnn_maxpool"))
+    # What the demo says check flags is what check flags on its logs.
+    assert "dead ReLU channels in the small CNNs" in done.stdout
+    status, out, _ = run_cli("check", logs, "--format", "json")
+    flags = {r["run"]: {f["flag"] for f in r["flags"]} for r in json.loads(out)["runs"]}
+    assert status == cli.EXIT_FLAGGED
+    assert "vanishing" in flags["plain_sigmoid"] and flags["plain_relu_bn"] == set()

@@ -1,11 +1,51 @@
 """`tb-gradviz demo`: train the demo models with the callback, then serve TensorBoard."""
 
+import importlib
 import os
+import re
+import sys
+import tempfile
 import time
 
-from tb_gradviz.cli.status import EXIT_SERVE, CommandError
+from tb_gradviz.cli.status import EXIT_OK, EXIT_SERVE, CommandError
 
 DEFAULT_PORT = 6006  # TensorBoard's
+
+
+# Set, unless the user set them, before TensorFlow is first imported: its C++
+# log lines (CPU instructions, oneDNN, float16 kernels) and absl's notice
+# before them say nothing about the demo; Python errors still surface.
+QUIET_TENSORFLOW = {"TF_CPP_MIN_LOG_LEVEL": "3", "GRPC_VERBOSITY": "ERROR"}
+
+
+# The lines TensorFlow's C++ side writes to file descriptor 2 while it loads,
+# whatever TF_CPP_MIN_LOG_LEVEL says (oneDNN's notice, absl's before it).
+_LOAD_NOISE = re.compile(
+    r"WARNING: All log messages before absl::InitializeLog\(\)|[IW]\d{4} [\d:.]+ +\d+ \S+:\d+\]"
+)
+
+
+def import_quietly(name):
+    """Imports module `name`, dropping TensorFlow's start-up lines from stderr.
+
+    File descriptor 2 is caught while the module (and TensorFlow with it)
+    loads; every caught line that is not such a notice is written to stderr
+    afterwards, so warnings and errors of the import still show.
+    """
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as caught:
+        os.dup2(caught.fileno(), 2)
+        try:
+            return importlib.import_module(name)
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            caught.seek(0)
+            for line in caught.read().decode(errors="replace").splitlines(keepends=True):
+                if not _LOAD_NOISE.match(line):
+                    sys.stderr.write(line)
 
 
 def run_demo(args):
@@ -13,29 +53,34 @@ def run_demo(args):
         raise CommandError(
             f"--logdir must be a directory; received {args.logdir!r}, which is a file"
         )
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    for name, value in QUIET_TENSORFLOW.items():
+        if not os.environ.get(name):
+            os.environ[name] = value
     started = time.monotonic()
     print(
-        f"Training into {os.path.abspath(args.logdir)} (data generated, no download)...", flush=True
+        f"Training into {os.path.abspath(args.logdir)} (data generated, no download).", flush=True
     )
-    from tb_gradviz import demos
-
-    runs = demos.run_demo(
+    demos = import_quietly("tb_gradviz.demos")
+    demos.run_demo(
         args.logdir,
         model=args.model,
         steps=args.steps,
         image_size=args.image_size,
         batch_size=args.batch_size,
+        say=lambda text: print(text, flush=True),
     )
-    for run, layers in runs.items():
-        print(f"  {run}: {', '.join(layers)}")
     print(f"Logs written in {time.monotonic() - started:.0f} s.", flush=True)
+    print(
+        f"Check them with: tb-gradviz check {args.logdir}  (the sigmoid network's vanishing "
+        "gradient, and dead ReLU channels in the small CNNs, are flagged)",
+        flush=True,
+    )
     if args.no_serve:
         print(
             f"View them with: tensorboard --logdir {args.logdir} "
             "--samples_per_plugin=gradviz=0,histograms=0"
         )
-        return 0
+        return EXIT_OK
     return serve(args.logdir, args.host, args.port, args.serve_seconds)
 
 
@@ -84,4 +129,4 @@ def serve(logdir, host, port=None, seconds=None):
             time.sleep(0.2)
     except KeyboardInterrupt:
         pass
-    return 0
+    return EXIT_OK

@@ -65,7 +65,7 @@ def summary_rows(snapshot, layers):
         pooling = info.get(layer["layer"], {}).get("pooling") or {}
         for tensor, record in layer["tensors"].items():
             stats = record["stats"]
-            routed = routing if routing and tensor.startswith(records.INPUT_GRADIENT) else None
+            routed = routing if routing and record["role"] == records.INPUT_GRADIENT else None
             rows.append(
                 (
                     layer["layer"],
