@@ -53,7 +53,7 @@ def aws_env(monkeypatch, tmp_path):
         "AWS_EC2_METADATA_DISABLED": "true",
         "AWS_CONFIG_FILE": str(tmp_path / "none"),
         "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "none"),
-        # One attempt per upload: a store that is down fails in milliseconds, not after boto3's retries.
+        # One attempt per upload: a store that is down fails at once, not after boto3's retries.
         "AWS_MAX_ATTEMPTS": "1",
     }.items():
         monkeypatch.setenv(name, value)
@@ -132,7 +132,10 @@ def export(logdir):
 
 
 def without_wall_times(series):
-    """Series as JSON text (NaN compares equal), keyed by (run, layer, tensor); each logger stamps its own wall times."""
+    """Series as JSON text (NaN compares equal), keyed by (run, layer, tensor).
+
+    Wall times are left out: each logger stamps its own.
+    """
     return {
         (s["run"], s["layer"], s["tensor"]): json.dumps(dict(s, wall_times=None), sort_keys=True)
         for s in series
@@ -209,7 +212,10 @@ def test_file_url_log_dir_writes_the_local_folder(tmp_path, monkeypatch):
 
 
 def test_remote_files_are_uploaded_whole_and_rotated(tmp_path, monkeypatch):
-    """Through fsspec (its in-process memory store): every object is a whole event file with its own metadata."""
+    """Through fsspec (its in-process memory store): every object is a whole event file.
+
+    Each object carries its own metadata.
+    """
     fsspec = pytest.importorskip("fsspec")
     monkeypatch.setattr(events, "ROTATE_EVENTS", 4)
     rng = np.random.default_rng(0)
@@ -401,11 +407,13 @@ sys.modules["tensorflow"] = None  # as if TensorFlow were not installed: any imp
 import keras, numpy as np
 from tb_gradviz import GradVizCallback
 keras.utils.set_random_seed(0)
-model = keras.Sequential([keras.Input((8, 8, 2)), keras.layers.Conv2D(3, 3, padding="same"),
-                          keras.layers.MaxPooling2D(2, name="pool"), keras.layers.Flatten(), keras.layers.Dense(2)])
+L = keras.layers
+model = keras.Sequential([keras.Input((8, 8, 2)), L.Conv2D(3, 3, padding="same"),
+                          L.MaxPooling2D(2, name="pool"), L.Flatten(), L.Dense(2)])
 model.compile("sgd", "mse")
 x, y = np.ones((12, 8, 8, 2), "float32"), np.ones((12, 2), "float32")
-model.fit(x, y, batch_size=4, verbose=0, callbacks=[GradVizCallback(sys.argv[1], (x[:4], y[:4]), every_n_batches=1)])
+callback = GradVizCallback(sys.argv[1], (x[:4], y[:4]), every_n_batches=1)
+model.fit(x, y, batch_size=4, verbose=0, callbacks=[callback])
 """
 
 

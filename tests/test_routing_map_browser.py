@@ -196,152 +196,148 @@ def _timed_in_page(locator, script):
 def test_routing_map_of_resnet50_stem(browser, stem_logs):
     root, logdir = stem_logs
     ready = _runs_loaded({RUN: STEPS[-1], RUN_224: STEPS[-1]})
-    with running_tensorboard(logdir, root / "tensorboard.log", ready) as url:
-        with gradviz_page(browser, url) as page:
-            frame = page.frame_locator(PLUGIN_FRAME)
-            frame.get_by_label("Run", exact=True).select_option(RUN)
-            # The first max pool is the layer the tab opens with: pool1_pool, at the last step.
-            frame.locator(".layer-name", has_text="pool1_pool").wait_for()
-            view = frame.locator(".routemap")
-            view.locator("canvas.base").first.wait_for()
-            answer = _api(url, RUN, "pool1_pool")
-            assert answer["map"] == {"height": 34, "width": 34} and answer["windows"]["rows"] == 16
-            assert view.locator(".routemap-title .layer-meta").text_content() == (
-                "Example 0 · the whole 34×34 map · 256 windows 3×3, stride 2×2, valid"
-            )
-            rule = view.locator(".routemap-rule").text_content()
-            assert rule == "Ties: first maximum in raster order (tensorflow on cpu)."
-            # Every position: those no window reaches (the last row and column) get no gradient, as predicted.
-            assert view.locator(".routemap-check").text_content() == (
-                "✓ tensorflow's input gradient is what these winners predict at all 1,156 positions compared."
-            )
-            channels = [str(c["channel"]) for c in answer["channels"]]
-            channel_select = frame.get_by_label("Channel", exact=True)
-            assert channel_select.locator("option").all_text_contents() == channels
-            assert channel_select.input_value() == channels[0]
-            assert view.locator(".map-step-value").text_content() == f"{STEPS[-1]} (2 of 2)"
+    with (
+        running_tensorboard(logdir, root / "tensorboard.log", ready) as url,
+        gradviz_page(browser, url) as page,
+    ):
+        frame = page.frame_locator(PLUGIN_FRAME)
+        frame.get_by_label("Run", exact=True).select_option(RUN)
+        # The first max pool is the layer the tab opens with: pool1_pool, at the last step.
+        frame.locator(".layer-name", has_text="pool1_pool").wait_for()
+        view = frame.locator(".routemap")
+        view.locator("canvas.base").first.wait_for()
+        answer = _api(url, RUN, "pool1_pool")
+        assert answer["map"] == {"height": 34, "width": 34} and answer["windows"]["rows"] == 16
+        assert view.locator(".routemap-title .layer-meta").text_content() == (
+            "Example 0 · the whole 34×34 map · 256 windows 3×3, stride 2×2, valid"
+        )
+        rule = view.locator(".routemap-rule").text_content()
+        assert rule == "Ties: first maximum in raster order (tensorflow on cpu)."
+        # Every position: those no window reaches (the last row and column) get no gradient, as predicted.
+        assert view.locator(".routemap-check").text_content() == (
+            "✓ tensorflow's input gradient is what these winners predict at all 1,156 positions compared."
+        )
+        channels = [str(c["channel"]) for c in answer["channels"]]
+        channel_select = frame.get_by_label("Channel", exact=True)
+        assert channel_select.locator("option").all_text_contents() == channels
+        assert channel_select.input_value() == channels[0]
+        assert view.locator(".map-step-value").text_content() == f"{STEPS[-1]} (2 of 2)"
 
-            # A tied window of ReLU zeros: the first position, its top-left, wins.
-            first = answer["channels"][0]
-            at_winner = [first["input"][w] for w in first["winner"]]
-            zero_windows = [
-                k
-                for k, tied in enumerate(first["tied"])
-                if tied and first["output_gradient"][k] != 0 and at_winner[k] == 0
-            ]
-            assert zero_windows, "no tied window of zeros in channel 0"
-            rows = _check_max_window(page, frame, answer, 0, zero_windows[len(zero_windows) // 2])
-            assert "tied positions" in rows["winner"]
-            keep_screenshot(view, root / "routing_map_pool1_pool_tie.png")
-            untied = [k for k, tied in enumerate(first["tied"]) if not tied and at_winner[k] > 0]
-            _check_max_window(page, frame, answer, 0, untied[len(untied) // 3])
-            keep_screenshot(view, root / "routing_map_pool1_pool.png")
+        # A tied window of ReLU zeros: the first position, its top-left, wins.
+        first = answer["channels"][0]
+        at_winner = [first["input"][w] for w in first["winner"]]
+        zero_windows = [
+            k
+            for k, tied in enumerate(first["tied"])
+            if tied and first["output_gradient"][k] != 0 and at_winner[k] == 0
+        ]
+        assert zero_windows, "no tied window of zeros in channel 0"
+        rows = _check_max_window(page, frame, answer, 0, zero_windows[len(zero_windows) // 2])
+        assert "tied positions" in rows["winner"]
+        keep_screenshot(view, root / "routing_map_pool1_pool_tie.png")
+        untied = [k for k, tied in enumerate(first["tied"]) if not tied and at_winner[k] > 0]
+        _check_max_window(page, frame, answer, 0, untied[len(untied) // 3])
+        keep_screenshot(view, root / "routing_map_pool1_pool.png")
 
-            # From the keyboard: the input map walks the windows, from the first.
-            page.mouse.move(0, 0)
-            frame.locator(".routemap-tooltip").wait_for(state="hidden")
-            frame.locator(".routemap-figure.input .routemap-stack").focus()
-            page.keyboard.press("ArrowRight")
-            assert _tooltip(frame)[0] == f"Window (0, 0) of channel {channels[0]}"
-            page.keyboard.press("ArrowDown")
-            assert _tooltip(frame)[0] == f"Window (1, 0) of channel {channels[0]}"
-            page.keyboard.press("Escape")
-            frame.locator(".routemap-tooltip").wait_for(state="hidden")
+        # From the keyboard: the input map walks the windows, from the first.
+        page.mouse.move(0, 0)
+        frame.locator(".routemap-tooltip").wait_for(state="hidden")
+        frame.locator(".routemap-figure.input .routemap-stack").focus()
+        page.keyboard.press("ArrowRight")
+        assert _tooltip(frame)[0] == f"Window (0, 0) of channel {channels[0]}"
+        page.keyboard.press("ArrowDown")
+        assert _tooltip(frame)[0] == f"Window (1, 0) of channel {channels[0]}"
+        page.keyboard.press("Escape")
+        frame.locator(".routemap-tooltip").wait_for(state="hidden")
 
-            # Another channel, then the first map step: the view follows, and stays right.
-            channel_select.select_option(channels[-1])
-            _check_max_window(page, frame, answer, len(channels) - 1, 17)
-            step_slider = frame.get_by_label("Map step", exact=True)
-            step_slider.focus()
-            step_slider.press("Home")
-            view.locator(".map-step-value", has_text=f"{STEPS[0]} (1 of 2)").wait_for()
-            earlier = _api(url, RUN, "pool1_pool", STEPS[0])
-            index = [c["channel"] for c in earlier["channels"]].index(
-                int(channel_select.input_value())
-            )
-            _check_max_window(page, frame, earlier, index, 40)
-            assert view.locator(".routemap-summary").text_content().startswith(f"Step {STEPS[0]}: ")
-            # The tab's own slider moves the map too.
-            frame.get_by_label("Step", exact=True).focus()
-            page.keyboard.press("Home")
-            frame.locator(".step-value", has_text=f"{STEPS[0]} (1 of 2)").wait_for()
-            page.keyboard.press("End")
-            view.locator(".map-step-value", has_text=f"{STEPS[-1]} (2 of 2)").wait_for()
+        # Another channel, then the first map step: the view follows, and stays right.
+        channel_select.select_option(channels[-1])
+        _check_max_window(page, frame, answer, len(channels) - 1, 17)
+        step_slider = frame.get_by_label("Map step", exact=True)
+        step_slider.focus()
+        step_slider.press("Home")
+        view.locator(".map-step-value", has_text=f"{STEPS[0]} (1 of 2)").wait_for()
+        earlier = _api(url, RUN, "pool1_pool", STEPS[0])
+        index = [c["channel"] for c in earlier["channels"]].index(int(channel_select.input_value()))
+        _check_max_window(page, frame, earlier, index, 40)
+        assert view.locator(".routemap-summary").text_content().startswith(f"Step {STEPS[0]}: ")
+        # The tab's own slider moves the map too.
+        frame.get_by_label("Step", exact=True).focus()
+        page.keyboard.press("Home")
+        frame.locator(".step-value", has_text=f"{STEPS[0]} (1 of 2)").wait_for()
+        page.keyboard.press("End")
+        view.locator(".map-step-value", has_text=f"{STEPS[-1]} (2 of 2)").wait_for()
 
-            # A 2x2/2 pool: windows touch without overlapping; every position is compared.
-            frame.get_by_label("Layer", exact=True).select_option("pool2")
-            view.locator(".layer-meta", has_text="windows 2×2, stride 2×2").wait_for()
-            pool2 = _api(url, RUN, "pool2")
-            _check_max_window(page, frame, pool2, 0, 21)
-            cells = pool2["crop"]["height"] * pool2["crop"]["width"]
-            assert view.locator(".routemap-check").text_content() == (
-                f"✓ tensorflow's input gradient is what these winners predict at all {cells:,} positions compared."
-            )
-            keep_screenshot(view, root / "routing_map_pool2.png")
+        # A 2x2/2 pool: windows touch without overlapping; every position is compared.
+        frame.get_by_label("Layer", exact=True).select_option("pool2")
+        view.locator(".layer-meta", has_text="windows 2×2, stride 2×2").wait_for()
+        pool2 = _api(url, RUN, "pool2")
+        _check_max_window(page, frame, pool2, 0, 21)
+        cells = pool2["crop"]["height"] * pool2["crop"]["width"]
+        assert view.locator(".routemap-check").text_content() == (
+            f"✓ tensorflow's input gradient is what these winners predict at all {cells:,} positions compared."
+        )
+        keep_screenshot(view, root / "routing_map_pool2.png")
 
-            # The global average pool: even shares, no winner.
-            frame.get_by_label("Layer", exact=True).select_option("avg_pool")
-            view.locator(".layer-meta", has_text="one global window").wait_for()
-            assert (
-                view.locator(".routemap-rule")
-                .text_content()
-                .startswith("Average pool: each window's gradient is shared")
-            )
-            average = _api(url, RUN, "avg_pool")
-            _hover_window(page, frame, average, 0)
-            rows = _tooltip(frame)[1]
-            n = average["map"]["height"] * average["map"]["width"]
-            g = average["channels"][0]["output_gradient"][0]
-            shares = re.fullmatch(
-                rf"(\S+) / {n} = (\S+) to each of its {n} positions", rows["sent"]
-            )
-            assert shares and _close(_number(shares[1]), g) and _close(_number(shares[2]), g / n)
-            assert "winner" not in rows
+        # The global average pool: even shares, no winner.
+        frame.get_by_label("Layer", exact=True).select_option("avg_pool")
+        view.locator(".layer-meta", has_text="one global window").wait_for()
+        assert (
+            view.locator(".routemap-rule")
+            .text_content()
+            .startswith("Average pool: each window's gradient is shared")
+        )
+        average = _api(url, RUN, "avg_pool")
+        _hover_window(page, frame, average, 0)
+        rows = _tooltip(frame)[1]
+        n = average["map"]["height"] * average["map"]["width"]
+        g = average["channels"][0]["output_gradient"][0]
+        shares = re.fullmatch(rf"(\S+) / {n} = (\S+) to each of its {n} positions", rows["sent"])
+        assert shares and _close(_number(shares[1]), g) and _close(_number(shares[2]), g / n)
+        assert "winner" not in rows
 
-            # Dark mode: the canvases are painted again in TensorBoard's dark colours.
-            frame.get_by_label("Layer", exact=True).select_option("pool1_pool")
-            view.locator(".layer-meta", has_text="34×34").wait_for()
-            light = view.locator(".routemap-figure.gradient canvas.base").evaluate(
-                "c => c.toDataURL()"
-            )
-            page.get_by_role("button", name="Menu for changing light or dark theme").click()
-            page.get_by_role("menuitem", name="Dark").click()
-            frame.locator("html.dark-mode").wait_for(state="attached")
-            page.get_by_role("menu").wait_for(state="detached")
-            assert (
-                view.locator(".routemap-figure.gradient canvas.base").evaluate("c => c.toDataURL()")
-                != light
-            )
-            _check_max_window(page, frame, answer, 0, zero_windows[0])
-            keep_screenshot(view, root / "routing_map_pool1_pool_dark.png")
+        # Dark mode: the canvases are painted again in TensorBoard's dark colours.
+        frame.get_by_label("Layer", exact=True).select_option("pool1_pool")
+        view.locator(".layer-meta", has_text="34×34").wait_for()
+        light = view.locator(".routemap-figure.gradient canvas.base").evaluate("c => c.toDataURL()")
+        page.get_by_role("button", name="Menu for changing light or dark theme").click()
+        page.get_by_role("menuitem", name="Dark").click()
+        frame.locator("html.dark-mode").wait_for(state="attached")
+        page.get_by_role("menu").wait_for(state="detached")
+        assert (
+            view.locator(".routemap-figure.gradient canvas.base").evaluate("c => c.toDataURL()")
+            != light
+        )
+        _check_max_window(page, frame, answer, 0, zero_windows[0])
+        keep_screenshot(view, root / "routing_map_pool1_pool_dark.png")
 
-            # The 112x112 map at 224 px, cropped: the view stays responsive.
-            frame.get_by_label("Run", exact=True).select_option(RUN_224)
-            view.locator(".layer-meta", has_text="of the 114×114 map (cropped").wait_for()
-            large = _api(url, RUN_224, "pool1_pool")
-            assert large["crop"]["height"] * large["crop"]["width"] > 60 * 60
-            _check_max_window(page, frame, large, 0, len(large["channels"][0]["winner"]) // 2)
-            stack = frame.locator(".routemap-figure.input .routemap-stack")
-            moves = 100
-            hover_ms = (
-                _timed_in_page(
-                    stack,
-                    f"""stack => {{
-              const box = stack.getBoundingClientRect();
-              for (let i = 0; i < {moves}; i++) {{
-                stack.dispatchEvent(new PointerEvent('pointermove', {{bubbles: true,
-                  clientX: box.left + (i * 7.3) % box.width, clientY: box.top + (i * 3.1) % box.height}}));
-              }}
-            }}""",
-                )
-                / moves
+        # The 112x112 map at 224 px, cropped: the view stays responsive.
+        frame.get_by_label("Run", exact=True).select_option(RUN_224)
+        view.locator(".layer-meta", has_text="of the 114×114 map (cropped").wait_for()
+        large = _api(url, RUN_224, "pool1_pool")
+        assert large["crop"]["height"] * large["crop"]["width"] > 60 * 60
+        _check_max_window(page, frame, large, 0, len(large["channels"][0]["winner"]) // 2)
+        stack = frame.locator(".routemap-figure.input .routemap-stack")
+        moves = 100
+        hover_ms = (
+            _timed_in_page(
+                stack,
+                f"""stack => {{
+          const box = stack.getBoundingClientRect();
+          for (let i = 0; i < {moves}; i++) {{
+            stack.dispatchEvent(new PointerEvent('pointermove', {{bubbles: true,
+              clientX: box.left + (i * 7.3) % box.width, clientY: box.top + (i * 3.1) % box.height}}));
+          }}
+        }}""",
             )
-            draw_ms = _timed_in_page(
-                frame.get_by_label("Channel", exact=True),
-                "select => select.dispatchEvent(new Event('change'))",
-            )
-            print(
-                f"\n112x112 map, crop {large['crop']}: {hover_ms:.2f} ms a pointer move, {draw_ms:.0f} ms a redraw"
-            )
-            assert hover_ms < HOVER_BOUND_MS and draw_ms < DRAW_BOUND_MS
-            keep_screenshot(view, root / "routing_map_224.png")
+            / moves
+        )
+        draw_ms = _timed_in_page(
+            frame.get_by_label("Channel", exact=True),
+            "select => select.dispatchEvent(new Event('change'))",
+        )
+        print(
+            f"\n112x112 map, crop {large['crop']}: {hover_ms:.2f} ms a pointer move, {draw_ms:.0f} ms a redraw"
+        )
+        assert hover_ms < HOVER_BOUND_MS and draw_ms < DRAW_BOUND_MS
+        keep_screenshot(view, root / "routing_map_224.png")

@@ -16,7 +16,7 @@ import google_crc32c
 import numpy as np
 from tensorboard.compat.proto import event_pb2, summary_pb2, tensor_pb2, tensor_shape_pb2, types_pb2
 
-from tb_gradviz.format import digest, metadata, storage
+from tb_gradviz.format import digest, metadata, storage, upload
 from tb_gradviz.format.records import (
     histogram_tag,
     log_edges_description,
@@ -135,7 +135,7 @@ class EventLog:
 
     The run directory may be a local path, a `file://` URL or a remote URL
     (`storage.location`). A remote run's file is written to a local spool
-    file, uploaded whole after each write by a `storage.Uploader` thread
+    file, uploaded whole after each write by an `upload.Uploader` thread
     (a failing store never stops the writer), and replaced by a new file
     after `ROTATE_EVENTS` events or `ROTATE_BYTES` bytes.
 
@@ -150,7 +150,7 @@ class EventLog:
         self._steps = []  # steps of the events in the current file
         self._tags_with_metadata = set()
         self._with_digest = with_digest
-        self._uploader = storage.Uploader(self.location) if self.location.is_remote else None
+        self._uploader = upload.Uploader(self.location) if self.location.is_remote else None
 
     def write(self, step, records, wall_time=None):
         """Writes one event holding `records` at `step`, and flushes it.
@@ -193,7 +193,7 @@ class EventLog:
     def close(self):
         """Closes the file; a later `write` opens a new one.
 
-        For a remote run, waits (at most `storage.CLOSE_TIMEOUT_S`) until the
+        For a remote run, waits (at most `upload.CLOSE_TIMEOUT_S`) until the
         file is uploaded, and warns with what is kept locally if it is not.
 
         Returns:
