@@ -52,6 +52,11 @@ export function valueAxis(chart, box, {ticks, max, yOf, label}) {
   });
 }
 
+/** A share axis, 0 to 100 %: gridlines at `ticks` (shares from 0 to 1) placed by `yOf`. */
+export function shareAxis(chart, box, {ticks, yOf}) {
+  valueAxis(chart, box, {ticks, max: 1, yOf, label: (tick) => `${tick * 100} %`});
+}
+
 /** A title centred under the plot. */
 export function axisTitle(chart, box, text) {
   chart.append(svg('text', {className: 'axis-title', text,

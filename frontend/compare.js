@@ -142,7 +142,7 @@ function zeroFractionChart(entries, step) {
   const {first, last, xOf} = charts.stepScale(box, steps);
   const yOf = (fraction) => box.top + box.plotHeight * (1 - fraction);
   const chart = charts.chartFrame(box, {className: 'lines', label: 'share of exact zeros over steps'});
-  charts.valueAxis(chart, box, {ticks: [0, 0.25, 0.5, 0.75, 1], max: 1, yOf, label: (tick) => `${tick * 100} %`});
+  charts.shareAxis(chart, box, {ticks: [0, 0.25, 0.5, 0.75, 1], yOf});
   entries.forEach(({run, series}, i) => {
     const points = series.steps.map((s, k) => [xOf(s), yOf(series.stats.zeros[k] / series.stats.count[k])])
       .filter(([, y]) => Number.isFinite(y));

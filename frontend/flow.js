@@ -170,7 +170,7 @@ function panel(chart, geometry, place, role, lines) {
       attrs: {x: (LEFT + geometry.plotRight) / 2, y: (place.top + place.bottom) / 2, 'text-anchor': 'middle'}}));
   }
   charts.logAxis(group, box, {range, yOf: logY, zeroY: place.zeroY, zeros});
-  charts.valueAxis(group, box, {ticks: [0, 1], max: 1, yOf: zerosY, label: (tick) => `${tick * 100} %`});
+  charts.shareAxis(group, box, {ticks: [0, 1], yOf: zerosY});
   group.append(svg('text', {className: 'strip-title', text: 'exact zeros',
     attrs: {x: geometry.plotRight, y: place.zerosTop - 2, 'text-anchor': 'end'}}));
 
