@@ -412,6 +412,7 @@ def test_export_json_of_a_weights_run_has_the_update_series_of_each_layer(weight
             3,
             "--output must be a file path; received '{logdir}', which is a folder",
         ),
+        (["export", "{logdir}", "--output", "/proc/version"], 3, "cannot write --output"),
         (["demo", "--steps", "0"], 2, "expected a positive integer; received '0'"),
         (["demo", "--image-size", "16"], 2, "expected an integer >= 32"),
         (["demo", "--port", "70000"], 2, "a port number 0-65535; received '70000'"),
@@ -701,3 +702,56 @@ def test_demo_says_what_trains_and_why_lists_each_runs_layers_and_keeps_tensorfl
     flags = {r["run"]: {f["flag"] for f in r["flags"]} for r in json.loads(out)["runs"]}
     assert status == cli.EXIT_FLAGGED
     assert "vanishing" in flags["plain_sigmoid"] and flags["plain_relu_bn"] == set()
+
+
+@pytest.mark.parametrize("command", ["summary", "export", "check"])
+def test_an_unreachable_store_is_a_usage_status_not_a_flag(command):
+    # A store that does not answer is "no data" (2), never "flags raised" (1).
+    env = dict(os.environ, AWS_ACCESS_KEY_ID="x", AWS_SECRET_ACCESS_KEY="y")
+    env.update(AWS_DEFAULT_REGION="us-east-1", AWS_MAX_ATTEMPTS="1")
+    env.update(AWS_ENDPOINT_URL="http://127.0.0.1:9", S3_ENDPOINT="http://127.0.0.1:9")
+    done = subprocess.run(
+        [sys.executable, "-m", "tb_gradviz.cli", command, "s3://bucket/logs"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=REPO,
+        timeout=120,
+    )
+    assert done.returncode == cli.EXIT_USAGE == 2, done.stderr
+    assert done.stderr.startswith("error: cannot read logdir 's3://bucket/logs': ")
+    assert "Traceback" not in done.stderr
+
+
+def test_check_says_which_run_it_cannot_judge_instead_of_a_traceback(logdir, tmp_path):
+    # A run whose only stats record is malformed (a NaN count): listed, but no step to judge.
+    import shutil
+
+    from tb_gradviz.format import events, summaries
+
+    root = tmp_path / "logs"
+    shutil.copytree(logdir / "max", root / "max")
+    values = np.arange(6.0)
+    stats = summaries.stats_vector(values)
+    stats[records.STATS_FIELDS.index("count")] = np.nan
+    content = dict(layer_index=0, layer_class="Dense", layer_dtype="float32", role="activation")
+    content.update(index=0, shape=[6], dtype="float32", pooling=None)
+    log = events.EventLog(root / "broken")
+    try:
+        log.write(
+            1,
+            events.tensor_records(
+                "dense", "activation", summaries.linear_histogram(values), stats, content
+            ),
+        )
+    finally:
+        log.close()
+    status, out, err = run_cli("check", root)
+    assert status == cli.EXIT_USAGE and "Traceback" not in err
+    assert "run broken: Not found: run 'broken' has no logged step" in out
+    assert "run max  (step 4" in out
+    assert "no data to judge in run(s) broken" in err
+    status, out, _ = run_cli("check", root, "--format", "json")
+    runs = {r["run"]: r for r in strict_json(out)["runs"]}
+    assert status == strict_json(out)["status"] == cli.EXIT_USAGE
+    assert set(runs["broken"]) == {"run", "error"} and runs["max"]["step"] == 4

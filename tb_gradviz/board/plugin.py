@@ -314,7 +314,8 @@ class GradVizPlugin(base_plugin.TBPlugin):
         )
         body = responses.step_body(run, layers, series_by_kind, limit, ratio)
         if body is None:
-            raise errors.NotFoundError(f"run {run!r} has no step <= {limit}")
+            where = "logged step" if step is None else f"step <= {step}"
+            raise errors.NotFoundError(f"run {run!r} has no {where}")
         return body
 
     def onset_impl(self, ctx, experiment, run, ratio=health.DEFAULT_RATIO):
