@@ -127,7 +127,7 @@ export function describeCell(matrix, {row, column}) {
   } else {
     const low = r.envelope.min[column];
     const high = r.envelope.max[column];
-    shown = high === null ? 'no value' : low === high ? `${matrix.field} ${fmt(high)}`
+    shown = !Number.isFinite(high) ? 'no value' : low === high ? `${matrix.field} ${fmt(high)}`
       : `${matrix.field} ${fmt(low)} to ${fmt(high)}`;
   }
   const flags = r.flags[column].length ? `; flags: ${r.flags[column].join(', ')}` : '';

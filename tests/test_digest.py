@@ -90,10 +90,10 @@ def test_digest_metadata_without_valid_rows_is_refused(rows):
         metadata.parse_plugin_metadata(content)
 
 
-def test_tensor_segment_is_rms_and_max_abs_of_the_finite_values():
+def test_tensor_segments_are_rms_and_max_abs_of_the_finite_values():
     values = np.array([3.0, -4.0, 0.0, np.inf, np.nan])
-    segment = digest.tensor_segment(summaries.stats_vector(values))
-    assert segment[:5] == [5, 1, 1, 1, 0]
+    (segment,) = digest.tensor_segments(summaries.stats_vector(values))
+    assert segment[:5].tolist() == [5, 1, 1, 1, 0]
     assert segment[5] == pytest.approx(math.sqrt(25 / 3)) and segment[6] == 4.0
 
 
@@ -105,3 +105,6 @@ def test_records_without_metadata_or_of_no_known_layout_make_no_row():
     ((_, vector, summary_metadata),) = digest.digest_records(good + malformed)
     assert vector.size == 3 * len(digest.TENSOR_FIELDS)
     assert digest.digest_records(malformed) == []
+    # No finite value: no RMS, no max |x|.
+    (empty,) = digest.tensor_segments(summaries.stats_vector(np.array([np.nan, np.inf])))
+    assert empty[:5].tolist() == [2, 0, 1, 1, 0] and np.isnan(empty[5:]).all()

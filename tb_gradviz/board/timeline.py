@@ -61,8 +61,13 @@ def layer_columns(digests):
     for rows, series in digests:
         if not len(series.steps):
             continue
-        where = np.searchsorted(steps, series.steps)
         decoded = digest.decode_digest(rows, series.values)
+        if len(digests) == 1 and len(series.steps) == len(steps):
+            # One series, one row per step: its columns are the arrays (the usual case).
+            for (kind, layer, name), fields in decoded.items():
+                layers.setdefault(layer, {})[(kind, name)] = fields
+            continue
+        where = np.searchsorted(steps, series.steps)
         for (kind, layer, name), fields in decoded.items():
             target = layers.setdefault(layer, {}).setdefault((kind, name), {})
             for field, column in fields.items():
@@ -155,13 +160,9 @@ def column_starts(count, width):
 
 
 def _envelope(array, starts):
-    """`{"min", "max"}` lists of each column of a `[steps]` array (NaN ignored; None if all NaN)."""
+    """`{"min", "max"}` lists of each column of a `[steps]` array (NaN ignored; NaN if all are)."""
     low, high = np.fmin.reduceat(array, starts), np.fmax.reduceat(array, starts)
-    return {"min": _floats(low), "max": _floats(high)}
-
-
-def _floats(array):
-    return [None if not np.isfinite(v) else v for v in np.asarray(array, np.float64).tolist()]
+    return {"min": low.tolist(), "max": high.tolist()}
 
 
 def timeline_body(

@@ -68,10 +68,8 @@ def digest_tag(rows):
 
 
 @functools.lru_cache(maxsize=4096)
-def _row_of(plugin_name, content):
-    """The digest row a record's metadata makes, `(kind, layer, name, weight)`, or None."""
-    if plugin_name != metadata.PLUGIN_NAME:
-        return None
+def _row_of(content):
+    """The row a `gradviz` record's metadata makes: `(kind, layer, name, weight, role)`, or None."""
     try:
         parsed = metadata.parse_plugin_metadata(content)
     except ValueError:
@@ -86,17 +84,17 @@ def _row_of(plugin_name, content):
     return None
 
 
-def tensor_segment(stats):
-    """Returns a tensor row's values (`TENSOR_FIELDS`, float64) from its stats vector."""
-    stats = np.asarray(stats, dtype=np.float64)
-    finite = stats[records.STAT_COUNT] - stats[records.STAT_NAN : records.STAT_NEG_INF + 1].sum()
-    if finite > 0:
-        mean, std = stats[records.STAT_MEAN], stats[records.STAT_STD]
-        rms = math.sqrt(mean * mean + std * std)
-        max_abs = max(abs(stats[records.STAT_MIN]), abs(stats[records.STAT_MAX]))
-    else:
-        rms = max_abs = math.nan
-    return [*stats[: records.STAT_NEG_INF + 1], rms, max_abs]
+def tensor_segments(stats):
+    """The tensor rows' values (`TENSOR_FIELDS`) of `[n, STATS_LENGTH]` stats vectors: `[n, 7]`."""
+    stats = np.asarray(stats, dtype=np.float64).reshape(-1, records.STATS_LENGTH)
+    counts = stats[:, : records.STAT_NEG_INF + 1]
+    finite = counts[:, records.STAT_COUNT] - counts[:, records.STAT_NAN :].sum(axis=1)
+    mean, std = stats[:, records.STAT_MEAN], stats[:, records.STAT_STD]
+    extremes = np.abs(stats[:, [records.STAT_MIN, records.STAT_MAX]])
+    with np.errstate(invalid="ignore"):
+        rms = np.where(finite > 0, np.sqrt(mean * mean + std * std), np.nan)
+        max_abs = np.where(finite > 0, extremes.max(axis=1), np.nan)
+    return np.column_stack([counts, rms, max_abs])
 
 
 def digest_records(event_records):
@@ -109,45 +107,65 @@ def digest_records(event_records):
     Returns:
       One record, or none when the event holds no tensor record.
     """
-    rows, values = [], []
+    rows = []
+    stats, units = [], []  # the arrays of the tensor and units rows, in order
     updates = {}
     weights = []  # (layer, weight) of each recorded weight value, in order
     for _, array, summary_metadata in event_records:
         if summary_metadata is None:
             continue
         plugin_data = summary_metadata.plugin_data
-        row = _row_of(plugin_data.plugin_name, bytes(plugin_data.content))
+        if plugin_data.plugin_name != metadata.PLUGIN_NAME:
+            continue
+        row = _row_of(plugin_data.content)
         if row is None:
             continue
         kind, layer, name, weight, role = row
         # A record of no known layout makes no row (readers skip it too).
-        array = _LAYOUTS[kind].upgrade(np.asarray(array, dtype=np.float64).ravel())
-        if array is None:
-            continue
+        layout = _LAYOUTS[kind]
+        if getattr(array, "shape", None) != layout.shape:
+            array = layout.upgrade(np.asarray(array, dtype=np.float64).ravel())
+            if array is None:
+                continue
         if kind == UPDATE:
             updates[(layer, name)] = array
             continue
-        rows.append([kind, layer, name])
+        rows.append((kind, layer, name))
         if kind == TENSOR:
-            values.append(tensor_segment(array))
+            stats.append(array)
             if role == records.WEIGHT and weight is not None:
                 weights.append((layer, weight))
         else:
-            values.append(array[: len(UNITS_FIELDS)])
+            units.append(array[: len(UNITS_FIELDS)])
     if not rows:
         return []
+    update_values = []
     for layer, weight in weights:
-        rows.append([UPDATE, layer, weight])
+        rows.append((UPDATE, layer, weight))
         update = updates.get((layer, weight))
-        values.append(
-            [math.nan, math.nan]
+        update_values.append(
+            (math.nan, math.nan)
             if update is None
-            else [update[records.UPDATE_RATIO], update[records.UPDATE_INTERVAL]]
+            else (update[records.UPDATE_RATIO], update[records.UPDATE_INTERVAL])
         )
-    vector = np.concatenate([np.asarray(v, dtype=np.float64) for v in values]).astype(np.float32)
+    blocks = {
+        TENSOR: iter(tensor_segments(np.stack(stats)) if stats else ()),
+        UNITS: iter(units),
+        UPDATE: iter(update_values),
+    }
+    vector = np.concatenate(
+        [np.asarray(next(blocks[kind]), dtype=np.float64) for kind, _, _ in rows]
+    ).astype(np.float32)
+    tag, summary_metadata = _series_of(tuple(rows))
+    return [(tag, vector, summary_metadata)]
+
+
+@functools.lru_cache(maxsize=64)
+def _series_of(rows):
+    """The tag and metadata of a digest with these rows (the same at every event of a fit)."""
+    rows = [list(row) for row in rows]
     content = {"kind": metadata.KIND_DIGEST, "rows": rows}
-    summary_metadata = metadata.create_summary_metadata(content, plugin_name=PLUGIN_NAME)
-    return [(digest_tag(rows), vector, summary_metadata)]
+    return digest_tag(rows), metadata.create_summary_metadata(content, plugin_name=PLUGIN_NAME)
 
 
 def row_offsets(rows):
