@@ -278,6 +278,30 @@ def test_a_generator_as_probe_data_is_refused_and_training_keeps_every_batch(tmp
     assert not os.listdir(tmp_path)
 
 
+class _CountedBatches:
+    """A re-iterable source of (x, y) batches that counts how often it is read."""
+
+    def __init__(self, x, y):
+        self.x, self.y, self.reads = x, y, 0
+
+    def __iter__(self):
+        self.reads += 1
+        yield self.x, self.y
+
+
+@pytest.mark.parametrize(
+    "kwargs", [{"budget": 2.0}, {"weights": "yes"}, {"every_n_epochs": 0}, {"layers": [None]}]
+)
+def test_a_bad_argument_is_refused_before_probe_data_is_read(tmp_path, kwargs):
+    x, y = data(4)
+    source = _CountedBatches(x, y)
+    with pytest.raises((TypeError, ValueError)):
+        GradVizCallback(tmp_path, source, **kwargs)
+    assert source.reads == 0
+    GradVizCallback(tmp_path, source)
+    assert source.reads == 1
+
+
 def test_log_now_validates_step_before_the_probe_pass_runs(tmp_path):
     x, y = data(4)
     model = small_cnn()

@@ -133,12 +133,13 @@ class GradVizCallback(keras.callbacks.Callback):
             map_settings if arguments.check_bool("routing_map", routing_map) else None
         )
         self.weights = arguments.check_bool("weights", weights)
+        self._budget = budget_module.Budget(budget)
+        # Last: a source's first batch is read only once every other argument is valid.
         self._probe = arguments.probe_batch(probe_data)
         self._log = events.EventLog(location)
         self._capture = None
         self._updates = None
         self._logged_multiple = 0
-        self._budget = budget_module.Budget(budget)
 
     @property
     def chosen_layers(self):
