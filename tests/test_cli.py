@@ -755,3 +755,24 @@ def test_check_says_which_run_it_cannot_judge_instead_of_a_traceback(logdir, tmp
     runs = {r["run"]: r for r in strict_json(out)["runs"]}
     assert status == strict_json(out)["status"] == cli.EXIT_USAGE
     assert set(runs["broken"]) == {"run", "error"} and runs["max"]["step"] == 4
+
+
+def test_the_reader_checksums_records_in_c_and_still_refuses_a_corrupt_one(logdir, tmp_path):
+    import shutil
+
+    from tensorboard.compat.tensorflow_stub import pywrap_tensorflow
+
+    data = bytes(range(256)) * 3
+    python_crc = pywrap_tensorflow.crc_finalize(
+        pywrap_tensorflow.crc_update(pywrap_tensorflow.CRC_INIT, data)
+    )
+    cli.open_logdir(str(logdir))
+    assert pywrap_tensorflow.crc32c(data) == python_crc
+    assert pywrap_tensorflow.crc32c(b"123456789") == 0xE3069283  # CRC-32C's check value
+    shutil.copytree(logdir / "max", tmp_path / "max")
+    (event_file,) = [p for p in (tmp_path / "max").iterdir() if ".tfevents." in p.name]
+    content = bytearray(event_file.read_bytes())
+    content[-40] ^= 0xFF  # inside the last event (step 4)
+    event_file.write_bytes(bytes(content))
+    status, out, _ = run_cli("summary", tmp_path)
+    assert status == 0 and "run max  (step 2)" in out  # the corrupt step-4 event is refused

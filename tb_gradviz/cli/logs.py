@@ -69,6 +69,23 @@ def _use_tensorboard_without_tensorflow():
         sys.modules.setdefault(
             "tensorboard.compat.notf", types.ModuleType("tensorboard.compat.notf")
         )
+    _check_records_in_c()
+
+
+def _check_records_in_c():
+    """Makes the stub's reader checksum each record with `google_crc32c` (C) instead of Python.
+
+    Without TensorFlow, TensorBoard's event reader computes the CRC-32C of
+    every record in pure Python, which is most of the time `check` and
+    `export` take on a large logdir. `google_crc32c.value` computes the same
+    checksum (the package's writer uses it too); the reader still refuses a
+    record whose checksum does not match.
+    """
+    import google_crc32c
+    from tensorboard.compat.tensorflow_stub import pywrap_tensorflow
+
+    if getattr(pywrap_tensorflow, "crc32c", None) is not None:
+        pywrap_tensorflow.crc32c = google_crc32c.value
 
 
 def runs_of(gradviz, ctx, experiment, logdir, only_run):
