@@ -271,6 +271,39 @@ def train_plain_cnn(log_dir, activation, steps=12, batch_size=16, log_every=4, v
     ).chosen_layers
 
 
+def train_mixed_cnn(log_dir, loss_scale, steps=10, batch_size=64, log_every=5, verbose=1, seed=0):
+    """Trains `small_cnn("max")` under `mixed_float16`; logs every layer, with the precision record.
+
+    `loss_scale` None: Keras' dynamic loss scale (from 2**15), which keeps the
+    float16 gradients in float16's normal range. A number: a fixed scale
+    (1.0: not scaled), under which most of the gradients' values are
+    float16 subnormals, so the `underflow` flag is raised on the gradients.
+
+    Returns:
+      The paths of the logged layers.
+    """
+    keras.utils.set_random_seed(seed)
+    x, y = pattern_images(steps * batch_size, 32, seed)
+    previous = keras.mixed_precision.global_policy()
+    keras.mixed_precision.set_global_policy("mixed_float16")
+    try:
+        model = small_cnn("max")
+        optimizer = keras.optimizers.Adam(1e-2)
+        if loss_scale is not None:
+            optimizer = keras.optimizers.LossScaleOptimizer(
+                optimizer, initial_scale=loss_scale, dynamic_growth_steps=2**31 - 1
+            )
+        model.compile(
+            optimizer,
+            keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+            metrics=["accuracy"],
+        )
+        fitted = _fit(model, log_dir, lambda layer: True, x, y, batch_size, log_every, verbose)
+    finally:
+        keras.mixed_precision.set_global_policy(previous)
+    return fitted.chosen_layers
+
+
 def demo_plan(model="all", steps=None, image_size=64, batch_size=16):
     """The demo's runs in training order: `[(run, what trains, why, train(log_dir, verbose))]`.
 
@@ -305,6 +338,21 @@ def demo_plan(model="all", steps=None, image_size=64, batch_size=16):
                 functools.partial(train_plain_cnn, activation="relu_bn"),
             ),
         ]
+        # The same CNN in mixed_float16, its loss scaled as Keras scales it and not scaled.
+        plan += [
+            (
+                "mixed_float16_scaled",
+                "the small max-pool CNN in mixed_float16, its loss scaled as Keras scales it",
+                "its float16 gradients stay in float16's normal range",
+                functools.partial(train_mixed_cnn, loss_scale=None),
+            ),
+            (
+                "mixed_float16_unscaled",
+                "the same CNN in mixed_float16 with the loss scale fixed at 1",
+                "its float16 gradients underflow, which check flags",
+                functools.partial(train_mixed_cnn, loss_scale=1.0),
+            ),
+        ]
     if model in ("resnet50", "all"):
         plan.append(
             (
@@ -326,7 +374,9 @@ def run_demo(logdir, model="all", steps=None, image_size=64, batch_size=16, verb
     max and average pooling, so the GradViz tab can overlay them, and two
     20-layer plain CNNs, sigmoid and ReLU with BatchNorm, whose gradient
     flow and health flags show a vanishing gradient next to a healthy one,
-    with their weights (`weights=True`).
+    with their weights (`weights=True`), and the small CNN in mixed_float16
+    with and without loss scaling, whose precision records and `underflow`
+    flags show the float16 gradients underflowing without it.
 
     Args:
       say: None, or a function given a line of text before each run trains

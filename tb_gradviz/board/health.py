@@ -18,7 +18,9 @@ The rules (docs/health.md):
   softmax's logits, so the softmax's own output gradient is exactly zero),
   nor are nested models (their output is their last layer's);
 * `dead`: channels of the layer's activation that are exactly zero for every
-  probe example and position.
+  probe example and position;
+* `underflow` / `overflow`: a gradient of a float16 or bfloat16 layer whose
+  values underflow / overflow that format at the run's loss scale (`headroom`).
 
 With `weights=True`, each update record also gets a size (`update_size`):
 where the weight's update ratio, per optimizer step, stands against the
@@ -32,9 +34,10 @@ at 0 is a saturated sigmoid but a healthy ReLU.
 
 import math
 
+from tb_gradviz.board import headroom
 from tb_gradviz.format import records
 
-FLAGS = ("nonfinite", "vanishing", "exploding", "dead")
+FLAGS = ("nonfinite", "vanishing", "exploding", "dead", *headroom.FLAGS)
 DEFAULT_RATIO = 1000.0
 
 
@@ -47,6 +50,7 @@ def rules(ratio=DEFAULT_RATIO):
         "exploding": f"the output gradient's RMS is over {ratio:g}x larger than at the reference layer "
         "(the layer nearest the output with a non-zero gradient; layers after it and nested models are not judged)",
         "dead": "channels of the activation are exactly zero for every probe example and position",
+        **headroom.rules(),
     }
 
 
@@ -214,7 +218,7 @@ def layer_flags(layer, reference, ratio=DEFAULT_RATIO, judged=True):
                 "tensor": _first_of_role(layer, records.ACTIVATION),
             }
         )
-    return flags
+    return flags + headroom.flags(layer)
 
 
 def _first_of_role(layer, role):

@@ -180,6 +180,7 @@ def _layer_at(name, layer, series_by_kind, limit):
             "role": content["role"],
             "stats": values,
             "log": log,
+            "precision": _precision_at(layer, content["tensor"], series_by_kind, series.steps[row]),
         }
     routing_at = units_at = None
     if layer["routing"] is not None:
@@ -211,6 +212,7 @@ def _layer_at(name, layer, series_by_kind, limit):
         "layer": name,
         "layer_index": layer["info"]["layer_index"],
         "layer_class": layer["info"].get("layer_class"),
+        "layer_dtype": layer["info"].get("layer_dtype"),
         "step": step,
         "tensors": tensors,
         "routing": routing_at,
@@ -222,6 +224,19 @@ def _layer_at(name, layer, series_by_kind, limit):
         else health.update_size(update_ratio, _layer_interval(updates_at)),
         "flow": health.layer_flow(tensors),
     }
+
+
+def _precision_at(layer, tensor, series_by_kind, step):
+    """A tensor's decoded precision record written with its stats at `step`, or None (a run
+    written before the record, or a record the provider does not hold)."""
+    found = layer.get("precision", {}).get(tensor)
+    series = found and series_by_kind.get("precision", {}).get(found[0])
+    if series is None:
+        return None
+    row = series.index_at_or_before(int(step))
+    if row is None or int(series.steps[row]) != int(step):
+        return None
+    return records.decode_precision(series.values[row])
 
 
 def _layer_interval(updates):
@@ -244,7 +259,8 @@ def step_body(run, layers, series_by_kind, limit, ratio=health.DEFAULT_RATIO):
 
     Args:
       layers: the run's layer index (`store.RunStore.layers()`).
-      series_by_kind: `{"stats" | "routing" | "units" | "updates": {tag: series.Series}}`.
+      series_by_kind: `{"stats" | "routing" | "units" | "updates" | "precision": {tag:
+        series.Series}}` ("precision" may be absent).
       ratio: the vanishing / exploding ratio of the flags (`health`).
     """
     snapshots = []
