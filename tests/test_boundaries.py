@@ -44,6 +44,8 @@ def _imports(path):
             nested = in_function or isinstance(
                 child, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda
             )
+            if _imports_by_name(child):
+                found.append((child.args[0].value, in_function))
             if isinstance(child, ast.Import):
                 found.extend((alias.name, in_function) for alias in child.names)
             elif isinstance(child, ast.ImportFrom):
@@ -57,6 +59,20 @@ def _imports(path):
 
     visit(ast.parse(path.read_text(), str(path)), False)
     return module, found
+
+
+def _imports_by_name(node):
+    """Whether `node` imports a module named by a string literal.
+
+    `importlib.import_module("x")`, `__import__("x")`, or a helper whose name
+    says it imports (`import_quietly("x")`).
+    """
+    if not (isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant)):
+        return False
+    callee = (
+        node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
+    )
+    return "import" in callee.lower() and isinstance(node.args[0].value, str)
 
 
 def _within(name, prefix):
@@ -109,17 +125,21 @@ def test_the_format_board_cli_and_root_respect_their_import_boundaries():
 
 def test_the_static_check_sees_function_level_and_relative_imports(tmp_path, monkeypatch):
     # The scan must catch what a reviewer would miss: an import inside a
-    # function, and one written relative to the package.
+    # function, one by name, and one written relative to the package.
     board = tmp_path / "tb_gradviz" / "board"
     board.mkdir(parents=True)
     (tmp_path / "tb_gradviz" / "__init__.py").write_text("")
     (board / "__init__.py").write_text("")
     (board / "leak.py").write_text(
-        "def f():\n    import keras\n\nfrom ..capture import probe\nfrom . import store\n"
+        "import importlib\n\n"
+        "def f():\n    import keras\n\n"
+        "def g():\n    return importlib.import_module('torch')\n\n"
+        "from ..capture import probe\nfrom . import store\n"
     )
     monkeypatch.setattr(sys.modules[__name__], "PACKAGE", tmp_path / "tb_gradviz")
     assert _violations() == [
         "tb_gradviz.board.leak imports keras in a function",
+        "tb_gradviz.board.leak imports torch in a function",
         "tb_gradviz.board.leak imports tb_gradviz.capture at module level",
         "tb_gradviz.board.leak imports tb_gradviz.capture.probe at module level",
     ]

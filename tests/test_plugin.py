@@ -25,7 +25,7 @@ from tensorboard.backend.event_processing import data_provider, plugin_event_mul
 from tensorboard.plugins import base_plugin
 from werkzeug import test as werkzeug_test
 
-from tb_gradviz.board import plugin
+from tb_gradviz.board import plugin, routes
 from tb_gradviz.format import events, metadata, records, summaries
 
 PREFIX = "/data/plugin/gradviz"
@@ -862,7 +862,7 @@ def test_static_path_guard_refuses_traversal_in_raw_paths(static_client):
 
 
 def test_default_frontend_folder_is_the_frontend_package():
-    folder = plugin._frontend_dir()
+    folder = routes.frontend_dir()
     assert folder is not None and os.path.basename(os.path.normpath(folder)) == "frontend"
 
 

@@ -4,147 +4,17 @@ Imports neither TensorFlow nor Keras: TensorBoard imports every installed
 plugin at start, and one failing import stops TensorBoard. Data is read only
 through `context.data_provider` (`store`), so both loaders work (the Python
 multiplexer with `--load_fast=false` and the Rust data server); the answers
-are built by `responses`. The HTTP API is described in docs/API.md, the
+are built by `responses`; `routes` reads the requests and serves the
+static files. The HTTP API is described in docs/API.md, the
 records it reads in docs/FORMAT.md.
 """
 
-import importlib.resources
-import os
-import re
-
-from tensorboard import errors, plugin_util
-from tensorboard.backend import http_util
+from tensorboard import errors
 from tensorboard.plugins import base_plugin
 from tensorboard.plugins.histogram import metadata as histogram_metadata
-from werkzeug import wrappers
 
-from tb_gradviz.board import health, onset, responses, series, store, timeline
+from tb_gradviz.board import health, onset, responses, routes, series, store, timeline
 from tb_gradviz.format import digest, metadata, records
-
-_JSON = "application/json"
-_ALLOWED_METHODS = ("GET", "HEAD")
-
-# Only these files are served from the frontend folder, with these types. The
-# module must be `text/javascript`: with any other type the iframe stays blank.
-_STATIC_TYPES = {
-    ".js": "text/javascript",
-    ".css": "text/css",
-}
-_STATIC_ROUTE = "/static"
-_STATIC_URL_PREFIX = "/data/plugin/%s%s/" % (metadata.PLUGIN_NAME, _STATIC_ROUTE)
-
-# A step in a query: ASCII digits only (int() also takes "1_0", " 1" and
-# other scripts' digits), and short enough that parsing it is cheap.
-_STEP_PATTERN = re.compile(r"-?[0-9]{1,30}")
-_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
-
-
-class _MethodNotAllowedError(errors.PublicError):
-    """A request with a method other than GET or HEAD (HTTP 405).
-
-    TensorBoard routes every method to a plugin's handlers, so the plugin
-    checks it itself.
-    """
-
-    http_code = 405
-
-    def __init__(self, method):
-        super().__init__(
-            f"Method not allowed: {method}; this route answers {', '.join(_ALLOWED_METHODS)}"
-        )
-        self.headers = [("Allow", ", ".join(_ALLOWED_METHODS))]
-
-
-def _frontend_dir():
-    """Returns the folder of the installed `tb_gradviz.board.frontend` package.
-
-    pyproject installs the top-level `frontend/` folder as this package, in
-    a wheel and in an editable install alike.
-    """
-    return str(importlib.resources.files("tb_gradviz.board.frontend"))
-
-
-def _static_file(root, relative):
-    """Returns the real path of `relative` inside `root`, or None to answer 404.
-
-    Refuses absolute paths, empty, `.` and `..` components, hidden files,
-    backslashes, NUL and colons (Windows drives and streams), unknown file
-    types, and anything whose real path (symlinks resolved) leaves `root`.
-    """
-    if root is None or not relative or len(relative) > 512:
-        return None
-    parts = relative.split("/")
-    for part in parts:
-        if not part or part.startswith(".") or any(c in part for c in "\\\0:"):
-            return None
-    real_root = os.path.realpath(root)
-    path = os.path.realpath(os.path.join(real_root, *parts))
-    if os.path.commonpath([real_root, path]) != real_root or not os.path.isfile(path):
-        return None
-    # The type of the file served, after symlinks, decides.
-    if os.path.splitext(path)[1].lower() not in _STATIC_TYPES:
-        return None
-    return path
-
-
-def _check_method(request):
-    if request.method not in _ALLOWED_METHODS:
-        raise _MethodNotAllowedError(request.method)
-
-
-def _single_arg(request, name, required=True):
-    """Returns a query argument given at most once.
-
-    Raises:
-      InvalidArgumentError: the argument is missing (when required) or repeated.
-    """
-    values = request.args.getlist(name)
-    if len(values) > 1:
-        raise errors.InvalidArgumentError(
-            f"query argument {name!r} given {len(values)} times; give it once"
-        )
-    if not values:
-        if required:
-            raise errors.InvalidArgumentError(f"missing query argument {name!r}")
-        return None
-    return values[0]
-
-
-def _parse_step(text):
-    """Parses a step argument, clamped to int64 (steps are int64).
-
-    Raises:
-      InvalidArgumentError: `text` is not a decimal integer.
-    """
-    if not _STEP_PATTERN.fullmatch(text):
-        raise errors.InvalidArgumentError(f"step must be a decimal integer; received {text[:40]!r}")
-    return min(max(int(text), _INT64_MIN), _INT64_MAX)
-
-
-def _parse_ratio(text):
-    """Parses the flags' ratio: a finite number above 1.
-
-    Raises:
-      InvalidArgumentError: anything else.
-    """
-    try:
-        ratio = float(text[:40])
-    except ValueError:
-        ratio = float("nan")
-    if not 1 < ratio < float("inf"):
-        raise errors.InvalidArgumentError(
-            f"ratio must be a finite number above 1; received {text[:40]!r}"
-        )
-    return ratio
-
-
-_OPTIONAL_ARGS = {
-    "step": _parse_step,
-    "ratio": _parse_ratio,
-    "width": timeline.parse_width,
-    "field": timeline.parse_field,
-    "role": timeline.parse_role,
-}
 
 
 def _series_by_kind(layers, read):
@@ -188,22 +58,25 @@ class GradVizPlugin(base_plugin.TBPlugin):
             installed `tb_gradviz.board.frontend` package (tests pass their own).
         """
         self._data_provider = context.data_provider
-        self._frontend_dir = frontend_dir if frontend_dir is not None else _frontend_dir()
         self._caches = series.Caches()
+        self._serve_static = routes.static_route(
+            frontend_dir if frontend_dir is not None else routes.frontend_dir()
+        )
 
     def get_plugin_apps(self):
+        json_route = routes.json_route
         return {
-            "/runs": self._json_route(self.runs_impl),
-            "/series": self._json_route(self.series_impl, ("run", "layer", "tensor")),
-            "/routing": self._json_route(self.routing_impl, ("run", "layer")),
-            "/step": self._json_route(self.step_impl, ("run",), ("step", "ratio")),
-            "/routing_map": self._json_route(self.routing_map_impl, ("run", "layer"), ("step",)),
-            "/updates": self._json_route(self.updates_impl, ("run", "layer")),
-            "/timeline": self._json_route(
+            "/runs": json_route(self.runs_impl),
+            "/series": json_route(self.series_impl, ("run", "layer", "tensor")),
+            "/routing": json_route(self.routing_impl, ("run", "layer")),
+            "/step": json_route(self.step_impl, ("run",), ("step", "ratio")),
+            "/routing_map": json_route(self.routing_map_impl, ("run", "layer"), ("step",)),
+            "/updates": json_route(self.updates_impl, ("run", "layer")),
+            "/timeline": json_route(
                 self.timeline_impl, ("run",), ("field", "role", "width", "ratio")
             ),
-            "/onset": self._json_route(self.onset_impl, ("run",), ("ratio",)),
-            _STATIC_ROUTE + "/*": self._serve_static,
+            "/onset": json_route(self.onset_impl, ("run",), ("ratio",)),
+            routes.STATIC_ROUTE + "/*": self._serve_static,
         }
 
     def is_active(self):
@@ -220,7 +93,7 @@ class GradVizPlugin(base_plugin.TBPlugin):
 
     def frontend_metadata(self):
         return base_plugin.FrontendMetadata(
-            es_module_path=_STATIC_ROUTE + "/index.js", tab_name="GradViz"
+            es_module_path=routes.STATIC_ROUTE + "/index.js", tab_name="GradViz"
         )
 
     def _store(self, ctx, experiment, run=None):
@@ -290,7 +163,7 @@ class GradVizPlugin(base_plugin.TBPlugin):
         )
 
     def step_impl(self, ctx, experiment, run, step=None, ratio=health.DEFAULT_RATIO):
-        """Returns the `/step` body: every layer of a run at its latest step `<= step`, with its flags.
+        """Returns the `/step` body: every layer of a run at its latest step `<= step`, flagged.
 
         Args:
           ctx: the request's `tensorboard.context.RequestContext`.
@@ -308,7 +181,7 @@ class GradVizPlugin(base_plugin.TBPlugin):
         """
         run_store = self._store(ctx, experiment, run)
         layers = run_store.layers()
-        limit = _INT64_MAX if step is None else step
+        limit = routes.INT64_MAX if step is None else step
         series_by_kind = _series_by_kind(
             layers, lambda found, layout: run_store.read_at(found, layout, limit)
         )
@@ -391,7 +264,7 @@ class GradVizPlugin(base_plugin.TBPlugin):
         )
 
     def routing_map_impl(self, ctx, experiment, run, layer, step=None):
-        """Returns the `/routing_map` body: a pooling layer's routing map at its latest step `<= step`.
+        """Returns the `/routing_map` body: a pooling layer's map at its latest step `<= step`.
 
         Args:
           ctx: the request's `tensorboard.context.RequestContext`.
@@ -408,7 +281,7 @@ class GradVizPlugin(base_plugin.TBPlugin):
         run_store = self._store(ctx, experiment, run)
         content, time_series = run_store.routing_map(layer)
         tag = records.routing_map_tag(layer)
-        limit = _INT64_MAX if step is None else step
+        limit = routes.INT64_MAX if step is None else step
         body = responses.routing_map_body(
             run, content, run_store.read({tag: time_series}, records.ROUTING_MAP)[tag], limit
         )
@@ -417,43 +290,3 @@ class GradVizPlugin(base_plugin.TBPlugin):
                 f"layer {layer!r} of run {run!r} has no routing map at a step <= {limit}"
             )
         return body
-
-    # Routes: read the request, call an *_impl, respond.
-
-    def _json_route(self, impl, required=(), optional=()):
-        """A route that reads `required` and `optional` query arguments and answers `impl`'s data as JSON.
-
-        `impl(ctx, experiment, *required, **optional)`; optional arguments
-        are parsed by `_OPTIONAL_ARGS` and left to the impl's defaults when
-        absent.
-        """
-
-        @wrappers.Request.application
-        def serve(request):
-            _check_method(request)
-            args = [_single_arg(request, name) for name in required]
-            kwargs = {}
-            for name in optional:
-                text = _single_arg(request, name, required=False)
-                if text is not None:
-                    kwargs[name] = _OPTIONAL_ARGS[name](text)
-            ctx = plugin_util.context(request.environ)
-            experiment = plugin_util.experiment_id(request.environ)
-            return http_util.Respond(request, impl(ctx, experiment, *args, **kwargs), _JSON)
-
-        return serve
-
-    @wrappers.Request.application
-    def _serve_static(self, request):
-        _check_method(request)
-        # `request.path` is already percent-decoded, so `%2e%2e` arrives as
-        # `..` and is refused by the guard like a literal one.
-        if not request.path.startswith(_STATIC_URL_PREFIX):
-            raise errors.NotFoundError("no such static file")
-        path = _static_file(self._frontend_dir, request.path[len(_STATIC_URL_PREFIX) :])
-        if path is None:
-            raise errors.NotFoundError("no such static file")
-        with open(path, "rb") as static_file:
-            content = static_file.read()
-        content_type = _STATIC_TYPES[os.path.splitext(path)[1].lower()]
-        return http_util.Respond(request, content, content_type)

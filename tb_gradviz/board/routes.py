@@ -1,0 +1,188 @@
+"""The plugin's HTTP side: reading query arguments, answering JSON, serving the static files.
+
+Routes are thin: `json_route` reads a request's arguments, calls an `*_impl`
+of the plugin and answers its plain data as JSON through TensorBoard's
+`http_util.Respond`; errors are raised as TensorBoard's public errors (400,
+404, 405). `static_route` serves the tab's files behind a path guard.
+"""
+
+import importlib.resources
+import os
+import re
+
+from tensorboard import errors, plugin_util
+from tensorboard.backend import http_util
+from werkzeug import wrappers
+
+from tb_gradviz.board import timeline
+from tb_gradviz.format import metadata
+
+_JSON = "application/json"
+_ALLOWED_METHODS = ("GET", "HEAD")
+
+# Only these files are served from the frontend folder, with these types. The
+# module must be `text/javascript`: with any other type the iframe stays blank.
+_STATIC_TYPES = {
+    ".js": "text/javascript",
+    ".css": "text/css",
+}
+STATIC_ROUTE = "/static"
+_STATIC_URL_PREFIX = f"/data/plugin/{metadata.PLUGIN_NAME}{STATIC_ROUTE}/"
+
+# A step in a query: ASCII digits only (int() also takes "1_0", " 1" and
+# other scripts' digits), and short enough that parsing it is cheap.
+_STEP_PATTERN = re.compile(r"-?[0-9]{1,30}")
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+
+
+class _MethodNotAllowedError(errors.PublicError):
+    """A request with a method other than GET or HEAD (HTTP 405).
+
+    TensorBoard routes every method to a plugin's handlers, so the plugin
+    checks it itself.
+    """
+
+    http_code = 405
+
+    def __init__(self, method):
+        super().__init__(
+            f"Method not allowed: {method}; this route answers {', '.join(_ALLOWED_METHODS)}"
+        )
+        self.headers = [("Allow", ", ".join(_ALLOWED_METHODS))]
+
+
+def frontend_dir():
+    """Returns the folder of the installed `tb_gradviz.board.frontend` package.
+
+    pyproject installs the top-level `frontend/` folder as this package, in
+    a wheel and in an editable install alike.
+    """
+    return str(importlib.resources.files("tb_gradviz.board.frontend"))
+
+
+def _static_file(root, relative):
+    """Returns the real path of `relative` inside `root`, or None to answer 404.
+
+    Refuses absolute paths, empty, `.` and `..` components, hidden files,
+    backslashes, NUL and colons (Windows drives and streams), unknown file
+    types, and anything whose real path (symlinks resolved) leaves `root`.
+    """
+    if root is None or not relative or len(relative) > 512:
+        return None
+    parts = relative.split("/")
+    for part in parts:
+        if not part or part.startswith(".") or any(c in part for c in "\\\0:"):
+            return None
+    real_root = os.path.realpath(root)
+    path = os.path.realpath(os.path.join(real_root, *parts))
+    if os.path.commonpath([real_root, path]) != real_root or not os.path.isfile(path):
+        return None
+    # The type of the file served, after symlinks, decides.
+    if os.path.splitext(path)[1].lower() not in _STATIC_TYPES:
+        return None
+    return path
+
+
+def _check_method(request):
+    if request.method not in _ALLOWED_METHODS:
+        raise _MethodNotAllowedError(request.method)
+
+
+def _single_arg(request, name, required=True):
+    """Returns a query argument given at most once.
+
+    Raises:
+      InvalidArgumentError: the argument is missing (when required) or repeated.
+    """
+    values = request.args.getlist(name)
+    if len(values) > 1:
+        raise errors.InvalidArgumentError(
+            f"query argument {name!r} given {len(values)} times; give it once"
+        )
+    if not values:
+        if required:
+            raise errors.InvalidArgumentError(f"missing query argument {name!r}")
+        return None
+    return values[0]
+
+
+def _parse_step(text):
+    """Parses a step argument, clamped to int64 (steps are int64).
+
+    Raises:
+      InvalidArgumentError: `text` is not a decimal integer.
+    """
+    if not _STEP_PATTERN.fullmatch(text):
+        raise errors.InvalidArgumentError(f"step must be a decimal integer; received {text[:40]!r}")
+    return min(max(int(text), INT64_MIN), INT64_MAX)
+
+
+def _parse_ratio(text):
+    """Parses the flags' ratio: a finite number above 1.
+
+    Raises:
+      InvalidArgumentError: anything else.
+    """
+    try:
+        ratio = float(text[:40])
+    except ValueError:
+        ratio = float("nan")
+    if not 1 < ratio < float("inf"):
+        raise errors.InvalidArgumentError(
+            f"ratio must be a finite number above 1; received {text[:40]!r}"
+        )
+    return ratio
+
+
+OPTIONAL_ARGS = {
+    "step": _parse_step,
+    "ratio": _parse_ratio,
+    "width": timeline.parse_width,
+    "field": timeline.parse_field,
+    "role": timeline.parse_role,
+}
+
+
+def json_route(impl, required=(), optional=()):
+    """A route that reads query arguments and answers `impl`'s data as JSON.
+
+    Calls `impl(ctx, experiment, *required, **optional)` with the
+    `required` and `optional` query arguments; optional ones are parsed by
+    `OPTIONAL_ARGS` and left to the impl's defaults when absent.
+    """
+
+    @wrappers.Request.application
+    def serve(request):
+        _check_method(request)
+        args = [_single_arg(request, name) for name in required]
+        kwargs = {}
+        for name in optional:
+            text = _single_arg(request, name, required=False)
+            if text is not None:
+                kwargs[name] = OPTIONAL_ARGS[name](text)
+        ctx = plugin_util.context(request.environ)
+        experiment = plugin_util.experiment_id(request.environ)
+        return http_util.Respond(request, impl(ctx, experiment, *args, **kwargs), _JSON)
+
+    return serve
+
+
+def static_route(root):
+    """A route that serves the tab's files from the folder `root` (404 for anything else)."""
+
+    @wrappers.Request.application
+    def serve(request):
+        _check_method(request)
+        # `request.path` is already percent-decoded, so `%2e%2e` arrives as
+        # `..` and is refused by the guard like a literal one.
+        if not request.path.startswith(_STATIC_URL_PREFIX):
+            raise errors.NotFoundError("no such static file")
+        path = _static_file(root, request.path[len(_STATIC_URL_PREFIX) :])
+        if path is None:
+            raise errors.NotFoundError("no such static file")
+        with open(path, "rb") as static_file:
+            content = static_file.read()
+        content_type = _STATIC_TYPES[os.path.splitext(path)[1].lower()]
+        return http_util.Respond(request, content, content_type)
+
+    return serve
