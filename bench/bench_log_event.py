@@ -132,7 +132,7 @@ def measure_case(args, model_name, spec, batch_size, variants, log_root):
             "tensors": sum(len(p.tensors) for p in callbacks[name]._capture.plans),
             "train_step_s": common.median(train),
             "log_event_s": common.median(logs[name]),
-            "ratio": common.median([l / t for l, t in zip(logs[name], train)]),
+            "ratio": common.median([log / t for log, t in zip(logs[name], train)]),
             "first_event_s": trace_s[name],
         }
         if base:
@@ -140,7 +140,7 @@ def measure_case(args, model_name, spec, batch_size, variants, log_root):
                 baseline_s=common.median(base),
                 baseline_ratio=common.median([b / t for b, t in zip(base, train)]),
                 baseline_layers_timed=len(baseline.timed),
-                speedup_vs_baseline=common.median([b / l for b, l in zip(base, logs[name])]),
+                speedup_vs_baseline=common.median([b / log for b, log in zip(base, logs[name])]),
             )
         rows.append(row)
     return rows
@@ -182,7 +182,8 @@ def main():
         "--baseline-sample",
         type=int,
         default=16,
-        help="time the hand-written baseline on at most this many layers and scale (0: no baseline)",
+        help="time the hand-written baseline on at most this many layers and scale "
+        "(0: no baseline)",
     )
     p.add_argument(
         "--scaling",

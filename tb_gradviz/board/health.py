@@ -41,14 +41,20 @@ FLAGS = ("nonfinite", "vanishing", "exploding", "dead", *headroom.FLAGS)
 DEFAULT_RATIO = 1000.0
 
 
+_REFERENCE = (
+    "(the layer nearest the output with a non-zero gradient; layers after it and nested models "
+    "are not judged)"
+)
+
+
 def rules(ratio=DEFAULT_RATIO):
     """The rule of each flag, as the tab shows it on hover."""
     return {
         "nonfinite": "a recorded activation or gradient holds a NaN or an Inf",
-        "vanishing": f"the output gradient's RMS is over {ratio:g}x smaller than at the reference layer "
-        "(the layer nearest the output with a non-zero gradient; layers after it and nested models are not judged)",
-        "exploding": f"the output gradient's RMS is over {ratio:g}x larger than at the reference layer "
-        "(the layer nearest the output with a non-zero gradient; layers after it and nested models are not judged)",
+        "vanishing": f"the output gradient's RMS is over {ratio:g}x smaller than at the reference "
+        f"layer {_REFERENCE}",
+        "exploding": f"the output gradient's RMS is over {ratio:g}x larger than at the reference "
+        f"layer {_REFERENCE}",
         "dead": "channels of the activation are exactly zero for every probe example and position",
         **headroom.rules(),
     }
@@ -108,7 +114,7 @@ def _finite_count(stats):
 
 
 def role_flow(stats_list):
-    """The RMS, max |value| and exact-zero fraction over several tensors' stats (one role of a layer).
+    """The RMS, max |value| and exact-zero fraction over the stats of one role's tensors.
 
     RMS and max are over the finite values (NaN when there is none); the
     RMS of several tensors is that of all their values together.
@@ -151,8 +157,10 @@ def _containers(layers):
 
 
 def reference_layer(layers):
-    """The layer nearest the output (last in model order, not a nested model) whose output gradient has a
-    finite, non-zero RMS, or None."""
+    """The layer nearest the output whose output gradient has a finite, non-zero RMS, or None.
+
+    Nearest the output: last in model order; a nested model is never the reference.
+    """
     containers = _containers(layers)
     for layer in reversed(layers):
         rms = _gradient_rms(layer)
@@ -162,7 +170,7 @@ def reference_layer(layers):
 
 
 def judged_layers(layers, reference):
-    """The names of the layers the gradient-RMS rules judge: up to the reference, nested models left out."""
+    """The layers the gradient-RMS rules judge, by name: up to the reference, no nested model."""
     if reference is None:
         return set()
     containers = _containers(layers)

@@ -34,7 +34,7 @@ def _stats_row(values):
 
 
 def _routing_row(values, dtype):
-    """One routing record as `{field: scalar}` (counts as ints, NaN kept) with its `mass` verdict."""
+    """One routing record as `{field: scalar}` (int counts, NaN kept) with its `mass` verdict."""
     columns = records.routing_columns(values[None])
     result = {
         name: _counts(column)[0] if name in records.ROUTING_COUNT_FIELDS else column[0].item()
@@ -96,7 +96,7 @@ def runs_body(layer_indexes):
 
 
 def _histogram_columns(histograms, steps):
-    """The linear histograms (a `series.Series` or None) aligned with `steps`, None where missing."""
+    """The linear histograms (a `series.Series` or None) at `steps`, None where missing."""
     empty = [None] * len(steps)
     result = {
         "buckets": records.HISTOGRAM_BUCKETS,
@@ -118,7 +118,7 @@ def _histogram_columns(histograms, steps):
 
 
 def series_body(run, content, stats, histograms):
-    """The `/series` body of one tensor: its stats `series.Series` and histograms (a Series or None)."""
+    """The `/series` body of one tensor: its stats and histograms (`series.Series`, or None)."""
     columns = records.stats_columns(stats.values)
     return {
         "run": run,
@@ -140,7 +140,7 @@ def series_body(run, content, stats, histograms):
 
 
 def routing_body(run, content, routing):
-    """The `/routing` body of a pooling layer: its routing `series.Series`, field by field, and the mass verdicts."""
+    """The `/routing` body of a pooling layer: its routing series by field, and the verdicts."""
     dtype = content.get("layer_dtype")
     verdicts = [
         summaries.mass_conservation(records.decode_routing(row), dtype) for row in routing.values
@@ -255,7 +255,7 @@ def _layer_update_ratio(updates):
 
 
 def step_body(run, layers, series_by_kind, limit, ratio=health.DEFAULT_RATIO):
-    """The `/step` body: every layer of a run at its latest step `<= limit`, or None if none has one.
+    """The `/step` body: a run's layers at its latest step `<= limit`; None if none has one.
 
     Args:
       layers: the run's layer index (`store.RunStore.layers()`).
@@ -325,7 +325,7 @@ def _map_axes(content):
 
 
 def routing_map_body(run, content, series, limit):
-    """The `/routing_map` body: a pooling layer's routing map at its latest step `<= limit`, or None if none.
+    """The `/routing_map` body: a pooling layer's map at its latest step `<= limit`, or None.
 
     Records whose size is not the one the metadata gives (a later fit with
     other settings), or with a malformed row (`routing_map.valid_rows`), are

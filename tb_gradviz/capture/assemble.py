@@ -17,7 +17,7 @@ from tb_gradviz.format import events, records, routing_map, summaries
 
 
 def host_map(slices, divisor=None):
-    """A routing map's slices as numpy (float16/bfloat16 widened), the gradients divided by the loss scale."""
+    """A routing map's slices as numpy (float16/bfloat16 widened), gradients unscaled."""
     x, input_gradient, output_gradient = (
         np.asarray(keras.ops.convert_to_numpy(t), dtype=np.float64) for t in slices
     )

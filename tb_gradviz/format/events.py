@@ -20,9 +20,9 @@ from tb_gradviz.format import digest, metadata, storage, upload
 from tb_gradviz.format.records import (
     histogram_tag,
     log_edges_description,
+    precision_tag,
     routing_map_tag,
     routing_tag,
-    precision_tag,
     stats_tag,
     units_tag,
     update_tag,
@@ -103,11 +103,14 @@ class EventFile:
         # before one it has read: the number is zero-padded so that a
         # process's tenth file in a second sorts after its ninth.
         number = next(_file_numbers)
-        name = f"events.out.tfevents.{int(wall_time):010d}.{socket.gethostname()}.{os.getpid()}.{number:06d}{suffix}"
+        name = (
+            f"events.out.tfevents.{int(wall_time):010d}.{socket.gethostname()}.{os.getpid()}"
+            f".{number:06d}{suffix}"
+        )
         self.name = name
         self.path = os.path.join(os.fspath(logdir), name)
         self.size = 0  # bytes written
-        self._stream = open(self.path, "wb")
+        self._stream = open(self.path, "wb")  # noqa: SIM115 (open until close())
         self.write(
             event_pb2.Event(wall_time=wall_time, file_version="brain.Event:2").SerializeToString()
         )
@@ -240,7 +243,9 @@ def tensor_records(layer, tensor, histogram, stats, content):
 
 
 def precision_records(layer, tensor, vector, content):
-    """Returns the `(tag, array, metadata)` record of a tensor's precision (`summaries.precision_vector`).
+    """Returns the `(tag, array, metadata)` record of a tensor's precision.
+
+    The values are `summaries.precision_vector`'s.
 
     Args: as `tensor_records`; `vector` is the `PRECISION_LENGTH` record.
     """
@@ -261,7 +266,7 @@ def routing_records(layer, routing, content):
 
 
 def units_records(layer, units, content):
-    """Returns the `(tag, array, metadata)` record of a layer's dead units (`records.units_vector`)."""
+    """Returns the `(tag, array, metadata)` record of a layer's dead units (`units_vector`)."""
     units_content = dict(content, kind=metadata.KIND_UNITS, layer=layer)
     return [(units_tag(layer), units, metadata.create_summary_metadata(units_content))]
 
@@ -273,6 +278,6 @@ def routing_map_records(layer, routing_map, content):
 
 
 def update_records(layer, weight, update, content):
-    """Returns the `(tag, array, metadata)` record of a weight's update size (`summaries.update_vector`)."""
+    """Returns the `(tag, array, metadata)` record of a weight's update size (`update_vector`)."""
     update_content = dict(content, kind=metadata.KIND_UPDATE, layer=layer)
     return [(update_tag(layer, weight), update, metadata.create_summary_metadata(update_content))]

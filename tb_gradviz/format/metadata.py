@@ -114,7 +114,8 @@ def parse_plugin_metadata(content):
         )
     if not _valid_content(parsed):
         raise ValueError(
-            f"tb_gradviz {parsed['kind']} metadata lacks a field or has one of the wrong type: {str(parsed)[:200]}"
+            f"tb_gradviz {parsed['kind']} metadata lacks a field or has one of the wrong type: "
+            f"{str(parsed)[:200]}"
         )
     return parsed
 
@@ -132,7 +133,10 @@ def _is_shape(value):
 
 
 def _valid_content(content):
-    """Whether parsed metadata has the fields, of the types, readers rely on (absent optional ones allowed)."""
+    """Whether parsed metadata has the fields, of the types, readers rely on.
+
+    Optional fields may be absent.
+    """
     if content["kind"] == KIND_BUDGET:
         fields = content.get("fields")
         return isinstance(fields, list) and all(map(_is_str, fields))

@@ -90,7 +90,7 @@ def maps_layer(pooling, input_shape):
 
 
 def _as_volume(array, pooling):
-    """An example's `[..., C]` or `[C, ...]` slice as `[C, D, H, W]` (2D pools: D = 1; 1D: D = H = 1)."""
+    """An example's `[..., C]` or `[C, ...]` slice as `[C, D, H, W]` (2D: D = 1; 1D: D = H = 1)."""
     array = np.asarray(array)
     if pooling["data_format"] == "channels_first":
         array = np.moveaxis(array, 0, -1)
@@ -100,7 +100,9 @@ def _as_volume(array, pooling):
 
 
 def same_padding(n, k, s):
-    """SAME pooling along an axis of `n` positions, windows of `k`, stride `s`: `(windows, pad before, pad after)`.
+    """SAME pooling along an axis: `(windows, pad before, pad after)`.
+
+    For `n` positions, windows of `k` and stride `s`.
 
     As Keras' backends pad: the odd position, if any, goes after.
     """
@@ -144,7 +146,7 @@ def _geometry(pooling, depth, height, width):
 
 
 def _crop(starts, size, n, budget_windows, origin):
-    """The range of windows `[first, last)` along one axis that fit, and the input span they cover."""
+    """The windows `[first, last)` along one axis that fit, and the input span they cover."""
     count = len(starts)
     keep = max(1, min(count, budget_windows))
     if origin is None:
