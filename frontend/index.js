@@ -9,7 +9,9 @@ import {connectToHost, followHost} from './host.js';
 import * as layout from './layout.js';
 import * as model from './model.js';
 import {RoutingMapView} from './routemap.js';
+import * as precisionview from './precision.js';
 import {fetchRoutingMap} from './routemapmodel.js';
+import {TimelineSection} from './timelinesection.js';
 import * as views from './views.js';
 import * as weightsview from './weightsview.js';
 
@@ -78,6 +80,13 @@ class App {
     new ResizeObserver(() => this.renderFlow()).observe(ui.flow);
     this.routeMap = new RoutingMapView(ui.routeMap, (run, layer, step) =>
       this.cached(['routing_map', run, layer, step], () => fetchRoutingMap(run, layer, step)));
+    // Layers over time, above the layer view: a click opens a layer at a step there.
+    this.timeline = new TimelineSection((key, fetch) => this.cached(key, fetch), (layer, step) =>
+      this.selectLayer(layer).then(() => {
+        this.selectStep(this.steps[Math.max(0, model.latestIndexAtOrBefore(this.steps, step))]);
+        ui.layerSection.scrollIntoView({block: 'start'});
+      }));
+    ui.layerSection.before(this.timeline.element);
     if (this.host) {
       this.hostRuns = await followHost(this.host, {
         onRuns: (runs) => {
@@ -145,6 +154,7 @@ class App {
     this.run = run;
     this.ui.runSelect.value = run;
     this.setFlowOptions();
+    this.timeline.show(run, this.runs);
     const layers = this.runs.find((entry) => entry.run === run)?.layers ?? [];
     layout.setOptions(this.ui.layerSelect,
       layers.map((layer) => ({value: layer.layer, label: `${layer.layer} (${layer.layer_class ?? '?'})`})),
@@ -238,6 +248,21 @@ class App {
     views.renderAside(ui.aside, this.layer, routing);
     views.renderHeatmaps(ui.heatmaps, this.layer, this.tensors, step);
     this.routeMap.update(this.run, this.layer, step);
+    this.renderPrecision();
+  }
+
+  /** The precision panel of the selected layer, from the run's /step at the slider's step. */
+  async renderPrecision() {
+    const {run, step, layer} = this;
+    let snapshot = null;
+    try {
+      snapshot = await this.snapshot(run, step);
+    } catch {
+      snapshot = null; // no step at or before this one: the panel says there is no record
+    }
+    if (run !== this.run || step !== this.step || layer !== this.layer) return;
+    const entry = snapshot?.layers.find((candidate) => candidate.layer === layer.layer);
+    precisionview.renderPrecision(this.ui.precision, entry);
   }
 
   /** A run at the latest step `<= step` (/step), shared by the grid and the gradient flow. */

@@ -79,6 +79,7 @@ export function createLayout(root) {
   const flow = html('div', {className: 'flow-container'});
   const layerTitle = html('h2', {className: 'layer-title'});
   const panels = html('div', {className: 'panels'});
+  const precision = html('section', {className: 'precision-section'});
   const weights = html('section', {className: 'weights-section', attrs: {hidden: ''}});
   const routeMap = html('section', {className: 'routemap-container'});
   const aside = html('aside', {className: 'explanation'});
@@ -92,6 +93,7 @@ export function createLayout(root) {
     html('div', {className: 'layer-view'}, [
       html('div', {className: 'layer-main'}, [
         panels,
+        precision,
         weights,
         routeMap,
         html('h2', {text: 'Distribution over steps'}),
@@ -137,7 +139,7 @@ export function createLayout(root) {
   return {
     runSelect, layerSelect, stepSlider, stepOutput, logToggle, reloadButton,
     compareTensorSelect, compareRunSelect, flowRunSelect, keepStepButton,
-    status, keptSteps, flowSummary, flow, layerSection, layerTitle, panels, weights, routeMap, aside, heatmaps, gridTitle, grid,
+    status, keptSteps, flowSummary, flow, layerSection, layerTitle, panels, precision, weights, routeMap, aside, heatmaps, gridTitle, grid,
     compareCharts,
   };
 }

@@ -61,7 +61,8 @@ def shares(record, name, setting="as_is"):
 
 def flags(layer):
     """The `underflow` and `overflow` flags of one `/step` layer (with `layer_dtype` and each
-    tensor's `precision`, None when not recorded): `[{"flag", "detail", "tensor"}]`."""
+    tensor's `precision`, None when not recorded): `[{"flag", "detail", "tensor", "tensors"}]`
+    (`tensor`: the first gradient flagged; `tensors`: all of them)."""
     name = compute_format(layer.get("layer_dtype"))
     if name is None:
         return []
@@ -86,7 +87,12 @@ def flags(layer):
                 (tensor, f"{tensor}: {counts['overflow']} of {n} values overflow {name}")
             )
     return [
-        {"flag": flag, "detail": "; ".join(d for _, d in hits), "tensor": hits[0][0]}
+        {
+            "flag": flag,
+            "detail": "; ".join(d for _, d in hits),
+            "tensor": hits[0][0],
+            "tensors": [t for t, _ in hits],
+        }
         for flag, hits in found.items()
         if hits
     ]
