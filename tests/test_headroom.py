@@ -155,3 +155,30 @@ def test_check_fails_on_underflow_for_the_unscaled_run_only(mixed_logdir, capsys
         cli.main(["check", str(mixed_logdir / "unscaled"), "--fail-on", "underflow,overflow"]) == 1
     )
     assert "underflow" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_summary_prints_the_precision_table_from_step(mixed_logdir, capsys):
+    from tb_gradviz import cli
+    from tb_gradviz.cli import precision as cli_precision
+
+    body = test_plugin.get_json(test_plugin.make_app(mixed_logdir)[0], "/step", run="unscaled")
+    capsys.readouterr()
+    assert cli.main(["summary", str(mixed_logdir / "unscaled")]) == 0
+    out = capsys.readouterr().out
+    assert "precision  (% of the non-zero values" in out
+    record = body["layers"][0]["tensors"]["output_gradient"]["precision"]
+    counts = record["formats"]["float16"]["as_is"]
+    expected = "/".join(
+        f"{100.0 * counts[key] / record['finite_nonzero']:.2f}"
+        for key in ("to_zero", "subnormal", "overflow")
+    )
+    assert cli_precision.cell(record, "float16", "as_is") == expected
+    line = next(
+        line
+        for line in out.splitlines()
+        if line.startswith(body["layers"][0]["layer"] + " ")
+        and " output_gradient " in line
+        and expected in line
+    )
+    assert str(record["finite_nonzero"]) in line

@@ -3,6 +3,7 @@
 import math
 
 from tb_gradviz.cli.logs import open_logdir, runs_of
+from tb_gradviz.cli.precision import PRECISION_COLUMNS, precision_rows
 from tb_gradviz.cli.status import EXIT_NO_DATA, CommandError
 from tb_gradviz.format import records
 
@@ -27,6 +28,14 @@ def run_summary(args):
                 "size: per step, against the usual ~1e-3)"
             )
             print(table(updates, UPDATE_COLUMNS))
+        headroom = precision_rows(snapshot)
+        if headroom:
+            print(
+                "\nprecision  (% of the non-zero values a cast flushes to zero/makes subnormal/"
+                "overflows: as the values are, gradients at the loss scale; float8 also scaled "
+                "to amax)"
+            )
+            print(table(headroom, PRECISION_COLUMNS))
         print()
         printed += 1
     if not printed:
