@@ -104,6 +104,18 @@ def test_plugin_serves_every_earlier_layout_as_written(layout):
             assert all(
                 entry["updates"] == {} and entry["update_ratio"] is None for entry in step["layers"]
             )
+            # Every layout before the precision record: each tensor's record is null, no
+            # underflow or overflow flag.
+            assert all(
+                tensor["precision"] is None
+                for entry in step["layers"]
+                for tensor in entry["tensors"].values()
+            )
+            assert not any(
+                flag["flag"] in ("underflow", "overflow")
+                for entry in step["layers"]
+                for flag in entry["flags"]
+            )
 
 
 @pytest.mark.parametrize("layout", LAYOUT_DIRS, ids=lambda path: path.name)
