@@ -1,0 +1,261 @@
+"""`tb-gradviz demo` and `bash demo/run.sh`: what trains, what it says, what it serves."""
+
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+
+import numpy as np
+import pytest
+from test_cli import REPO, run_cli
+
+from tb_gradviz import cli
+
+
+def test_demo_into_a_file_or_onto_a_busy_port_fails_cleanly(tmp_path):
+    a_file = tmp_path / "f.txt"
+    a_file.write_text("x")
+    status, out, err = run_cli("demo", "--logdir", a_file)
+    assert status == 2 and "--logdir must be a directory" in err and "Traceback" not in err + out
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        status, out, err = run_cli(
+            "demo",
+            "--model",
+            "cnn",
+            "--steps",
+            "1",
+            "--logdir",
+            tmp_path / "logs",
+            "--port",
+            busy.getsockname()[1],
+            "--serve-seconds",
+            "1",
+        )
+    assert status == cli.EXIT_SERVE == 4
+    assert "cannot serve TensorBoard on 127.0.0.1:" in err and "Traceback" not in err
+
+
+def test_demo_serves_on_6006_and_falls_back_to_a_free_port_when_it_is_busy(tmp_path):
+    # TensorBoard's port by default, and a message, not a failure, when it is taken.
+    with socket.socket() as busy:
+        busy.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            busy.bind(("127.0.0.1", 6006))
+        except OSError:
+            pytest.skip("port 6006 is taken by another program on this machine")
+        busy.listen()
+        status, out, err = run_cli(
+            "demo",
+            "--model",
+            "cnn",
+            "--steps",
+            "1",
+            "--logdir",
+            tmp_path / "logs",
+            "--serve-seconds",
+            "1",
+        )
+    assert status == 0, err
+    assert "Port 6006 is busy" in out and "serving on a free port instead" in out
+    url = re.search(r"GradViz tab: http://127\.0\.0\.1:(\d+)/#gradviz", out)
+    assert url and url.group(1) != "6006", out
+
+
+def test_keras_tensorboard_logs_nothing_for_maxpool_and_gradviz_logs_its_tensors(tmp_path):
+    sys.path.insert(0, str(REPO / "demo"))
+    try:
+        import keras_tensorboard_vs_gradviz as comparison
+    finally:
+        sys.path.pop(0)
+    table, write_grads_error = comparison.compare(str(tmp_path))
+    assert "write_grads" in write_grads_error
+    keras_tags, gradviz_tags = table["maxpool"]
+    assert keras_tags == []
+    tensors = [
+        f"{role}{record}"
+        for role in ("activation", "input_gradient", "output_gradient")
+        for record in ("", "/precision")
+    ]
+    logged = (*tensors, "routing", "routing_map", "units")
+    assert gradviz_tags == [f"gradviz/maxpool/{t}" for t in logged]
+    assert table["conv"][0]  # Keras does log the conv's weights
+
+
+@pytest.fixture(scope="module")
+def main_job(tmp_path_factory):
+    """`bash demo/run.sh` with its defaults, serving while this module's tests read it.
+
+    Yields `(logs, url, seconds to the URL, whether 6006 was free)`; stops the server afterwards.
+    """
+    workdir = tmp_path_factory.mktemp("main_job")
+    logs = workdir / "demo_logs"
+    with socket.socket() as probe:
+        try:
+            probe.bind(("127.0.0.1", 6006))
+            default_port_free = True
+        except OSError:
+            default_port_free = False
+    started = time.monotonic()
+    process = subprocess.Popen(
+        ["bash", str(REPO / "demo" / "run.sh"), "--logdir", str(logs), "--serve-seconds", "600"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        cwd=workdir,
+    )
+    try:
+        output, url = [], None
+        for line in process.stdout:
+            output.append(line)
+            match = re.search(r"GradViz tab: (http://\S+)#gradviz", line)
+            if match:
+                url = match.group(1)
+                break
+            # A guard against a hang only: the README test judges the time.
+            assert time.monotonic() - started < 900, "".join(output)
+        assert url, "".join(output)
+        elapsed = time.monotonic() - started
+        # Keep reading, so that a full pipe never blocks the server.
+        threading.Thread(target=output.extend, args=(process.stdout,), daemon=True).start()
+        yield logs, url, elapsed, default_port_free
+    finally:
+        process.kill()
+        process.wait(timeout=30)
+
+
+def test_readme_main_job_trains_writes_and_serves_within_five_minutes(main_job):
+    """`bash demo/run.sh` with its defaults, serving bounded."""
+    logs, url, elapsed, default_port_free = main_job
+    if default_port_free:
+        assert url.startswith("http://127.0.0.1:6006/"), url  # TensorBoard's port by default
+    deadline = time.monotonic() + 45
+    while True:
+        listing = json.load(urllib.request.urlopen(url + "data/plugins_listing", timeout=10))
+        if listing.get("gradviz", {}).get("enabled") or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert listing["gradviz"]["enabled"], listing.get("gradviz")
+    runs = json.load(urllib.request.urlopen(url + "data/plugin/gradviz/runs", timeout=10))["runs"]
+    assert elapsed < 300, f"the default demo took {elapsed:.0f} s"
+    assert [r["run"] for r in runs] == [
+        "cnn_averagepool",
+        "cnn_maxpool",
+        "mixed_float16_scaled",
+        "mixed_float16_unscaled",
+        "plain_relu_bn",
+        "plain_sigmoid",
+        "resnet50",
+    ]
+    from tb_gradviz import demos
+
+    assert [layer["layer"] for layer in runs[-1]["layers"]] == list(demos.RESNET50_LAYERS)
+    assert os.path.isdir(logs / "resnet50")
+
+
+def served_scalars(url, run, tag, steps):
+    """`[(step, value)]` of a scalar as the Scalars dashboard gets it, once `steps` are loaded."""
+    query = urllib.parse.urlencode({"run": run, "tag": tag})
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            points = json.load(
+                urllib.request.urlopen(f"{url}data/plugin/scalars/scalars?{query}", timeout=10)
+            )
+        except urllib.error.HTTPError:  # not loaded yet
+            points = []
+        if len(points) >= steps or time.monotonic() > deadline:
+            return [(step, value) for _, step, value in points]
+        time.sleep(0.5)
+
+
+@pytest.mark.parametrize(
+    "run, steps", [("resnet50", 48), ("cnn_maxpool", 40), ("cnn_averagepool", 40)]
+)
+def test_demo_resnet50_and_cnns_learn_loss_falls_and_accuracy_beats_chance(main_job, run, steps):
+    # From scratch with SGD(0.01, momentum 0.9), ResNet50's loss rose from 2.2 to 6.9 and its
+    # accuracy stayed at chance (and the CNNs, Adam(1e-3) at batch 16, stayed near it). Each step's
+    # loss and accuracy are in the run, beside its GradViz records, for the Scalars dashboard.
+    _, url, _, _ = main_job
+    loss = served_scalars(url, run, "train/loss", steps)
+    accuracy = served_scalars(url, run, "train/accuracy", steps)
+    assert [step for step, _ in loss] == [step for step, _ in accuracy] == list(range(1, steps + 1))
+    quarter = steps // 4
+    first_loss, last_loss = (
+        np.mean([value for _, value in part]) for part in (loss[:quarter], loss[-quarter:])
+    )
+    last_accuracy = np.mean([value for _, value in accuracy[-quarter:]])
+    # Chance is a loss of ln 4 = 1.39 and an accuracy of 0.25.
+    assert last_loss < min(0.75 * first_loss, 1.0), (run, [round(value, 2) for _, value in loss])
+    assert last_accuracy > 0.5, (run, [round(value, 2) for _, value in accuracy])
+
+
+def test_demo_shows_a_vanishing_gradient_the_flags_catch_next_to_a_healthy_network(
+    main_job, capsys
+):
+    # Issue 13: the main job shows the diagnosis: 20 sigmoid layers against ReLU with BatchNorm.
+    logs, _, _, _ = main_job
+    assert cli.main(["check", str(logs), "--run", "plain_relu_bn"]) == 0
+    assert "no flag raised" in capsys.readouterr().out
+    assert (
+        cli.main(["check", str(logs), "--run", "plain_sigmoid", "--fail-on", "vanishing"])
+        == cli.EXIT_FLAGGED
+    )
+    rows = [line.split() for line in capsys.readouterr().out.splitlines() if "vanishing" in line]
+    flagged = [row[0] for row in rows]
+    # The gradient falls toward the input: the first layers are flagged, the last is the reference.
+    assert (
+        flagged[:3] == ["centre", "conv01", "conv02"]
+        and "logits" not in flagged
+        and "conv20" not in flagged
+    )
+    # As the demo says: check also flags dead ReLU channels in both small CNNs.
+    for run in ("cnn_maxpool", "cnn_averagepool"):
+        assert cli.main(["check", str(logs), "--run", run, "--fail-on", "dead"]) == cli.EXIT_FLAGGED
+    capsys.readouterr()
+
+
+def test_demo_says_what_trains_and_why_lists_each_runs_layers_and_keeps_tensorflow_quiet(tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TF_CPP", "GRPC"))}
+    logs = tmp_path / "logs"
+    done = subprocess.run(
+        [sys.executable, "-m", "tb_gradviz.cli", "demo", "--model", "cnn", "--steps", "1"]
+        + ["--no-serve", "--logdir", str(logs)],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=REPO,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr
+    from tb_gradviz import demos
+
+    plan = demos.demo_plan("cnn", 1)
+    said = [
+        line for line in done.stdout.splitlines() if re.match(r"\[\d+/\d+\] |\s+\S+ logged ", line)
+    ]
+    # Before each run: its number, name, model and why; after it: the layers it logged.
+    assert len(said) == 2 * len(plan)
+    for i, (run, what, why, _) in enumerate(plan):
+        assert said[2 * i] == f"[{i + 1}/{len(plan)}] {run}: {what}; {why}."
+        assert said[2 * i + 1].split()[:2] == [run, "logged"]
+        assert os.listdir(logs / run)
+    assert said[3].split(": ", 1)[1] == "pool1, pool2, gap"  # cnn_averagepool
+    # TensorFlow's C++ start-up notices are not the demo's output.
+    assert "oneDNN" not in done.stderr and "absl::InitializeLog" not in done.stderr, done.stderr
+    # The step scalars are written by tb_gradviz's own writer, beside its records.
+    assert any(name.endswith(".scalars") for name in os.listdir(logs / "cnn_maxpool"))
+    # What the demo says check flags is what check flags on its logs.
+    assert "dead ReLU channels in the small CNNs" in done.stdout
+    status, out, _ = run_cli("check", logs, "--format", "json")
+    flags = {r["run"]: {f["flag"] for f in r["flags"]} for r in json.loads(out)["runs"]}
+    assert status == cli.EXIT_FLAGGED
+    assert "vanishing" in flags["plain_sigmoid"] and flags["plain_relu_bn"] == set()
