@@ -10,8 +10,8 @@ import eventdata  # noqa: E402
 from values import assert_same_stats  # noqa: E402
 
 from tb_gradviz import GradVizCallback  # noqa: E402
-from tb_gradviz.format import (
-    records,  # noqa: E402
+from tb_gradviz.format import (  # noqa: E402
+    records,
     summaries,
 )
 

@@ -1,4 +1,4 @@
-"""Training-health flags (issue 13) on models with a known problem, against GradientTape's gradients."""
+"""Training-health flags on models with a known problem, against GradientTape's gradients."""
 
 import math
 import os
@@ -19,7 +19,7 @@ layers = keras.layers
 
 
 def logged_flags(model, logdir, x, y, chosen, ratio=health.DEFAULT_RATIO):
-    """Logs one event of `model` as it is (no training) and returns `{layer: [flag names]}` from `check`'s reader."""
+    """Logs one event of `model` as it is (no training); returns `check`'s `{layer: [flags]}`."""
     callback = GradVizCallback(logdir, (x, y), layers=chosen)
     callback.set_model(model)
     callback.log_now(step=1)
@@ -32,7 +32,7 @@ def logged_flags(model, logdir, x, y, chosen, ratio=health.DEFAULT_RATIO):
 
 
 def output_gradient_rms(model, names, x, y):
-    """RMS of d loss / d output of each named layer, by GradientTape on a functional copy of the model."""
+    """RMS of d loss / d output of each named layer, by GradientTape on a functional copy."""
     probe = keras.Model(
         model.inputs, [model.get_layer(n).output for n in names] + list(model.outputs)
     )
@@ -171,8 +171,8 @@ def test_a_nan_in_the_probe_flags_every_layer_it_reaches_and_stops_fit_when_aske
         len(history.history["loss"]) == 1
     )  # Keras stops at the end of the epoch of the first step
     assert (
-        "GradVizCallback: step 1: NaN or Inf recorded in gradviz/conv/activation/stats; stopping training"
-        in capsys.readouterr().out
+        "GradVizCallback: step 1: NaN or Inf recorded in gradviz/conv/activation/stats; stopping "
+        "training" in capsys.readouterr().out
     )
 
 

@@ -15,8 +15,8 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 SCRIPT = """
 import sys, warnings, numpy as np, keras, tb_gradviz
 assert "GradVizCallback" in dir(tb_gradviz)
-m = keras.Sequential([keras.Input((4, 4, 1)), keras.layers.MaxPooling2D(name="pool"), keras.layers.Flatten(),
-                      keras.layers.Dense(1)])
+m = keras.Sequential([keras.Input((4, 4, 1)), keras.layers.MaxPooling2D(name="pool"),
+                      keras.layers.Flatten(), keras.layers.Dense(1)])
 m.compile("sgd", "mse")
 x, y = np.ones((2, 4, 4, 1), "float32"), np.ones((2, 1), "float32")
 with warnings.catch_warnings(record=True) as caught:

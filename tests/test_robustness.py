@@ -1,4 +1,4 @@
-"""Interrupted training, probes that do not fit the model, and arguments not covered in test_callback."""
+"""Interrupted training, probes that do not fit the model, arguments test_callback leaves out."""
 
 import os
 import re

@@ -20,7 +20,7 @@ layers = keras.layers
 
 
 def reference_windows(x, pool_size, strides, padding):
-    """Per window of a [H, W] map, row-major: its input positions in raster order (padding excluded)."""
+    """Per window of a [H, W] map, row-major: its input positions in raster order, no padding."""
     height, width = x.shape
     windows = []
     if padding == "global":
@@ -68,7 +68,7 @@ def logged_map(model, pool_name, x, y, tmp_path, **map_args):
 
 
 def tape_gradients(model, pool_name, x, y):
-    """d loss / d (pool input) through the pool only, and d loss / d (pool output), by GradientTape."""
+    """d loss / d (pool input) through the pool only and d loss / d (pool output) (GradientTape)."""
     pool = model.get_layer(pool_name)
     upstream = keras.Model(model.inputs, pool.input)
     x = [x]  # the structure of model.inputs
@@ -375,7 +375,8 @@ def test_a_3d_pool_maps_its_middle_depth_on_the_middle_plane_of_those_windows(tm
         model, "pool", x, np.arange(2) % 2, tmp_path, routing_map_channels=[0, 2]
     )
     pool_input, input_gradient, output_gradient = tape_gradients(model, "pool", x, np.arange(2) % 2)
-    # Output depths 0 and 1: the middle is 1, whose windows span input depths 2 and 3; plane 3 is shown.
+    # Output depths 0 and 1: the middle is 1, whose windows span input depths 2 and 3; plane 3
+    # is shown.
     assert content["depth"] == {"size": 4, "window": 1, "plane": 3}
     assert content["windows"] == {"row": 0, "col": 0, "rows": 3, "cols": 3}
     for row in rows:

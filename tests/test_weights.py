@@ -15,8 +15,8 @@ from autodiff import gradients, numpy  # noqa: E402
 
 from tb_gradviz import GradVizCallback  # noqa: E402
 from tb_gradviz.capture import probe, selection, weights  # noqa: E402
-from tb_gradviz.format import (
-    records,  # noqa: E402
+from tb_gradviz.format import (  # noqa: E402
+    records,
     summaries,
 )
 
@@ -27,7 +27,8 @@ CHOSEN = ["conv", "bn", "pool", "dense"]
 def conv_bn_model(seed, learning_rate=0.0):
     keras.utils.set_random_seed(seed)
     model = keras.Sequential(
-        # BatchNorm after the ReLU: right after the conv, it would cancel the bias's gradient to roundoff.
+        # BatchNorm after the ReLU: right after the conv, it would cancel the bias's gradient to
+        # roundoff.
         [
             keras.Input((8, 8, 3)),
             layers.Conv2D(4, 3, padding="same", name="conv"),
@@ -53,7 +54,10 @@ def data(n, seed=0):
 
 
 def weight_gradient(model, variable, x, y, scale=1.0):
-    """d loss / d variable by the backend's autodiff, the loss computed as `train_step` does, times `scale`."""
+    """d loss / d variable by the backend's autodiff, of the loss as `train_step` computes it.
+
+    The loss is multiplied by `scale` first.
+    """
     trainable = [v.value for v in model.trainable_variables]
     non_trainable = [v.value for v in model.non_trainable_variables]
     position = [id(v) for v in model.trainable_variables].index(id(variable))
@@ -160,7 +164,7 @@ def test_update_ratio_equals_one_computed_from_weight_copies(tmp_path):
                 6,
                 9,
             ]  # from the second log event on; 3 steps an epoch
-            for (step, vector), before, after in zip(logged, copies.copies, copies.copies[1:]):
+            for (_, vector), before, after in zip(logged, copies.copies, copies.copies[1:]):
                 update = dict(zip(records.UPDATE_FIELDS, vector))
                 w, previous = after[variable.path], before[variable.path]
                 assert update["interval"] == 3
@@ -306,7 +310,8 @@ def test_a_bad_weights_argument_says_what_was_received(tmp_path):
 
 
 def test_update_records_are_the_same_from_the_passs_host_arrays_and_from_the_variables():
-    # Host statistics hand the weights' host arrays on; device statistics leave Updates to read the variables.
+    # Host statistics hand the weights' host arrays on; device statistics leave Updates to read
+    # the variables.
     model = conv_bn_model(seed=5, learning_rate=0.01)
     x, y = data(8, seed=5)
     chosen = selection.select_layers(model, CHOSEN)
