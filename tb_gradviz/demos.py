@@ -109,6 +109,15 @@ class StepScalars(keras.callbacks.Callback):
             self._writer = None
 
 
+def _compile(model, optimizer, from_logits=True):
+    """Compiles a demo model for its pattern classes: sparse cross-entropy, and accuracy."""
+    model.compile(
+        optimizer,
+        keras.losses.SparseCategoricalCrossentropy(from_logits=from_logits),
+        metrics=["accuracy"],
+    )
+
+
 def _fit(model, log_dir, layers, x, y, batch_size, log_every, verbose, weights=False):
     callback = GradVizCallback(
         log_dir,
@@ -167,11 +176,7 @@ def train_resnet50(log_dir, steps=48, image_size=64, batch_size=16, log_every=4,
         [keras.Input((image_size, image_size, 3)), resnet50(image_size)], name="demo"
     )
     # ResNet50's output is a softmax, hence from_logits=False.
-    model.compile(
-        keras.optimizers.Adam(1e-3),
-        keras.losses.SparseCategoricalCrossentropy(),
-        metrics=["accuracy"],
-    )
+    _compile(model, keras.optimizers.Adam(1e-3), from_logits=False)
     return _fit(
         model, log_dir, list(RESNET50_LAYERS), x, y, batch_size, log_every, verbose
     ).chosen_layers
@@ -211,11 +216,7 @@ def train_small_cnn(
     keras.utils.set_random_seed(seed)
     x, y = pattern_images(steps * batch_size, 32, seed)
     model = small_cnn(pooling)
-    model.compile(
-        keras.optimizers.Adam(1e-2),
-        keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-        metrics=["accuracy"],
-    )
+    _compile(model, keras.optimizers.Adam(1e-2))
     return _fit(model, log_dir, None, x, y, batch_size, log_every, verbose).chosen_layers
 
 
@@ -261,11 +262,7 @@ def train_plain_cnn(log_dir, activation, steps=12, batch_size=16, log_every=4, v
     keras.utils.set_random_seed(seed)
     x, y = pattern_images(steps * batch_size, 16, seed)
     model = plain_cnn(activation)
-    model.compile(
-        keras.optimizers.Adam(1e-3),
-        keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-        metrics=["accuracy"],
-    )
+    _compile(model, keras.optimizers.Adam(1e-3))
     return _fit(
         model, log_dir, lambda layer: True, x, y, batch_size, log_every, verbose, weights=True
     ).chosen_layers
@@ -293,11 +290,7 @@ def train_mixed_cnn(log_dir, loss_scale, steps=10, batch_size=64, log_every=5, v
             optimizer = keras.optimizers.LossScaleOptimizer(
                 optimizer, initial_scale=loss_scale, dynamic_growth_steps=2**31 - 1
             )
-        model.compile(
-            optimizer,
-            keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-            metrics=["accuracy"],
-        )
+        _compile(model, optimizer)
         fitted = _fit(model, log_dir, lambda layer: True, x, y, batch_size, log_every, verbose)
     finally:
         keras.mixed_precision.set_global_policy(previous)
