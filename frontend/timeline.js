@@ -28,6 +28,9 @@ export function renderTimeline(container, matrix, {width, onSelect}) {
     role: 'img', 'aria-label': `${timelinemodel.FIELD_TITLES[matrix.field] ?? matrix.field} of ${matrix.rows.length} layers `
       + `over ${matrix.columns.first_step.length} columns of steps`,
   }});
+  // One canvas pixel per CSS pixel across; rows are whole pixels tall.
+  Object.assign(canvas.style, {display: 'block', width: '100%', height: `${height}px`, imageRendering: 'pixelated',
+    cursor: 'pointer'});
   const tip = html('div', {className: 'timeline-tip', attrs: {role: 'status'}});
   container.replaceChildren(html('div', {className: 'timeline-scale'}, scaleLegend(matrix)), canvas, tip);
   draw(canvas, matrix, rowHeight);

@@ -30,6 +30,23 @@ export function renderPanels(container, layer, tensors, {step, logarithmic}) {
   }));
 }
 
+/**
+ * The largest magnitude-bin count of a series over every step, at least 1. A
+ * loop, not `Math.max(...counts)`: a long run has more counts than a call may
+ * take arguments.
+ */
+export function largestCount({negative, positive}) {
+  let largest = 1;
+  for (const steps of [negative, positive]) {
+    for (const counts of steps) {
+      for (const count of counts) {
+        if (count > largest) largest = count;
+      }
+    }
+  }
+  return largest;
+}
+
 /** The panel of one tensor at one step (`snapshot`, null: none at or before it). */
 export function tensorPanel(layer, info, series, snapshot, logarithmic) {
   const title = captions.tensorTitle(info, layer.tensors);
@@ -54,7 +71,7 @@ export function tensorPanel(layer, info, series, snapshot, logarithmic) {
   // Axes span every step of the series, so that moving the slider moves the
   // bars, not the axes.
   const range = model.padToDecades(model.seriesRange(series), series.log.edges);
-  const yMax = Math.max(1, ...series.log.negative.flat(), ...series.log.positive.flat());
+  const yMax = largestCount(series.log);
   panel.dataset.step = snapshot.step;
   panel.append(
     massBar(snapshot),

@@ -1,0 +1,102 @@
+// The "over time" section: its controls (what the colour shows, a run to
+// subtract) and the depth x time canvas, fetched at one column per pixel.
+
+import {html} from './dom.js';
+import {renderTimeline} from './timeline.js';
+import * as timelinemodel from './timelinemodel.js';
+
+const CHOICES = [
+  {value: 'rms/output_gradient', label: 'RMS of the output gradient', field: 'rms', role: 'output_gradient'},
+  {value: 'rms/input_gradient', label: 'RMS of the input gradient', field: 'rms', role: 'input_gradient'},
+  {value: 'rms/activation', label: 'RMS of the activation', field: 'rms', role: 'activation'},
+  {value: 'zero_share/activation', label: 'Share of exact zeros in the activation', field: 'zero_share', role: 'activation'},
+  {value: 'zero_share/output_gradient', label: 'Share of exact zeros in the output gradient', field: 'zero_share',
+    role: 'output_gradient'},
+  {value: 'update_ratio/weight', label: 'Update ratio of the weights', field: 'update_ratio', role: 'weight'},
+];
+
+export class TimelineSection {
+  /**
+   * @param {function(Array): Promise} cached the tab's fetch-once cache: (key, fetch) -> promise
+   * @param {function(string, number): void} onSelect opens a layer at a step
+   */
+  constructor(cached, onSelect) {
+    this.cached = cached;
+    this.onSelect = onSelect;
+    this.run = null;
+    this.runs = [];
+    this.fieldSelect = html('select', {attrs: {name: 'timeline-field', id: 'gradviz-timeline-field'}},
+      CHOICES.map(({value, label}) => html('option', {text: label, attrs: {value}})));
+    this.againstSelect = html('select', {attrs: {name: 'timeline-against', id: 'gradviz-timeline-against'}});
+    this.status = html('p', {className: 'timeline-status', attrs: {role: 'status'}});
+    this.chart = html('div', {className: 'timeline-container'});
+    this.element = html('section', {className: 'timeline-section'}, [
+      html('h2', {text: 'Layers over time'}),
+      html('p', {className: 'hint', text:
+        'Rows: every logged layer in model order, input at the top. Columns: the logged steps, oldest on the left, '
+        + 'grouped to about one per pixel; each cell shows the largest value of its steps, so a one-step spike '
+        + 'stays visible. The top of a row marks the training-health flags. Hover for the values; click to open '
+        + 'that layer at that step.'}),
+      html('div', {className: 'toolbar'}, [
+        html('span', {className: 'control'}, [
+          html('label', {className: 'label-text', text: 'Colour', attrs: {for: this.fieldSelect.id}}), this.fieldSelect]),
+        html('span', {className: 'control'}, [
+          html('label', {className: 'label-text', text: 'Minus run', attrs: {for: this.againstSelect.id}}),
+          this.againstSelect]),
+      ]),
+      this.status,
+      this.chart,
+    ]);
+    this.fieldSelect.addEventListener('change', () => this.load());
+    this.againstSelect.addEventListener('change', () => this.load());
+    this.width = 0;
+    new ResizeObserver(() => {
+      const width = Math.floor(this.chart.clientWidth);
+      if (width > 0 && Math.abs(width - this.width) >= 8) this.load();
+    }).observe(this.chart);
+  }
+
+  /** Shows `run`; `runs` are the tab's runs (the ones offered to subtract). */
+  show(run, runs) {
+    this.run = run;
+    this.runs = runs;
+    const others = runs.filter((entry) => entry.run !== run).map(({run: name}) => name);
+    const kept = others.includes(this.againstSelect.value) ? this.againstSelect.value : '';
+    this.againstSelect.replaceChildren(html('option', {text: '(none)', attrs: {value: ''}}),
+      ...others.map((name) => html('option', {text: name, attrs: {value: name}})));
+    this.againstSelect.value = kept;
+    return this.load();
+  }
+
+  async load() {
+    const {run} = this;
+    if (run === null) return;
+    const choice = CHOICES.find(({value}) => value === this.fieldSelect.value) ?? CHOICES[0];
+    const against = this.againstSelect.value || null;
+    this.width = Math.floor(this.chart.clientWidth) || 1000;
+    const width = this.width;
+    const fetchOf = (name) => this.cached(['timeline', name, choice.field, choice.role, width],
+      () => timelinemodel.fetchTimeline(name, {field: choice.field, role: choice.role, width}));
+    let bodies;
+    try {
+      bodies = await Promise.all((against ? [run, against] : [run]).map(fetchOf));
+    } catch (error) {
+      if (run === this.run) {
+        this.chart.replaceChildren();
+        this.status.textContent = error.status === 404
+          ? 'This run has no digest (written by an older tb_gradviz): the time view needs one.'
+          : `Could not load the time view: ${error.message}`;
+      }
+      return;
+    }
+    if (run !== this.run || (this.againstSelect.value || null) !== against) return;
+    const [body, other] = bodies;
+    const matrix = other
+      ? timelinemodel.differenceMatrix(timelinemodel.timelineMatrix(body), timelinemodel.timelineMatrix(other))
+      : timelinemodel.timelineMatrix(body);
+    const columns = body.columns.first_step.length;
+    this.status.textContent = `${body.layers.length} layers, ${body.steps} logged steps`
+      + (columns < body.steps ? ` in ${columns} columns` : '') + (other ? `, minus ${against}` : '') + '.';
+    renderTimeline(this.chart, matrix, {width, onSelect: this.onSelect});
+  }
+}
