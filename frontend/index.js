@@ -192,6 +192,7 @@ class App {
     this.routing = routing;
     const weightSeries = weights.flatMap(({values, gradient}) => [values, gradient]).filter(Boolean);
     this.steps = model.unionSteps([...tensors, ...weightSeries].map(({series}) => series.steps));
+    this.timeline.noteLayerSteps(name, this.steps);
     const index = this.followLatest
       ? this.steps.length - 1
       : Math.max(0, model.latestIndexAtOrBefore(this.steps, this.step));

@@ -29,6 +29,9 @@ export class TimelineSection {
       CHOICES.map(({value, label}) => html('option', {text: label, attrs: {value}})));
     this.againstSelect = html('select', {attrs: {name: 'timeline-against', id: 'gradviz-timeline-against'}});
     this.status = html('p', {className: 'timeline-status', attrs: {role: 'status'}});
+    this.sampleNote = html('p', {className: 'timeline-sample'});
+    this.logged = null; // the run's logged steps: {count, first, last}, from /timeline
+    this.layerSteps = null; // {layer, steps} the layer view shows
     this.chart = html('div', {className: 'timeline-container'});
     this.element = html('section', {className: 'timeline-section'}, [
       html('h2', {text: 'Layers over time'}),
@@ -46,6 +49,7 @@ export class TimelineSection {
       ]),
       this.status,
       this.chart,
+      this.sampleNote,
     ]);
     this.fieldSelect.addEventListener('change', () => this.load());
     this.againstSelect.addEventListener('change', () => this.load());
@@ -98,5 +102,24 @@ export class TimelineSection {
     this.status.textContent = `${body.layers.length} layers, ${body.steps} logged steps`
       + (columns < body.steps ? ` in ${columns} columns` : '') + (other ? `, minus ${against}` : '') + '.';
     renderTimeline(this.chart, matrix, {width, onSelect: this.onSelect});
+    this.logged = {count: body.steps, first: body.columns.first_step[0], last: body.columns.last_step.at(-1)};
+    this.renderSampleNote();
+  }
+
+  /** The steps the layer view has of `layer` (its series'): said to be a sample when fewer than logged. */
+  noteLayerSteps(layer, steps) {
+    this.layerSteps = {layer, steps};
+    this.renderSampleNote();
+  }
+
+  renderSampleNote() {
+    const {logged, layerSteps} = this;
+    const sampled = logged && layerSteps && layerSteps.steps.length > 0 && layerSteps.steps.length < logged.count;
+    this.sampleNote.textContent = sampled
+      ? `The histograms of ${layerSteps.layer} below are a sample: ${layerSteps.steps.length} of the run's `
+        + `${logged.count} logged steps, from step ${layerSteps.steps[0]} to ${layerSteps.steps.at(-1)} `
+        + `(TensorBoard keeps a sample of each series: --samples_per_plugin). This view reads every step `
+        + `(${logged.first} to ${logged.last}).`
+      : '';
   }
 }

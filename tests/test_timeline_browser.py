@@ -17,6 +17,7 @@ from test_e2e_browser import PLUGIN_FRAME, PageProblems, browser  # noqa: F401 (
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
 LAYERS, STEPS = 3, 10_000
+# Every step kept.
 SAMPLES = ("--samples_per_plugin", "gradviz=0,histograms=0,gradviz_digest=0")
 
 
@@ -25,10 +26,27 @@ def _all_loaded(url):
     return len(runs) == 1 and all(layer["max_step"] == STEPS for layer in runs[0]["layers"])
 
 
-def test_the_tab_at_ten_thousand_steps_draws_and_opens_a_cell(browser, tmp_path):  # noqa: F811
-    names, _ = synthetic.write_large_run(tmp_path / "logs" / "long", layers=LAYERS, steps=STEPS)
+@pytest.fixture(scope="module")
+def long_run(tmp_path_factory):
+    root = tmp_path_factory.mktemp("long")
+    names, _ = synthetic.write_large_run(root / "logs" / "long", layers=LAYERS, steps=STEPS)
+    return root, names
+
+
+def test_the_tab_at_ten_thousand_steps_draws_and_opens_a_cell(browser, long_run, tmp_path):  # noqa: F811
+    root, names = long_run
     with running_tensorboard(
-        tmp_path / "logs", tmp_path / "tensorboard.log", _all_loaded, SAMPLES, timeout=300
+        root / "logs", tmp_path / "tensorboard.log", _all_loaded, SAMPLES, timeout=300
+    ) as url:
+        _check_long_run(browser, url, names, tmp_path)
+
+
+def test_the_tab_says_when_the_histograms_are_a_sample(browser, long_run, tmp_path):  # noqa: F811
+    # The long-run command: the digest whole, a sample of the full records.
+    root, names = long_run
+    sampled = ("--samples_per_plugin", "gradviz=50,histograms=50,gradviz_digest=0")
+    with running_tensorboard(
+        root / "logs", tmp_path / "tensorboard.log", _all_loaded, sampled, timeout=300
     ) as url:
         page = browser.new_page(viewport={"width": 1400, "height": 1000})
         page.set_default_timeout(120_000)
@@ -37,29 +55,52 @@ def test_the_tab_at_ten_thousand_steps_draws_and_opens_a_cell(browser, tmp_path)
             page.goto(f"{url}/#gradviz")
             frame = page.frame_locator(PLUGIN_FRAME)
             frame.locator(f'.panel[data-tensor="input_gradient"][data-step="{STEPS}"]').wait_for()
-            canvas = frame.locator("canvas.timeline-canvas")
-            canvas.wait_for()
-            assert int(canvas.get_attribute("data-rows")) == LAYERS
-            columns = int(canvas.get_attribute("data-columns"))
-            box = canvas.bounding_box()
-            # About one column per pixel: never one per step.
-            assert columns <= box["width"] + 1 and columns < STEPS, (columns, box)
-            status = frame.locator(".timeline-status")
-            assert re.search(
-                f"{LAYERS} layers, {STEPS} logged steps in {columns} columns", status.inner_text()
+            note = frame.locator(".timeline-sample")
+            note.filter(has_text="a sample").wait_for()
+            kept = int(
+                re.search(r"sample: (\d+) of the run's (\d+) logged steps", note.inner_text())[1]
             )
-            # The middle row, a third of the way along: that layer, at that column's last step.
-            canvas.click(position={"x": box["width"] / 3, "y": box["height"] / 2})
-            layer = frame.get_by_label("Layer", exact=True)
-            page.wait_for_function("() => true")
-            frame.locator(".layer-name", has_text=names[1]).wait_for()
-            assert layer.input_value() == names[1]
-            step = int(frame.locator(".step-value").inner_text().split()[0])
-            assert 0.3 * STEPS < step < 0.37 * STEPS, step
-            canvas.hover(position={"x": box["width"] / 3, "y": box["height"] / 2})
-            tip = frame.locator(".timeline-tip")
-            assert tip.inner_text().startswith(f"{names[1]}, steps ")
+            assert 2 <= kept <= 60, note.inner_text()
+            assert f"of the run's {STEPS} logged steps" in note.inner_text()
+            assert f"This view reads every step (1 to {STEPS})" in note.inner_text()
+            canvas = frame.locator("canvas.timeline-canvas")
+            assert int(canvas.get_attribute("data-columns")) > kept
         finally:
-            page.screenshot(path=str(tmp_path / "timeline.png"), full_page=True)
             page.close()
         assert problems.errors == [], problems.errors
+
+
+def _check_long_run(browser, url, names, tmp_path):  # noqa: F811
+    """The page at every step kept: no error, the layer view, the time view and a click on it."""
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    page.set_default_timeout(120_000)
+    problems = PageProblems(page)
+    try:
+        page.goto(f"{url}/#gradviz")
+        frame = page.frame_locator(PLUGIN_FRAME)
+        frame.locator(f'.panel[data-tensor="input_gradient"][data-step="{STEPS}"]').wait_for()
+        canvas = frame.locator("canvas.timeline-canvas")
+        canvas.wait_for()
+        assert int(canvas.get_attribute("data-rows")) == LAYERS
+        columns = int(canvas.get_attribute("data-columns"))
+        box = canvas.bounding_box()
+        # About one column per pixel: never one per step.
+        assert columns <= box["width"] + 1 and columns < STEPS, (columns, box)
+        status = frame.locator(".timeline-status")
+        assert re.search(
+            f"{LAYERS} layers, {STEPS} logged steps in {columns} columns", status.inner_text()
+        )
+        # The middle row, a third of the way along: that layer, at that column's last step.
+        canvas.click(position={"x": box["width"] / 3, "y": box["height"] / 2})
+        layer = frame.get_by_label("Layer", exact=True)
+        frame.locator(".layer-name", has_text=names[1]).wait_for()
+        assert layer.input_value() == names[1]
+        step = int(frame.locator(".step-value").inner_text().split()[0])
+        assert 0.3 * STEPS < step < 0.37 * STEPS, step
+        canvas.hover(position={"x": box["width"] / 3, "y": box["height"] / 2})
+        tip = frame.locator(".timeline-tip")
+        assert tip.inner_text().startswith(f"{names[1]}, steps ")
+    finally:
+        page.screenshot(path=str(tmp_path / "timeline.png"), full_page=True)
+        page.close()
+    assert problems.errors == [], problems.errors
