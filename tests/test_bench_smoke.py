@@ -132,3 +132,11 @@ def test_weights_bench_compares_with_and_without_on_each_backend(tmp_path):
     for row in rows:
         assert row["event_with_s"] > 0 and row["event_without_s"] > 0 and row["train_step_s"] > 0
         assert row["updates_with_s"] >= 0 and row["pass_with_s"] > 0
+
+
+def test_precision_bench_times_the_statistics_with_and_without_the_record(tmp_path):
+    pytest.importorskip("tensorflow")
+    (row,) = run_smoke(tmp_path, "bench_precision.py")
+    # The tiny CNN with all 7 layers: 15 summarised tensors, each timed both ways.
+    assert row["tensors"] == 15
+    assert row["statistics_with_s"] > 0 and row["statistics_without_s"] > 0 and row["event_s"] > 0
