@@ -138,6 +138,15 @@ function fmt(value) {
   return Number(value).toPrecision(3);
 }
 
+/** What the cost budget did, as the tab says it ('' without a budget). */
+export function budgetText(budget) {
+  if (!budget) return '';
+  const percent = (share) => `${(100 * share).toPrecision(2)} %`;
+  const share = Number.isFinite(budget.share) ? `; logging took ${percent(budget.share)} of training time` : '';
+  return ` Logging budget ${percent(budget.budget)}: every ${budget.interval} (asked: every ${budget.asked_interval})`
+    + `${share}, at step ${budget.step}.`;
+}
+
 /** A cell's colour for a value on [low, high]: a perceptual ramp, or blue-white-red for a difference. */
 export function colourOf(value, low, high, diverging) {
   if (value === null) return null;

@@ -100,7 +100,8 @@ export class TimelineSection {
       : timelinemodel.timelineMatrix(body);
     const columns = body.columns.first_step.length;
     this.status.textContent = `${body.layers.length} layers, ${body.steps} logged steps`
-      + (columns < body.steps ? ` in ${columns} columns` : '') + (other ? `, minus ${against}` : '') + '.';
+      + (columns < body.steps ? ` in ${columns} columns` : '') + (other ? `, minus ${against}` : '') + '.'
+      + timelinemodel.budgetText(body.budget);
     renderTimeline(this.chart, matrix, {width, onSelect: this.onSelect});
     this.logged = {count: body.steps, first: body.columns.first_step[0], last: body.columns.last_step.at(-1)};
     this.renderSampleNote();

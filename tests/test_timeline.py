@@ -9,6 +9,7 @@ import synthetic
 from test_plugin import PREFIX, make_app
 
 from tb_gradviz.board import timeline
+from tb_gradviz.capture import budget
 from tb_gradviz.format import events, records, summaries
 
 WHOLE = {"gradviz": 0, "histograms": 0, "gradviz_digest": 0}
@@ -119,3 +120,38 @@ def test_ten_thousand_steps_come_back_as_the_width_asked(tmp_path):
     for row in body["layers"]:
         assert len(row["rms"]["min"]) == len(row["rms"]["max"]) == 800
         assert all(math.isfinite(v) for v in row["rms"]["max"])
+
+
+def test_the_cost_budget_record_is_served_with_the_timeline(tmp_path):
+    clock = type("Clock", (), {"now": 0.0, "__call__": lambda self: self.now})()
+    spent = budget.Budget(0.02, clock=clock)
+    log = events.EventLog(tmp_path / "budgeted")
+    for step in (1, 2, 3):
+        clock.now += 1.0
+        spent.log_started()
+        clock.now += 0.5
+        spent.log_ended()
+        values = np.linspace(-1, 1, 16)
+        written = events.tensor_records(
+            "a",
+            records.OUTPUT_GRADIENT,
+            summaries.linear_histogram(values),
+            summaries.stats_vector(values),
+            {"layer_index": 0, "role": records.OUTPUT_GRADIENT, "index": 0, "shape": [16]},
+        )
+        log.write(step, written + spent.records(1))
+    log.close()
+    write(tmp_path / "plain")
+    client = make_app(tmp_path, samples_per_plugin=WHOLE)[0]
+    _, body = get(client, run="budgeted")
+    assert body["budget"] == {
+        "budget": 0.02,
+        "asked_interval": 1,
+        "interval": spent.interval(1),
+        "share": pytest.approx(1 / 3),
+        "log_seconds": 1.0,
+        "train_seconds": 2.0,
+        "step": 3,
+    }
+    assert spent.interval(1) > 1  # logging took a third of the time: the interval stretched
+    assert get(client, run="plain")[1]["budget"] is None

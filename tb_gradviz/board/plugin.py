@@ -238,6 +238,12 @@ class GradVizPlugin(base_plugin.TBPlugin):
             raise errors.NotFoundError(
                 f"run {run!r} has no digest (it was written by a tb_gradviz without one)"
             )
+        budget = run_store.budget()
+        if budget is not None:
+            tag, fields, ts = budget
+            read = run_store.read({tag: ts}, timeline.budget_layout(fields), digest.PLUGIN_NAME)
+            budget = timeline.budget_body(fields, read[tag])
+        body["budget"] = budget
         return body
 
     def updates_impl(self, ctx, experiment, run, layer):

@@ -208,6 +208,15 @@ class RunStore:
                 result[tag] = (content["rows"], time_series)
         return result
 
+    def budget(self):
+        """Returns `(tag, fields, time series)` of the run's cost-budget record, or None (none)."""
+        listing = self._list(digest.PLUGIN_NAME, run=self.run).get(self.run) or {}
+        for tag, time_series in sorted(listing.items()):
+            content = self._content(tag, time_series)
+            if content is not None and content["kind"] == metadata.KIND_BUDGET:
+                return tag, content["fields"], time_series
+        return None
+
     # Reading.
 
     def read(self, time_series_by_tag, layout, plugin_name=metadata.PLUGIN_NAME):

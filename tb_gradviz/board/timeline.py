@@ -222,6 +222,20 @@ def timeline_body(
     }
 
 
+def budget_layout(fields):
+    """The `records.Layout` of a cost-budget record with these fields (its intervals counted)."""
+    counted = [fields.index(name) for name in ("asked_interval", "interval") if name in fields]
+    return records.Layout("budget", (len(fields),), lambda values: values[:, counted])
+
+
+def budget_body(fields, series):
+    """The last cost-budget record as `{field: value, "step"}`, or None when there is none."""
+    if series is None or not len(series.steps):
+        return None
+    last = dict(zip(fields, series.values[-1].tolist()))
+    return dict(last, step=int(series.steps[-1]))
+
+
 def parse_width(text):
     """Parses `width`: a whole number of columns from 1 to `MAX_WIDTH`.
 

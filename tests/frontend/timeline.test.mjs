@@ -77,6 +77,15 @@ test('the column holding a step, the cell under a point, and what hovering it sa
   assert.equal(timelinemodel.describeCell(matrix, {row: 1, column: 0}), 'b, steps 1-12: rms 1.00');
 });
 
+test('the cost budget in words; nothing without one', () => {
+  assert.equal(timelinemodel.budgetText(null), '');
+  assert.equal(timelinemodel.budgetText({budget: 0.02, asked_interval: 1, interval: 12, share: 0.0191, step: 300,
+    log_seconds: 1, train_seconds: 50}),
+  ' Logging budget 2.0 %: every 12 (asked: every 1); logging took 1.9 % of training time, at step 300.');
+  // Every answer of the fixtures' runs (logged without a budget) says none.
+  assert.equal(answer('timeline', {run: 'clean'}).budget, null);
+});
+
 test('colours run from the ramp\'s first stop to its last; a difference is white at zero', () => {
   assert.deepEqual(timelinemodel.colourOf(0, 0, 1, false), [68, 1, 84]);
   assert.deepEqual(timelinemodel.colourOf(1, 0, 1, false), [253, 231, 37]);
