@@ -328,19 +328,28 @@ export function signedBars(negative, positive, range) {
  *   `cells[row][column]`; `sign` 0 is the zero row.
  */
 export function distributionOverSteps(series, range, maxColumns = 200) {
-  const columns = evenlySpacedIndices(series.steps.length, maxColumns);
+  // Consecutive steps share a column in equal numbers; a cell is the largest
+  // share among its steps, so that a bin filled at one step of thousands shows.
+  const n = series.steps.length;
+  const count = Math.min(n, maxColumns);
+  const starts = Array.from({length: count}, (_, k) => Math.floor((k * n) / count));
   const rows = [];
   if (range) for (let j = range.last; j >= range.first; j--) rows.push({sign: 1, bin: j});
   rows.push({sign: 0, bin: -1});
   if (range) for (let j = range.first; j <= range.last; j++) rows.push({sign: -1, bin: j});
-  const cells = rows.map(({sign, bin}) => columns.map((i) => {
-    const count = series.stats.count[i];
-    if (!(count > 0)) return 0;
-    if (sign === 0) return series.stats.zeros[i] / count;
-    const bins = sign > 0 ? series.log.positive[i] : series.log.negative[i];
-    return bins[bin] / count;
+  const share = (sign, bin, i) => {
+    const total = series.stats.count[i];
+    if (!(total > 0)) return 0;
+    if (sign === 0) return series.stats.zeros[i] / total;
+    return (sign > 0 ? series.log.positive[i] : series.log.negative[i])[bin] / total;
+  };
+  const cells = rows.map(({sign, bin}) => starts.map((start, k) => {
+    let largest = 0;
+    for (let i = start; i < (starts[k + 1] ?? n); i++) largest = Math.max(largest, share(sign, bin, i));
+    return largest;
   }));
-  return {steps: columns.map((i) => series.steps[i]), rows, cells};
+  // Each column by its first step (where the slider's step falls), and the last step drawn.
+  return {steps: starts.map((i) => series.steps[i]), lastStep: series.steps[n - 1], rows, cells};
 }
 
 /** At most `max` indices of `0..n-1`, evenly spread, first and last included. */

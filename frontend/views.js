@@ -257,7 +257,7 @@ function heatmap(series, step) {
   chart.append(svg('rect', {className: 'frame', attrs: {x: left, y: top, width: box.plotWidth, height: box.plotHeight}}));
   const column = model.latestIndexAtOrBefore(grid.steps, step);
   charts.stepAxis(chart, box, {
-    first: grid.steps[0], last: grid.steps[grid.steps.length - 1],
+    first: grid.steps[0], last: grid.lastStep,
     currentX: column >= 0 ? left + (column + 0.5) * cellWidth : null, currentStep: grid.steps[column],
   });
   return chart;

@@ -249,3 +249,23 @@ test('spacedLabels keeps pinned labels and drops the ones that would overlap', (
   assert.deepEqual(model.spacedLabels(labels, 5).map((l) => l.position), [0, 5, 10, 15, 20, 25]);
   assert.deepEqual(model.spacedLabels([], 5), []);
 });
+
+test('distribution over many steps: a column per group of steps, a one-step spike kept', () => {
+  const n = 1000;
+  const bins = 4;
+  const zeros = (length) => Array.from({length}, () => 0);
+  const positive = Array.from({length: n}, () => [0, 10, 0, 0]);
+  positive[538] = [0, 0, 0, 10]; // one step (539) with its values two bins up, between sampled ones
+  const spiky = {steps: Array.from({length: n}, (_, i) => i + 1),
+    stats: {count: Array(n).fill(10), zeros: zeros(n)},
+    log: {positive, negative: Array.from({length: n}, () => zeros(bins))}};
+  const grid = model.distributionOverSteps(spiky, {first: 1, last: 3}, 200);
+  assert.equal(grid.steps.length, 200);
+  assert.deepEqual(grid.steps.slice(0, 3), [1, 6, 11]);
+  assert.equal(grid.lastStep, n);
+  const top = grid.rows.findIndex(({sign, bin}) => sign === 1 && bin === 3);
+  const spikeColumn = model.latestIndexAtOrBefore(grid.steps, 539);
+  assert.equal(spikeColumn, 107);
+  assert.deepEqual(grid.cells[top].flatMap((share, c) => (share > 0 ? [c] : [])), [107]);
+  assert.equal(grid.cells[top][107], 1);
+});
