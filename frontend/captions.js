@@ -242,6 +242,8 @@ export const FLAG_TITLES = {
   vanishing: 'vanishing',
   exploding: 'exploding',
   dead: 'dead units',
+  underflow: 'underflow',
+  overflow: 'overflow',
 };
 
 /** The hover text of a flag's badge: its rule as /step serves it (`health.rules`), then its detail. */
