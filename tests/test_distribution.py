@@ -108,8 +108,8 @@ def test_mirrored_probe_inside_and_outside_the_scope_log_the_same(mirrored):
     outside, inside = eventdata.load(out / "outside"), eventdata.load(out / "inside")
     tags = eventdata.tensor_tags(outside)
     assert (
-        tags == eventdata.tensor_tags(inside) and len(tags) == 10
-    )  # 3 tensors x 2 records, routing, units, map, the digest
+        tags == eventdata.tensor_tags(inside) and len(tags) == 13
+    )  # 3 tensors x 3 records (histogram, stats, precision), routing, units, map, the digest
     for tag in tags:
         np.testing.assert_array_equal(
             eventdata.last(outside, tag), eventdata.last(inside, tag), err_msg=tag

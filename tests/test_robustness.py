@@ -89,8 +89,9 @@ def test_keyboard_interrupt_leaves_every_written_event_readable(tmp_path):
     assert len(lengths) == 1 + 3  # the file_version event, then steps 1, 2, 3
     log = eventdata.load(tmp_path)
     tags = eventdata.tensor_tags(log)
-    # Two pooling layers: 3 tensors x 2 records, routing, units, routing map; and the digest.
-    assert len(tags) == 2 * (2 * 3 + 3) + 1
+    # Two pooling layers: 3 tensors x 3 records (histogram, stats, precision), routing, units,
+    # routing map; and the digest.
+    assert len(tags) == 2 * (3 * 3 + 3) + 1
     for tag in tags:
         assert [s for s, _ in eventdata.values(log, tag)] == [1, 2, 3], tag
 
