@@ -12,6 +12,7 @@ import {RoutingMapView} from './routemap.js';
 import * as precisionview from './precision.js';
 import {fetchRoutingMap} from './routemapmodel.js';
 import {TimelineSection} from './timelinesection.js';
+import * as urlstate from './urlstate.js';
 import * as views from './views.js';
 import * as weightsview from './weightsview.js';
 
@@ -52,6 +53,8 @@ class App {
     this.flowRun = null; // the run overlaid on the gradient flow; null: none
     this.keptSteps = []; // steps the gradient flow keeps as extra lines
     this.flowView = null; // what the gradient flow last drew, redrawn when its width changes
+    // What TensorBoard's URL asks for (a shared link): used until the first view is shown.
+    this.wanted = urlstate.readHostState(window);
   }
 
   async start() {
@@ -146,7 +149,8 @@ class App {
     }
     layout.showStatus(this.ui.status, '');
     const keep = this.runs.some(({run}) => run === this.run);
-    await this.selectRun(keep ? this.run : this.runs[0].run);
+    const asked = this.runs.some(({run}) => run === this.wanted.run) ? this.wanted.run : null;
+    await this.selectRun(keep ? this.run : asked ?? this.runs[0].run);
   }
 
   async selectRun(run) {
@@ -162,7 +166,8 @@ class App {
     const keep = layers.find((layer) => layer.layer === this.layer?.layer);
     // A max pool is what people come here to look at.
     const fallback = layers.find((layer) => layer.pooling?.type === 'max') ?? layers[0];
-    if (keep ?? fallback) await this.selectLayer((keep ?? fallback).layer);
+    const asked = layers.find((layer) => layer.layer === this.wanted.layer);
+    if (keep ?? asked ?? fallback) await this.selectLayer((keep ?? asked ?? fallback).layer);
   }
 
   async selectLayer(name) {
@@ -193,6 +198,10 @@ class App {
     const weightSeries = weights.flatMap(({values, gradient}) => [values, gradient]).filter(Boolean);
     this.steps = model.unionSteps([...tensors, ...weightSeries].map(({series}) => series.steps));
     this.timeline.noteLayerSteps(name, this.steps);
+    if (this.wanted.step !== null) {
+      this.step = this.wanted.step;
+      this.followLatest = false;
+    }
     const index = this.followLatest
       ? this.steps.length - 1
       : Math.max(0, model.latestIndexAtOrBefore(this.steps, this.step));
@@ -231,6 +240,8 @@ class App {
     this.ui.keepStepButton.textContent = `Keep step ${step}`;
     this.renderLayer();
     this.renderComparison();
+    this.wanted = {run: null, layer: null, step: null};
+    urlstate.writeHostState(window, {run: this.run, layer: this.layer?.layer, step});
     clearTimeout(this.stepTimer);
     // The flow first: both wait for the same /step answer, and the grid takes longer to draw.
     this.stepTimer = setTimeout(() => {

@@ -259,3 +259,14 @@ def test_demo_says_what_trains_and_why_lists_each_runs_layers_and_keeps_tensorfl
     flags = {r["run"]: {f["flag"] for f in r["flags"]} for r in json.loads(out)["runs"]}
     assert status == cli.EXIT_FLAGGED
     assert "vanishing" in flags["plain_sigmoid"] and flags["plain_relu_bn"] == set()
+
+
+def test_the_demo_url_opens_resnet50s_pool1_pool():
+    from tb_gradviz.cli import demo
+
+    runs = {
+        "cnn_maxpool": ["conv1", "pool1"],
+        "resnet50": ["resnet50/conv1_conv", "resnet50/pool1_pool", "resnet50/avg_pool"],
+    }
+    assert demo.focus(runs) == "&run=resnet50&layer=resnet50%2Fpool1_pool"
+    assert demo.focus({"cnn_maxpool": ["pool1"]}) == ""

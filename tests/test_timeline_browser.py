@@ -104,3 +104,25 @@ def _check_long_run(browser, url, names, tmp_path):  # noqa: F811
         page.screenshot(path=str(tmp_path / "timeline.png"), full_page=True)
         page.close()
     assert problems.errors == [], problems.errors
+
+
+def test_a_link_opens_its_run_layer_and_step_and_the_url_follows(browser, long_run, tmp_path):  # noqa: F811
+    root, names = long_run
+    with running_tensorboard(
+        root / "logs", tmp_path / "tensorboard.log", _all_loaded, SAMPLES, timeout=300
+    ) as url:
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        page.set_default_timeout(120_000)
+        problems = PageProblems(page)
+        try:
+            page.goto(f"{url}/#gradviz&run=long&layer={names[2].replace('/', '%2F')}&step=1234")
+            frame = page.frame_locator(PLUGIN_FRAME)
+            frame.locator('.panel[data-tensor="input_gradient"][data-step="1234"]').wait_for()
+            assert frame.get_by_label("Layer", exact=True).input_value() == names[2]
+            # Moving on writes the new choice into TensorBoard's URL.
+            frame.get_by_label("Layer", exact=True).select_option(names[0])
+            frame.locator(".layer-name", has_text=names[0]).wait_for()
+            page.wait_for_url(re.compile(r"#gradviz&run=long&layer=block0%2Fpool&step=1234$"))
+        finally:
+            page.close()
+        assert problems.errors == [], problems.errors

@@ -6,6 +6,7 @@ import re
 import sys
 import tempfile
 import time
+import urllib.parse
 
 from tb_gradviz.cli.status import EXIT_OK, EXIT_SERVE, CommandError
 
@@ -61,7 +62,7 @@ def run_demo(args):
         f"Training into {os.path.abspath(args.logdir)} (data generated, no download).", flush=True
     )
     demos = import_quietly("tb_gradviz.demos")
-    demos.run_demo(
+    runs = demos.run_demo(
         args.logdir,
         model=args.model,
         steps=args.steps,
@@ -81,14 +82,28 @@ def run_demo(args):
             "--samples_per_plugin=gradviz=0,histograms=0"
         )
         return EXIT_OK
-    return serve(args.logdir, args.host, args.port, args.serve_seconds)
+    return serve(args.logdir, args.host, args.port, args.serve_seconds, focus(runs))
 
 
-def serve(logdir, host, port=None, seconds=None):
+def focus(runs):
+    """The URL fragment's parameters that open ResNet50's `pool1_pool` in the tab, or ''.
+
+    Args:
+      runs: `{run: [layer paths]}`, as `demos.run_demo` returns it.
+    """
+    for run, layers in runs.items():
+        for layer in layers:
+            if layer.rsplit("/", 1)[-1] == "pool1_pool":
+                return "&" + urllib.parse.urlencode({"run": run, "layer": layer})
+    return ""
+
+
+def serve(logdir, host, port=None, seconds=None, fragment=""):
     """Serves TensorBoard (with the GradViz tab) on logdir until Ctrl-C or `seconds`.
 
     `port` None is TensorBoard's own default, `DEFAULT_PORT`, or a free port
-    (said on stdout) when that one is busy; an explicit busy port fails.
+    (said on stdout) when that one is busy; an explicit busy port fails. The
+    printed URL ends `#gradviz` and `fragment` (the tab's run and layer).
     """
     from tensorboard import program
 
@@ -121,7 +136,7 @@ def serve(logdir, host, port=None, seconds=None):
             url = launch(0)
         except program.TensorBoardServerException as e:
             raise CommandError(f"cannot serve TensorBoard on {host}: {e.msg}", EXIT_SERVE) from None
-    print(f"GradViz tab: {url}#gradviz", flush=True)
+    print(f"GradViz tab: {url}#gradviz{fragment}", flush=True)
     print("Press Ctrl-C to stop.", flush=True)
     deadline = None if seconds is None else time.monotonic() + seconds
     try:
