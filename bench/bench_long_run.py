@@ -158,7 +158,10 @@ def main():
         [served],
         [(k, k, "{:.4g}") for k in served],
     )
-    common.write_json(args.json, {"digest": cost, "long_run": served})
+    rows = [dict(cost, part="digest"), dict(served, part="long_run")]
+    for row in rows:
+        print("RESULT", {k: (round(v, 4) if isinstance(v, float) else v) for k, v in row.items()})
+    common.write_json(args.json, {"rows": rows})
 
 
 if __name__ == "__main__":

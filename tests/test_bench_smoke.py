@@ -140,3 +140,9 @@ def test_precision_bench_times_the_statistics_with_and_without_the_record(tmp_pa
     # The tiny CNN with all 7 layers: 15 summarised tensors, each timed both ways.
     assert row["tensors"] == 15
     assert row["statistics_with_s"] > 0 and row["statistics_without_s"] > 0 and row["event_s"] > 0
+
+
+def test_long_run_bench_measures_the_digest_and_the_timeline(tmp_path):
+    digest_row, long_row = run_smoke(tmp_path, "bench_long_run.py")
+    assert digest_row["part"] == "digest" and digest_row["digest_bytes"] == 3 * 3 * 28
+    assert long_row["steps"] == 50 and long_row["timeline_warm_s"] > 0
