@@ -8,6 +8,7 @@ import pytest
 import synthetic
 from test_plugin import PREFIX, make_app
 
+from tb_gradviz import cli
 from tb_gradviz.board import timeline
 from tb_gradviz.capture import budget
 from tb_gradviz.format import events, records, summaries
@@ -122,7 +123,7 @@ def test_ten_thousand_steps_come_back_as_the_width_asked(tmp_path):
         assert all(math.isfinite(v) for v in row["rms"]["max"])
 
 
-def test_the_cost_budget_record_is_served_with_the_timeline(tmp_path):
+def test_the_cost_budget_record_is_served_with_the_timeline_and_summarised(tmp_path, capsys):
     clock = type("Clock", (), {"now": 0.0, "__call__": lambda self: self.now})()
     spent = budget.Budget(0.02, clock=clock)
     log = events.EventLog(tmp_path / "budgeted")
@@ -155,3 +156,10 @@ def test_the_cost_budget_record_is_served_with_the_timeline(tmp_path):
     }
     assert spent.interval(1) > 1  # logging took a third of the time: the interval stretched
     assert get(client, run="plain")[1]["budget"] is None
+    # tb-gradviz summary says it too.
+    assert cli.main(["summary", str(tmp_path), "--run", "budgeted"]) == 0
+    out = capsys.readouterr().out
+    assert (
+        f"logging budget 2 %: every {spent.interval(1)} (asked: every 1), logging took 33.3 % "
+        "of training time (at step 3)"
+    ) in out

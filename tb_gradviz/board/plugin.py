@@ -238,13 +238,25 @@ class GradVizPlugin(base_plugin.TBPlugin):
             raise errors.NotFoundError(
                 f"run {run!r} has no digest (it was written by a tb_gradviz without one)"
             )
-        budget = run_store.budget()
-        if budget is not None:
-            tag, fields, ts = budget
-            read = run_store.read({tag: ts}, timeline.budget_layout(fields), digest.PLUGIN_NAME)
-            budget = timeline.budget_body(fields, read[tag])
-        body["budget"] = budget
+        body["budget"] = self.budget_impl(ctx, experiment, run)
         return body
+
+    def budget_impl(self, ctx, experiment, run):
+        """Returns the run's last cost-budget record (`timeline.budget_body`), or None without one.
+
+        Args:
+          ctx: the request's `tensorboard.context.RequestContext`.
+          experiment: the experiment id.
+          run: a run name.
+        """
+        run_store = self._store(ctx, experiment, run)
+        budget = run_store.budget()
+        if budget is None:
+            return None
+        tag, fields, time_series = budget
+        layout = timeline.budget_layout(fields)
+        series = run_store.read({tag: time_series}, layout, digest.PLUGIN_NAME)[tag]
+        return timeline.budget_body(fields, series)
 
     def updates_impl(self, ctx, experiment, run, layer):
         """Returns the `/updates` body: how far each weight of a layer moved between log events.

@@ -36,6 +36,9 @@ def run_summary(args):
                 "to amax)"
             )
             print(table(headroom, PRECISION_COLUMNS))
+        budget = gradviz.budget_impl(ctx, experiment, run["run"])
+        if budget is not None:
+            print("\n" + budget_line(budget))
         print()
         printed += 1
     if not printed:
@@ -57,6 +60,17 @@ SUMMARY_COLUMNS = (
     "mass",
     "flags",
 )
+
+
+def budget_line(budget):
+    """The cost budget's last record in words (the callback's `budget=`)."""
+    share = budget["share"]
+    measured = "not measured yet" if math.isnan(share) else f"{100 * share:.1f} % of training time"
+    return (
+        f"logging budget {100 * budget['budget']:g} %: every {budget['interval']:g} "
+        f"(asked: every {budget['asked_interval']:g}), logging took {measured} "
+        f"(at step {budget['step']})"
+    )
 
 
 def summary_rows(snapshot, layers):
