@@ -4,7 +4,7 @@ The bench scripts pick one with `--summary NAME` before the pass is traced:
 where the statistics are computed (`backends.tensorflow.default_statistics`, looked up
 when a `LayerCapture` is made) and, on the device, which statistics function
 (`tf_statistics.compiled`, looked up at trace time by `LayerCapture._probe_fn`). A device
-variant takes `(groups, scaled)` and returns a function of `(tensors, divisor)` that
+variant takes `(groups, scaled, mode)` and returns a function of `(tensors, divisor)` that
 returns `device_statistics.chunk_statistics`' list of dicts.
 
 - `current`: capture as it is on this machine (on a CPU: the tensors
@@ -27,7 +27,7 @@ from tb_gradviz.capture.backends import tf_statistics
 from tb_gradviz.format import records, summaries
 
 
-def null_statistics(groups, scaled):
+def null_statistics(groups, scaled, mode=None):
     """Not a summary: one sum per tensor, so the gradient is still computed."""
 
     def statistics(tensors, divisor):
@@ -56,7 +56,7 @@ def _host_statistics(tensors, divisor=None):
 def _device_statistics(compiled):
     def statistics(tensors, divisor=None):
         groups = [list(range(len(tensors)))]
-        results = compiled(groups, [divisor is not None] * len(tensors))(
+        results = compiled(groups, [divisor is not None] * len(tensors), "stepped")(
             [tf.constant(t) for t in tensors], tf.constant(divisor or 1.0, tf.float64)
         )
         rows = device_statistics.tensor_rows(groups, results, [np.size(t) for t in tensors])

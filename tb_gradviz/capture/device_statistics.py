@@ -8,20 +8,26 @@ kernel's.
 
 - Tensors of one number of elements, dtype and divisor are stacked into the
   rows of a `[R, n]` group (`chunks`), so that one launch summarises many.
-  A group holds at most `CHUNK_VALUES` values (one tensor at least), which
-  bounds the working memory by a small multiple of the largest group.
+  A group holds at most `CHUNK_VALUES` values (one tensor at least).
 - Each group is read twice. The first read takes the extrema, the sums and
   every count of `FIRST_PASS_COUNTS`; the second, which needs the row's
   extrema and mean, the squared deviations and `SECOND_PASS_COUNTS`.
 - Every count is the reduction of a comparison (`sum(values >= threshold)`,
-  `sum(bucket == j)`) that XLA fuses with the read: no scatter, no sort, no
-  searchsorted. The magnitude bins come from cumulative counts against
-  `records.LOG_EDGES`, the linear buckets from a one-hot comparison of each
-  value's bucket, `floor((v - low) / width)`, in float64 as the definition.
-- Values are widened to float64 inside the fused reductions (XLA does not
-  materialise the conversion), so counts and extrema equal
-  `summaries.stats_vector`'s and `linear_histogram`'s exactly, and the sums
-  differ from numpy's only in the order of float64 additions.
+  `sum(bucket == j)`): no scatter, no sort, no searchsorted. The magnitude
+  bins come from cumulative counts against `records.LOG_EDGES`, the linear
+  buckets from a one-hot comparison of each value's bucket,
+  `floor((v - low) / width)`, in float64 as the definition.
+- Values are widened to float64 inside the reductions, so counts and
+  extrema equal `summaries.stats_vector`'s and `linear_histogram`'s exactly,
+  and the sums differ from numpy's only in the order of float64 additions.
+- How a group is walked depends on what compiles it (`MODES`). XLA on an
+  accelerator fuses each comparison into its reduction, so a pass is one
+  read of the group (`"fused"`). XLA on the CPU materialises the input of
+  every reduction (`T` values per value for `T` thresholds), so there each
+  pass walks the group in a loop of `STEP_VALUES` values (`"stepped"`),
+  which bounds the working memory whatever the group's size. Without a
+  compiler (PyTorch), a pass compares `EAGER_THRESHOLDS` thresholds at a
+  time (`"eager"`).
 
 A new per-tensor count (one number, or one per threshold) is one `Count` in
 `FIRST_PASS_COUNTS` (it sees the values) or `SECOND_PASS_COUNTS` (it also
@@ -42,9 +48,12 @@ ops = keras.ops
 # The most values one group stacks (a single larger tensor is a group of its own).
 CHUNK_VALUES = 1 << 21
 
-# Without a compiler to fuse them (PyTorch eager), a comparison against T
-# thresholds materialises `T` booleans per value; at most this many
-# thresholds are compared at once.
+MODES = ("fused", "stepped", "eager")
+
+# "stepped": the values of a group (all its rows together) read per step of the loop.
+STEP_VALUES = 1 << 14
+
+# "eager": the thresholds compared at once (each materialises a boolean per value).
 EAGER_THRESHOLDS = 4
 
 # The sums and extrema of each row, as `summaries.summary_from_sums` names them,
@@ -71,7 +80,7 @@ class Rows:
 
     @functools.cached_property
     def linear_bucket(self):
-        """Each value's int32 bucket, `floor((v - low) / width)`, at most the last; -1 if not finite."""
+        """Each value's bucket `floor((v - low) / width)`, at most the last; -1 if not finite."""
         spread = ops.greater(self.high, self.low)
         width = ops.where(spread, _divide(self.high - self.low, self.buckets), 1.0)
         start = ops.where(spread, self.low, 0.0)
@@ -124,42 +133,70 @@ SECOND_PASS_COUNTS = (
 )
 
 
-def group_statistics(x, divisor=None, buckets=records.HISTOGRAM_BUCKETS, fused=True):
-    """Returns the sums and counts of each row of `x`, as a dict of `[R, ...]` tensors.
+def group_statistics(rows, divisor=None, buckets=records.HISTOGRAM_BUCKETS, mode="fused"):
+    """Returns the sums and counts of each of `rows`, as a dict of `[R, ...]` tensors.
 
     Args:
-      x: a `[R, n]` floating-point tensor (float16 and bfloat16 widen exactly).
+      rows: R flat floating-point tensors of one length and dtype (float16
+        and bfloat16 widen exactly).
       divisor: None, or the float64 number the widened values are divided by
         first (the loss scale).
       buckets: the number of linear histogram buckets.
-      fused: whether a compiler fuses the comparisons into the reductions
-        (XLA); without one, thresholds are compared `EAGER_THRESHOLDS` at a time.
+      mode: one of `MODES`: how the group is walked (see the module docstring).
 
     Returns:
       `SUMS` (float64 `[R]`), every count of `FIRST_PASS_COUNTS` and
       `SECOND_PASS_COUNTS` (int32 `[R]` or `[R, T]`), and `magnitude`, the
-      int32 `[R, 2 * MAGNITUDE_BINS]` bins (negative then positive, the zeros
-      in negative bin 0) that `summaries.summary_from_sums` takes.
+      `[R, 2 * MAGNITUDE_BINS]` bins (negative then positive, the zeros in
+      negative bin 0) that `summaries.summary_from_sums` takes.
+
+    Raises:
+      ValueError: `mode` is not one of `MODES`.
     """
-    v = ops.expand_dims(ops.cast(x, "float64"), 1)
-    if divisor is not None:
-        v = _divide(v, divisor, like=v)
-    finite = ops.isfinite(v)
-    rows = Rows(v, finite, ops.where(finite, v, 0.0), buckets)
-    result = {  # [R, 1] each
-        "low": ops.min(ops.where(finite, v, np.inf), axis=2),
-        "high": ops.max(ops.where(finite, v, -np.inf), axis=2),
-        "total": ops.sum(rows.finite_values, axis=2),
-        "raw_sum": ops.sum(v, axis=2),
-        "raw_abs_sum": ops.sum(ops.abs(v), axis=2),
-    }
-    result.update(_counts(rows, FIRST_PASS_COUNTS, buckets, fused))
-    finite_count = x.shape[1] - (result["nans"] + result["pos_inf"] + result["neg_inf"])
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}. Received: mode={mode!r}")
+    n = rows[0].shape[0]
+    step = max(1, STEP_VALUES // len(rows)) if mode == "stepped" else n
+    thresholds_at_once = EAGER_THRESHOLDS if mode == "eager" else None
+    # Stepped, each step stacks its slice of every row: never a copy of the whole group.
+    stacked = None if mode == "stepped" else ops.stack(rows)
+
+    def rows_of(start, length):
+        if stacked is not None:
+            block = stacked
+        else:
+            block = ops.stack([ops.slice(t, [start], [length]) for t in rows])
+        v = ops.expand_dims(ops.cast(block, "float64"), 1)
+        if divisor is not None:
+            v = _divide(v, divisor, like=v)
+        finite = ops.isfinite(v)
+        return Rows(v, finite, ops.where(finite, v, 0.0), buckets)
+
+    def first_pass(rows):
+        v, finite = rows.values, rows.finite
+        result = {  # [R, 1] each
+            "low": ops.min(ops.where(finite, v, np.inf), axis=2),
+            "high": ops.max(ops.where(finite, v, -np.inf), axis=2),
+            "total": ops.sum(rows.finite_values, axis=2),
+            "raw_sum": ops.sum(v, axis=2),
+            "raw_abs_sum": ops.sum(ops.abs(v), axis=2),
+        }
+        result.update(_counts(rows, FIRST_PASS_COUNTS, thresholds_at_once))
+        return result
+
+    result = _walk(rows_of, first_pass, n, step)
+    finite_count = n - (result["nans"] + result["pos_inf"] + result["neg_inf"])
     mean = result["total"][:, 0] / ops.cast(ops.maximum(finite_count, 1), "float64")
-    rows.low, rows.high = result["low"][:, :, None], result["high"][:, :, None]
-    rows.mean = mean[:, None, None]
-    result["squares"] = ops.sum(ops.where(finite, ops.square(v - rows.mean), 0.0), axis=2)
-    result.update(_counts(rows, SECOND_PASS_COUNTS, buckets, fused))
+
+    def second_pass(rows):
+        rows.low, rows.high = result["low"][:, :, None], result["high"][:, :, None]
+        rows.mean = mean[:, None, None]
+        squares = ops.where(rows.finite, ops.square(rows.values - rows.mean), 0.0)
+        second = {"squares": ops.sum(squares, axis=2)}
+        second.update(_counts(rows, SECOND_PASS_COUNTS, thresholds_at_once))
+        return second
+
+    result.update(_walk(rows_of, second_pass, n, step))
     for name in SUMS:
         result[name] = ops.reshape(result[name], [-1])
     result["magnitude"] = ops.concatenate(
@@ -172,15 +209,53 @@ def group_statistics(x, divisor=None, buckets=records.HISTOGRAM_BUCKETS, fused=T
     return result
 
 
-def _counts(rows, counts, buckets, fused):
-    """`{name: int32 [R] or [R, T]}` of each `Count`."""
+def mode_for(platform):
+    """The `MODES` entry for compiled statistics on a platform ("cpu", "gpu", "tpu", ...)."""
+    return "stepped" if platform == "cpu" else "fused"
+
+
+_COMBINE = {"low": ops.minimum, "high": ops.maximum}
+
+
+def _walk(rows_of, summarise, n, step):
+    """`summarise` of the whole rows: in one go, or combined over a loop of steps and a tail.
+
+    The loop starts from the identity of each combination (not from a first
+    step outside it), so that every step's temporaries live in the loop body.
+    """
+    if step >= n:
+        return summarise(rows_of(0, n))
+    full, tail = divmod(n, step)
+
+    def body(i, carry):
+        return _combine(carry, summarise(rows_of(i * step, step)))
+
+    shapes = keras.tree.map_structure(
+        lambda t: keras.KerasTensor(t.shape, t.dtype), summarise(rows_of(0, step))
+    )
+    identity = {k: _identity(k, t) for k, t in shapes.items()}
+    result = ops.fori_loop(0, full, body, identity)
+    return _combine(result, summarise(rows_of(full * step, tail))) if tail else result
+
+
+def _combine(a, b):
+    return {k: _COMBINE.get(k, ops.add)(a[k], b[k]) for k in a}
+
+
+def _identity(name, like):
+    value = {"low": np.inf, "high": -np.inf}.get(name, 0)
+    return ops.full(like.shape, value, like.dtype)
+
+
+def _counts(rows, counts, thresholds_at_once=None):
+    """`{name: [R] or [R, T]}` of each `Count`, `thresholds_at_once` thresholds at a time."""
     result = {}
     for count in counts:
         if count.thresholds is None:
             result[count.name] = _count_true(count.mask(rows, None))[:, 0]
             continue
-        thresholds = np.asarray(count.thresholds(buckets), np.float64)
-        step = len(thresholds) if fused else EAGER_THRESHOLDS
+        thresholds = np.asarray(count.thresholds(rows.buckets), np.float64)
+        step = thresholds_at_once or len(thresholds)
         parts = [
             _count_true(count.mask(rows, ops.convert_to_tensor(block.reshape(1, -1, 1), "float64")))
             for block in (thresholds[i : i + step] for i in range(0, len(thresholds), step))
@@ -189,8 +264,16 @@ def _counts(rows, counts, buckets, fused):
     return result
 
 
+# A float32 sum counts exactly up to this many values, with half the
+# temporaries of an integer sum (which JAX widens to int64).
+_FLOAT32_COUNTS = 1 << 24
+
+
 def _count_true(mask):
-    return ops.sum(ops.cast(mask, "int32"), axis=2)
+    """The number of true values of a `[R, T, n]` mask over n (the padding left out), as int32."""
+    if mask.shape[2] <= _FLOAT32_COUNTS:
+        return ops.cast(ops.sum(ops.cast(mask, "float32"), axis=2), "int32")
+    return ops.cast(ops.sum(ops.cast(mask, "int32"), axis=2), "int32")
 
 
 def _bins(total, at_least):
@@ -231,7 +314,7 @@ def chunks(keys):
     return result
 
 
-def chunk_statistics(groups, scaled, tensors, divisor, fused=True):
+def chunk_statistics(groups, scaled, tensors, divisor, mode="fused"):
     """`group_statistics` of each group of `tensors`, in order (a list of dicts).
 
     Args:
@@ -239,13 +322,13 @@ def chunk_statistics(groups, scaled, tensors, divisor, fused=True):
       scaled: per tensor, whether `divisor` divides it.
       tensors: the backend's tensors.
       divisor: the loss scale (a float64 scalar); unused where `scaled` is false.
-      fused: as for `group_statistics`.
+      mode: as for `group_statistics`.
     """
     return [
         group_statistics(
-            ops.stack([ops.reshape(tensors[i], [-1]) for i in indices]),
+            [ops.reshape(tensors[i], [-1]) for i in indices],
             divisor if scaled[indices[0]] else None,
-            fused=fused,
+            mode=mode,
         )
         for indices in groups
     ]

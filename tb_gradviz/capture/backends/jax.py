@@ -39,7 +39,7 @@ class LayerCapture(probe.ProbePass):
 
     `statistics="host"`: the pass returns the tensors and `kernels` summarises
     them. `"device"`: a second jitted function summarises them where they
-    are (`device_statistics`, grouped, two fused reads per group), and only
+    are (`device_statistics`, grouped, two reads per group), and only
     sums and counts leave the device.
     """
 
@@ -103,8 +103,14 @@ class LayerCapture(probe.ProbePass):
         if self._groups is None:
             keys = [(t.size, t.dtype, d) for t, d in zip(tensors, scaled)]
             self._groups = device_statistics.chunks(keys)
+            platform = next(iter(tensors[0].devices())).platform
             self._statistics = jax.jit(
-                functools.partial(device_statistics.chunk_statistics, self._groups, scaled)
+                functools.partial(
+                    device_statistics.chunk_statistics,
+                    self._groups,
+                    scaled,
+                    mode=device_statistics.mode_for(platform),
+                )
             )
         with jax.enable_x64(True):  # float64 sums and bucket arithmetic, as the definition's
             results = jax.device_get(

@@ -5,7 +5,7 @@ backpropagates with a `tf.GradientTape` to the input and output of every
 chosen layer (see `tb_gradviz.capture.probe` for how they are caught). Where the
 statistics are computed depends on where the model runs (`default_statistics`):
 on a CPU the function returns the tensors and `kernels` summarises each in two
-fused passes; on an accelerator `tf_statistics.group_summary` summarises them
+fused passes; on an accelerator `tf_statistics.compiled` summarises them
 on the device and only bucket counts and scalars leave it.
 """
 
@@ -43,7 +43,7 @@ class LayerCapture(probe.ProbePass):
     """One compiled forward+backward pass that measures the chosen layers.
 
     Args: as `probe.new_capture`. `statistics="device"` summarises with
-    TensorFlow ops inside the function (`tf_statistics.group_summary`),
+    XLA inside the function (`tf_statistics.compiled`),
     `"host"` returns the tensors to `kernels`; both give the same records.
 
     Call `run(x, y, sample_weight)` to get the records of one log event.
@@ -288,7 +288,9 @@ class LayerCapture(probe.ProbePass):
             keys = [(n, t.dtype, s) for n, t, s in zip(self._item_sizes, tensors, scaled)]
             self._groups = device_statistics.chunks(keys)
             divisor = tf.constant(1.0, tf.float64) if scale is None else scale
-            outputs["statistics"] = tf_statistics.compiled(self._groups, scaled)(tensors, divisor)
+            mode = device_statistics.mode_for(device)
+            statistics = tf_statistics.compiled(self._groups, scaled, mode)
+            outputs["statistics"] = statistics(tensors, divisor)
 
         # Written after every read above: automatic control dependencies keep
         # program order for ops on the same variable.

@@ -7,29 +7,29 @@ running one kernel per op and materialising every comparison. Only sums
 and counts leave the device.
 """
 
-import functools
-
 import tensorflow as tf
 
 from tb_gradviz.capture import device_statistics
 
 
-def compiled(groups, scaled):
+def compiled(groups, scaled, mode="fused"):
     """The XLA-compiled `device_statistics.chunk_statistics` of tensors grouped as `groups`.
 
     Args:
       groups: `device_statistics.chunks`' lists of indices into the tensors.
       scaled: per tensor, whether the divisor (the loss scale) divides it.
+      mode: `"fused"` on an accelerator, `"stepped"` on the CPU
+        (`device_statistics.mode_for`).
 
     Returns:
       A `tf.function` of `(tensors, divisor)`, divisor a float64 scalar,
       that returns a list of dicts, one per group.
     """
-    return tf.function(
-        functools.partial(device_statistics.chunk_statistics, groups, scaled),
-        jit_compile=True,
-        autograph=False,
-    )
+
+    def statistics(tensors, divisor):
+        return device_statistics.chunk_statistics(groups, scaled, tensors, divisor, mode)
+
+    return tf.function(statistics, jit_compile=True, autograph=False)
 
 
 def divide(x, y):

@@ -148,7 +148,7 @@ class LayerCapture(probe.ProbePass):
         groups = device_statistics.chunks(keys)
         with torch.no_grad():
             results = device_statistics.chunk_statistics(
-                groups, scaled, tensors, divisor, fused=False
+                groups, scaled, tensors, divisor, mode="eager"
             )
             return device_statistics.tensor_rows(groups, results, [t.numel() for t in tensors])
 
