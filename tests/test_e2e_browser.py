@@ -8,6 +8,7 @@ reader, `eventdata`), not from the plugin under test.
 import contextlib
 import os
 import pathlib
+import re
 import shutil
 import time
 
@@ -312,9 +313,9 @@ def test_layer_view_of_a_trained_cnn(browser, trained_logs):
             page.screenshot(path=str(_artifacts_dir() / "gradviz_layer_view.png"))
 
             histogram = input_gradient.locator("svg.histogram")
-            assert "linear count axis" in histogram.get_attribute("aria-label")
+            expect(histogram).to_have_attribute("aria-label", re.compile("linear count axis"))
             frame.get_by_label("Log count axis", exact=True).check()
-            assert "log count axis" in histogram.get_attribute("aria-label")
+            expect(histogram).to_have_attribute("aria-label", re.compile("log count axis"))
             frame.get_by_label("Log count axis", exact=True).uncheck()
 
             # The slider, from the keyboard: Home goes to the first logged step.
@@ -322,15 +323,15 @@ def test_layer_view_of_a_trained_cnn(browser, trained_logs):
             last_stats = activation.locator(".stats").text_content()
             slider.focus()
             slider.press("Home")
-            assert frame.locator(".step-value").text_content().startswith(f"{steps[0]} ")
+            expect(frame.locator(".step-value")).to_have_text(re.compile(f"^{steps[0]} "))
             for panel in (activation, input_gradient, output_gradient):
-                assert panel.get_attribute("data-step") == str(steps[0])
+                expect(panel).to_have_attribute("data-step", str(steps[0]))
             assert activation.locator(".stats").text_content() != last_stats
             assert activation.locator(".zero-fraction").text_content() == _expected_zeros(
                 log, "pool", "activation", steps[0]
             )
             slider.press("ArrowRight")
-            assert activation.get_attribute("data-step") == str(steps[1])
+            expect(activation).to_have_attribute("data-step", str(steps[1]))
 
             # Another layer: the average pool, whose gradient is spread, not routed.
             frame.get_by_label("Layer", exact=True).select_option("avg")
@@ -356,18 +357,18 @@ def test_layer_view_of_a_trained_cnn(browser, trained_logs):
 
             # The grid of all layers at this step, and its way back to the max pool.
             grid = frame.locator("table.layer-grid")
-            assert grid.locator("tbody tr").count() == 2
+            expect(grid.locator("tbody tr")).to_have_count(2)
             grid.get_by_role("button", name="pool", exact=True).click()
             frame.locator(".layer-name", has_text="pool").wait_for()
             assert frame.get_by_label("Layer", exact=True).input_value() == "pool"
 
             # The overlay of the two runs.
             assert frame.get_by_label("Against run", exact=True).input_value() == "cnn_b"
-            assert frame.locator(".run-legend li").all_text_contents() == ["cnn_a", "cnn_b"]
-            assert frame.locator(".compare-charts path.line").count() == 2
+            expect(frame.locator(".run-legend li")).to_have_text(["cnn_a", "cnn_b"])
+            expect(frame.locator(".compare-charts path.line")).to_have_count(2)
 
             slider.press("End")
-            assert activation.get_attribute("data-step") == str(steps[-1])
+            expect(activation).to_have_attribute("data-step", str(steps[-1]))
 
             # TensorBoard's own dark-mode switch reaches into the tab's iframe.
             page.get_by_role("button", name="Menu for changing light or dark theme").click()

@@ -7,7 +7,9 @@ for a small machine shared with other tests, without hiding a regression to
 reading every series again.
 """
 
+import contextlib
 import os
+import pathlib
 import re
 import subprocess
 import time
@@ -25,12 +27,14 @@ INTERACTION_BOUND_S = 5.0
 # three /series of 1000 steps, /routing and /step.
 FIRST_VIEW_BOUND_S = 15.0
 # The grid at a step before the last reads every series of the run whole
-# once (800 series x 1000 steps through the data server): ~10 s here.
-FIRST_FULL_GRID_BOUND_S = 40.0
+# once (800 series x 1000 steps through the data server). Bounded in the
+# CPU time TensorBoard and its data server spend on it, which a busy machine
+# does not stretch as it stretches the wall-clock time.
+FIRST_FULL_GRID_CPU_BOUND_S = 40.0
 
 
-def _rss_mb(pid):
-    """Resident memory of a process and its descendants (the Rust data server), in MB."""
+def _process_tree(pid):
+    """`{pid: rss in KiB}` of a process and its descendants (the Rust data server)."""
     rows = [
         line.split()
         for line in subprocess.run(
@@ -44,7 +48,23 @@ def _rss_mb(pid):
             if int(parent) in tree and int(child) not in tree:
                 tree.add(int(child))
                 grew = True
-    return sum(int(rss) for child, _, rss in rows if int(child) in tree) / 1024
+    return {int(child): int(rss) for child, _, rss in rows if int(child) in tree}
+
+
+def _rss_mb(pid):
+    """Resident memory of a process and its descendants, in MB."""
+    return sum(_process_tree(pid).values()) / 1024
+
+
+def _cpu_s(pid):
+    """CPU time (user and system) a process and its running descendants have used, in seconds."""
+    ticks = 0
+    for member in _process_tree(pid):
+        with contextlib.suppress(OSError):
+            # Fields 14 and 15 of /proc/PID/stat, counted after the command name's ")".
+            fields = pathlib.Path(f"/proc/{member}/stat").read_text().rsplit(")", 1)[1].split()
+            ticks += int(fields[11]) + int(fields[12])
+    return ticks / os.sysconf("SC_CLK_TCK")
 
 
 def _tensorboard_pid(port):
@@ -120,6 +140,7 @@ def test_layer_view_of_200_layers_x_1000_steps_stays_responsive(browser, large_l
 
             slider = frame.get_by_label("Step", exact=True)
             slider.focus()
+            cpu_before_first_step = _cpu_s(pid)
             times["step to first"] = _timed(
                 lambda: slider.press("Home"),
                 lambda: panel.and_(frame.locator('[data-step="1"]')).wait_for(),
@@ -128,6 +149,7 @@ def test_layer_view_of_200_layers_x_1000_steps_stays_responsive(browser, large_l
                 lambda: None,
                 lambda: grid_title.filter(has_text=re.compile(r"at step 1$")).wait_for(),
             )
+            first_grid_cpu_s = _cpu_s(pid) - cpu_before_first_step
             times["step forward"] = _timed(
                 lambda: slider.press("ArrowRight"),
                 lambda: panel.and_(frame.locator('[data-step="2"]')).wait_for(),
@@ -148,14 +170,15 @@ def test_layer_view_of_200_layers_x_1000_steps_stays_responsive(browser, large_l
         f"start -> all loaded {loaded_s:.1f} s; "
         + "; ".join(f"{k} {v:.2f} s" for k, v in times.items())
         + f"; tensorboard RSS (with data server) {loaded_rss_mb:.0f} MB loaded, "
-        + f"{rss_mb:.0f} MB at the end"
+        + f"{rss_mb:.0f} MB at the end; the grid at the first step took the server "
+        + f"{first_grid_cpu_s:.1f} s of CPU time"
     )
     assert problems.errors == []
     # Measured 3.4 GB at the end, ~0.55 GB of it the plugin's decoded stats
     # series (800 x 1000 x 86 float64): a regression that keeps more shows here.
     assert rss_mb < 6000
     assert times["first view"] < FIRST_VIEW_BOUND_S
-    assert times["grid at first step"] < FIRST_FULL_GRID_BOUND_S
+    assert first_grid_cpu_s < FIRST_FULL_GRID_CPU_BOUND_S, (first_grid_cpu_s, times)
     for interaction in (
         "switch layer",
         "step to first",
