@@ -7,21 +7,25 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 # Debian's Chromium for the browser tests. Never `playwright install`: it
-# downloads a browser build, which these machines cannot do.
+# downloads a browser build, which a machine without internet access cannot do.
 if [ ! -x /usr/bin/chromium ]; then
   SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq chromium >/dev/null
 fi
 
-# torch==2.13.0: the CPU build that lies on these machines' disk (PyPI's
-# Linux torch is the CUDA build, several GB with its NVIDIA libraries).
+# torch==2.13.0: CI's machines hold a CPU build of this version on disk, which
+# pip takes (PyPI's Linux torch is the CUDA build, several GB with its NVIDIA
+# libraries).
 python3 -m pip install -q --disable-pip-version-check -e ".[cpu,jax,remote,test]" "torch==2.13.0"
 
 export TF_CPP_MIN_LOG_LEVEL=3
 if [ "$#" -gt 0 ]; then
   exec python3 -m pytest -q "$@"
 fi
+# Formatting and lint first: a violation fails the run before any test.
+python3 -m ruff format --check .
+python3 -m ruff check .
 KERAS_BACKEND=jax python3 -m pytest -q -p no:cacheprovider tests/test_backends.py tests/test_weights.py
 KERAS_BACKEND=torch python3 -m pytest -q -p no:cacheprovider tests/test_backends.py tests/test_weights.py
 KERAS_BACKEND=tensorflow exec python3 -m pytest -q

@@ -267,119 +267,119 @@ def test_layer_view_of_a_trained_cnn(browser, trained_logs):
     ] == steps
 
     ready = _runs_loaded({"cnn_a": steps[-1], "cnn_b": steps[-1]})
-    with running_tensorboard(logdir, root / "tensorboard.log", ready) as url:
-        with gradviz_page(browser, url) as page:
-            frame = page.frame_locator(PLUGIN_FRAME)
-            activation = frame.locator('.panel[data-tensor="activation"]')
-            input_gradient = frame.locator('.panel[data-tensor="input_gradient"]')
-            output_gradient = frame.locator('.panel[data-tensor="output_gradient"]')
-            input_gradient.wait_for()
+    with (
+        running_tensorboard(logdir, root / "tensorboard.log", ready) as url,
+        gradviz_page(browser, url) as page,
+    ):
+        frame = page.frame_locator(PLUGIN_FRAME)
+        activation = frame.locator('.panel[data-tensor="activation"]')
+        input_gradient = frame.locator('.panel[data-tensor="input_gradient"]')
+        output_gradient = frame.locator('.panel[data-tensor="output_gradient"]')
+        input_gradient.wait_for()
 
-            # The max pool is chosen first, at the last step: forward output and MaxPoolGrad side by side.
-            assert frame.get_by_label("Layer", exact=True).input_value() == "pool"
-            assert frame.locator(".layer-name").text_content() == "pool"
-            assert activation.locator(".side").text_content() == "output"
-            assert activation.locator(".shape-value").text_content().strip() == _shape_text(
-                shapes["pool"]["output"]
-            )
-            assert input_gradient.locator(".side").text_content() == "input"
-            assert input_gradient.locator(".shape-value").text_content().strip() == _shape_text(
-                shapes["pool"]["input"]
-            )
-            assert output_gradient.locator(".shape-value").text_content().strip() == _shape_text(
-                shapes["pool"]["output"]
-            )
-            assert "MaxPoolGrad" in input_gradient.locator(".produced-by").text_content()
-            for panel in (activation, input_gradient, output_gradient):
-                assert panel.get_attribute("data-step") == str(steps[-1])
-                assert panel.locator("svg.histogram rect.bar").count() > 0
-            # Exact for a 2x2/2 pool without ties, and what the event file says.
-            assert input_gradient.locator(".zero-fraction").text_content() == "75.0 %"
-            assert _expected_zeros(log, "pool", "input_gradient", steps[-1]) == "75.0 %"
-            assert activation.locator(".zero-fraction").text_content() == _expected_zeros(
-                log, "pool", "activation", steps[-1]
-            )
-            routing = frame.locator(".card.routing")
-            assert "25.0 % of input positions" in routing.text_content()
-            assert "mass conserved" in routing.text_content()
-            assert "MaxPoolGrad" in frame.locator(".explanation").text_content()
-            # The tie rule, with the backend and device that wrote the run.
-            assert (
-                "this run's backend (tensorflow on cpu) sends the gradient to the first of them in raster order"
-                in (frame.locator(".explanation").text_content())
-            )
+        # The max pool is chosen first, at the last step: forward output and MaxPoolGrad side by side.
+        assert frame.get_by_label("Layer", exact=True).input_value() == "pool"
+        assert frame.locator(".layer-name").text_content() == "pool"
+        assert activation.locator(".side").text_content() == "output"
+        assert activation.locator(".shape-value").text_content().strip() == _shape_text(
+            shapes["pool"]["output"]
+        )
+        assert input_gradient.locator(".side").text_content() == "input"
+        assert input_gradient.locator(".shape-value").text_content().strip() == _shape_text(
+            shapes["pool"]["input"]
+        )
+        assert output_gradient.locator(".shape-value").text_content().strip() == _shape_text(
+            shapes["pool"]["output"]
+        )
+        assert "MaxPoolGrad" in input_gradient.locator(".produced-by").text_content()
+        for panel in (activation, input_gradient, output_gradient):
+            assert panel.get_attribute("data-step") == str(steps[-1])
+            assert panel.locator("svg.histogram rect.bar").count() > 0
+        # Exact for a 2x2/2 pool without ties, and what the event file says.
+        assert input_gradient.locator(".zero-fraction").text_content() == "75.0 %"
+        assert _expected_zeros(log, "pool", "input_gradient", steps[-1]) == "75.0 %"
+        assert activation.locator(".zero-fraction").text_content() == _expected_zeros(
+            log, "pool", "activation", steps[-1]
+        )
+        routing = frame.locator(".card.routing")
+        assert "25.0 % of input positions" in routing.text_content()
+        assert "mass conserved" in routing.text_content()
+        assert "MaxPoolGrad" in frame.locator(".explanation").text_content()
+        # The tie rule, with the backend and device that wrote the run.
+        assert (
+            "this run's backend (tensorflow on cpu) sends the gradient to the first of them in raster order"
+            in (frame.locator(".explanation").text_content())
+        )
 
-            frame.locator("table.layer-grid").wait_for()
-            page.screenshot(path=str(_artifacts_dir() / "gradviz_layer_view.png"))
+        frame.locator("table.layer-grid").wait_for()
+        page.screenshot(path=str(_artifacts_dir() / "gradviz_layer_view.png"))
 
-            histogram = input_gradient.locator("svg.histogram")
-            expect(histogram).to_have_attribute("aria-label", re.compile("linear count axis"))
-            frame.get_by_label("Log count axis", exact=True).check()
-            expect(histogram).to_have_attribute("aria-label", re.compile("log count axis"))
-            frame.get_by_label("Log count axis", exact=True).uncheck()
+        histogram = input_gradient.locator("svg.histogram")
+        expect(histogram).to_have_attribute("aria-label", re.compile("linear count axis"))
+        frame.get_by_label("Log count axis", exact=True).check()
+        expect(histogram).to_have_attribute("aria-label", re.compile("log count axis"))
+        frame.get_by_label("Log count axis", exact=True).uncheck()
 
-            # The slider, from the keyboard: Home goes to the first logged step.
-            slider = frame.get_by_label("Step", exact=True)
-            last_stats = activation.locator(".stats").text_content()
-            slider.focus()
-            slider.press("Home")
-            expect(frame.locator(".step-value")).to_have_text(re.compile(f"^{steps[0]} "))
-            for panel in (activation, input_gradient, output_gradient):
-                expect(panel).to_have_attribute("data-step", str(steps[0]))
-            assert activation.locator(".stats").text_content() != last_stats
-            assert activation.locator(".zero-fraction").text_content() == _expected_zeros(
-                log, "pool", "activation", steps[0]
-            )
-            slider.press("ArrowRight")
-            expect(activation).to_have_attribute("data-step", str(steps[1]))
+        # The slider, from the keyboard: Home goes to the first logged step.
+        slider = frame.get_by_label("Step", exact=True)
+        last_stats = activation.locator(".stats").text_content()
+        slider.focus()
+        slider.press("Home")
+        expect(frame.locator(".step-value")).to_have_text(re.compile(f"^{steps[0]} "))
+        for panel in (activation, input_gradient, output_gradient):
+            expect(panel).to_have_attribute("data-step", str(steps[0]))
+        assert activation.locator(".stats").text_content() != last_stats
+        assert activation.locator(".zero-fraction").text_content() == _expected_zeros(
+            log, "pool", "activation", steps[0]
+        )
+        slider.press("ArrowRight")
+        expect(activation).to_have_attribute("data-step", str(steps[1]))
 
-            # Another layer: the average pool, whose gradient is spread, not routed.
-            frame.get_by_label("Layer", exact=True).select_option("avg")
-            frame.locator(".layer-name", has_text="avg").wait_for()
-            assert activation.locator(".shape-value").text_content().strip() == _shape_text(
-                shapes["avg"]["output"]
-            )
-            assert input_gradient.locator(".shape-value").text_content().strip() == _shape_text(
-                shapes["avg"]["input"]
-            )
-            assert input_gradient.locator(".zero-fraction").text_content() == _expected_zeros(
-                log, "avg", "input_gradient", steps[1]
-            )
-            # Issue 11, defect 1: the average pool's captions name its ops (the writer says "average").
-            assert (
-                input_gradient.locator(".produced-by").text_content()
-                == "AvgPoolGrad output (backward pass)"
-            )
-            assert (
-                activation.locator(".produced-by").text_content() == "AvgPool output (forward pass)"
-            )
-            assert "AvgPoolGrad" in frame.locator(".explanation").text_content()
+        # Another layer: the average pool, whose gradient is spread, not routed.
+        frame.get_by_label("Layer", exact=True).select_option("avg")
+        frame.locator(".layer-name", has_text="avg").wait_for()
+        assert activation.locator(".shape-value").text_content().strip() == _shape_text(
+            shapes["avg"]["output"]
+        )
+        assert input_gradient.locator(".shape-value").text_content().strip() == _shape_text(
+            shapes["avg"]["input"]
+        )
+        assert input_gradient.locator(".zero-fraction").text_content() == _expected_zeros(
+            log, "avg", "input_gradient", steps[1]
+        )
+        # Issue 11, defect 1: the average pool's captions name its ops (the writer says "average").
+        assert (
+            input_gradient.locator(".produced-by").text_content()
+            == "AvgPoolGrad output (backward pass)"
+        )
+        assert activation.locator(".produced-by").text_content() == "AvgPool output (forward pass)"
+        assert "AvgPoolGrad" in frame.locator(".explanation").text_content()
 
-            # The grid of all layers at this step, and its way back to the max pool.
-            grid = frame.locator("table.layer-grid")
-            expect(grid.locator("tbody tr")).to_have_count(2)
-            grid.get_by_role("button", name="pool", exact=True).click()
-            frame.locator(".layer-name", has_text="pool").wait_for()
-            assert frame.get_by_label("Layer", exact=True).input_value() == "pool"
+        # The grid of all layers at this step, and its way back to the max pool.
+        grid = frame.locator("table.layer-grid")
+        expect(grid.locator("tbody tr")).to_have_count(2)
+        grid.get_by_role("button", name="pool", exact=True).click()
+        frame.locator(".layer-name", has_text="pool").wait_for()
+        assert frame.get_by_label("Layer", exact=True).input_value() == "pool"
 
-            # The overlay of the two runs.
-            assert frame.get_by_label("Against run", exact=True).input_value() == "cnn_b"
-            expect(frame.locator(".run-legend li")).to_have_text(["cnn_a", "cnn_b"])
-            expect(frame.locator(".compare-charts path.line")).to_have_count(2)
+        # The overlay of the two runs.
+        assert frame.get_by_label("Against run", exact=True).input_value() == "cnn_b"
+        expect(frame.locator(".run-legend li")).to_have_text(["cnn_a", "cnn_b"])
+        expect(frame.locator(".compare-charts path.line")).to_have_count(2)
 
-            slider.press("End")
-            expect(activation).to_have_attribute("data-step", str(steps[-1]))
+        slider.press("End")
+        expect(activation).to_have_attribute("data-step", str(steps[-1]))
 
-            # TensorBoard's own dark-mode switch reaches into the tab's iframe.
-            page.get_by_role("button", name="Menu for changing light or dark theme").click()
-            page.get_by_role("menuitem", name="Dark").click()
-            frame.locator("html.dark-mode").wait_for(state="attached")
-            page.get_by_role("menu").wait_for(state="detached")
-            background = frame.locator("body").evaluate(
-                "body => getComputedStyle(body).backgroundColor"
-            )
-            assert background == "rgb(48, 48, 48)"
-            page.screenshot(path=str(_artifacts_dir() / "gradviz_layer_view_dark.png"))
+        # TensorBoard's own dark-mode switch reaches into the tab's iframe.
+        page.get_by_role("button", name="Menu for changing light or dark theme").click()
+        page.get_by_role("menuitem", name="Dark").click()
+        frame.locator("html.dark-mode").wait_for(state="attached")
+        page.get_by_role("menu").wait_for(state="detached")
+        background = frame.locator("body").evaluate(
+            "body => getComputedStyle(body).backgroundColor"
+        )
+        assert background == "rgb(48, 48, 48)"
+        page.screenshot(path=str(_artifacts_dir() / "gradviz_layer_view_dark.png"))
 
 
 # ---------------------------------------------------------------- hostile names
@@ -443,49 +443,51 @@ def _write_run_with_layer_name(run_dir, layer, steps=3):
 def test_hostile_names_render_as_text(browser, tmp_path):
     logdir = tmp_path / "logs"
     _write_run_with_layer_name(logdir / PAYLOAD_RUN, PAYLOAD_LAYER)
-    with running_tensorboard(
-        logdir, tmp_path / "tensorboard.log", _runs_loaded({PAYLOAD_RUN: 3})
-    ) as url:
-        with gradviz_page(browser, url, 1400, 900) as page:
-            frame = page.frame_locator(PLUGIN_FRAME)
-            frame.locator('.panel[data-tensor="input_gradient"]').wait_for()
-            frame.locator("table.layer-grid").wait_for()
-            assert frame.locator(".layer-name").text_content() == PAYLOAD_LAYER
-            assert frame.get_by_label("Layer", exact=True).input_value() == PAYLOAD_LAYER
-            assert frame.get_by_label("Run", exact=True).input_value() == PAYLOAD_RUN
-            assert frame.get_by_role("button", name=PAYLOAD_LAYER, exact=True).count() == 1
-            assert (
-                frame.locator("h2", has_text="All layers of").text_content()
-                == f"All layers of {PAYLOAD_RUN} at step 3"
-            )
-            # Had the name been parsed as HTML there would be an <img> (and a request for "x") or an <svg onload>.
-            assert frame.locator("img").count() == 0
-            assert frame.locator("svg[onload]").count() == 0
-            assert (
-                frame.locator(".panel[data-tensor='input_gradient'] .zero-fraction").text_content()
-                == "75.0 %"
-            )
-            page.wait_for_timeout(500)  # let a stray onerror fire, were there one
+    with (
+        running_tensorboard(
+            logdir, tmp_path / "tensorboard.log", _runs_loaded({PAYLOAD_RUN: 3})
+        ) as url,
+        gradviz_page(browser, url, 1400, 900) as page,
+    ):
+        frame = page.frame_locator(PLUGIN_FRAME)
+        frame.locator('.panel[data-tensor="input_gradient"]').wait_for()
+        frame.locator("table.layer-grid").wait_for()
+        assert frame.locator(".layer-name").text_content() == PAYLOAD_LAYER
+        assert frame.get_by_label("Layer", exact=True).input_value() == PAYLOAD_LAYER
+        assert frame.get_by_label("Run", exact=True).input_value() == PAYLOAD_RUN
+        assert frame.get_by_role("button", name=PAYLOAD_LAYER, exact=True).count() == 1
+        assert (
+            frame.locator("h2", has_text="All layers of").text_content()
+            == f"All layers of {PAYLOAD_RUN} at step 3"
+        )
+        # Had the name been parsed as HTML there would be an <img> (and a request for "x") or an <svg onload>.
+        assert frame.locator("img").count() == 0
+        assert frame.locator("svg[onload]").count() == 0
+        assert (
+            frame.locator(".panel[data-tensor='input_gradient'] .zero-fraction").text_content()
+            == "75.0 %"
+        )
+        page.wait_for_timeout(500)  # let a stray onerror fire, were there one
 
-            # A run that appears later shows up after TensorBoard's reload button.
-            synthetic.write_run(logdir / "later", layers=1, steps=2)
-            run_options = frame.get_by_label("Run", exact=True).locator("option")
-            deadline = time.monotonic() + 30
-            while run_options.all_text_contents() != [PAYLOAD_RUN, "later"]:
-                assert time.monotonic() < deadline, (
-                    f"runs after reload: {run_options.all_text_contents()}"
-                )
-                page.locator('button[title^="Last Updated"]').click()
-                page.wait_for_timeout(1000)
-            assert frame.locator(".layer-name").text_content() == PAYLOAD_LAYER
+        # A run that appears later shows up after TensorBoard's reload button.
+        synthetic.write_run(logdir / "later", layers=1, steps=2)
+        run_options = frame.get_by_label("Run", exact=True).locator("option")
+        deadline = time.monotonic() + 30
+        while run_options.all_text_contents() != [PAYLOAD_RUN, "later"]:
+            assert time.monotonic() < deadline, (
+                f"runs after reload: {run_options.all_text_contents()}"
+            )
+            page.locator('button[title^="Last Updated"]').click()
+            page.wait_for_timeout(1000)
+        assert frame.locator(".layer-name").text_content() == PAYLOAD_LAYER
 
-            # Outside TensorBoard (no host page to ask for runs) the tab shows every run.
-            page.goto(f"{url}/data/plugin_entry.html?name=gradviz")
-            page.locator(".layer-name").wait_for()
-            assert page.locator(".layer-name").text_content() == PAYLOAD_LAYER
-            assert page.get_by_label("Run", exact=True).locator("option").all_text_contents() == [
-                PAYLOAD_RUN,
-                "later",
-            ]
-            assert page.locator("img").count() == 0
-            page.wait_for_timeout(500)  # for any late error before the page is judged
+        # Outside TensorBoard (no host page to ask for runs) the tab shows every run.
+        page.goto(f"{url}/data/plugin_entry.html?name=gradviz")
+        page.locator(".layer-name").wait_for()
+        assert page.locator(".layer-name").text_content() == PAYLOAD_LAYER
+        assert page.get_by_label("Run", exact=True).locator("option").all_text_contents() == [
+            PAYLOAD_RUN,
+            "later",
+        ]
+        assert page.locator("img").count() == 0
+        page.wait_for_timeout(500)  # for any late error before the page is judged

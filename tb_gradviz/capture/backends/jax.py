@@ -204,7 +204,8 @@ class LayerCapture(probe.ProbePass):
         recorded = [i for indices in self._weight_indices for i in indices]
 
         def loss_of(zeros, weights):
-            # The recorded weights are arguments, so that their gradients come from this backward pass.
+            # The recorded weights are arguments, so that their gradients come from this
+            # backward pass.
             trainable = list(state[0])
             for i, w in zip(recorded, weights):
                 trainable[i] = w
