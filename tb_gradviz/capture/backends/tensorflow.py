@@ -27,8 +27,9 @@ def default_statistics():
     its own tensors rather than send every value over the bus.
     """
     accelerators = [d for d in tf.config.list_logical_devices() if d.device_type != "CPU"]
-    # Without numba there is no host kernel: TensorFlow's ops summarise on the CPU too.
-    return "device" if accelerators or not assemble.numba_available() else "host"
+    # Without numba the host statistics fall back to the numpy definition,
+    # which also writes the precision record that device statistics lack.
+    return "device" if accelerators else "host"
 
 
 def _is_float(t):
