@@ -127,8 +127,8 @@ def event_row(args):
         step = common.seconds(lambda: model.train_on_batch(x, y))
         with model.distribute_strategy.scope():
             outputs, pass_s = timed(lambda: pass_._probe(x, y, None))
-        arrays, asarray_s = timed(functools.partial(_to_numpy, outputs))
-        items = [(values, None) for values in arrays[: pass_._routing_start]]
+        arrays, asarray_s = timed(functools.partial(_to_numpy, outputs["values"]))
+        items = [(values, None) for values in arrays]
         one_thread_s = common.seconds(functools.partial(kernels.summaries, items, workers=1))
         all_threads_s = common.seconds(functools.partial(kernels.summaries, items))
         written, run_s = timed(lambda: pass_.run(x, y)[0])
