@@ -26,6 +26,8 @@ fi
 # Formatting and lint first: a violation fails the run before any test.
 python3 -m ruff format --check .
 python3 -m ruff check .
-KERAS_BACKEND=jax python3 -m pytest -q -p no:cacheprovider tests/test_backends.py tests/test_weights.py
-KERAS_BACKEND=torch python3 -m pytest -q -p no:cacheprovider tests/test_backends.py tests/test_weights.py
+KERAS_BACKEND=jax python3 -m pytest -q -p no:cacheprovider tests/test_backends.py tests/test_weights.py \
+  tests/test_device_statistics.py tests/test_precision_capture.py
+KERAS_BACKEND=torch python3 -m pytest -q -p no:cacheprovider tests/test_backends.py tests/test_weights.py \
+  tests/test_device_statistics.py tests/test_precision_capture.py
 KERAS_BACKEND=tensorflow exec python3 -m pytest -q
