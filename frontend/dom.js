@@ -36,3 +36,17 @@ export function round(value) {
 export function definitionList(pairs, className) {
   return html('dl', {className}, pairs.flatMap(([name, value]) => [html('dt', {text: name}), html('dd', {text: value})]));
 }
+
+// A control with its label: <label for>, not a wrapping label, whose name
+// would take in a select's current option ("Layer pool (MaxPooling2D)").
+// The control's id is derived from its name.
+export function labelled(text, control, className) {
+  control.id = `gradviz-${control.name}`;
+  return html('span', {className: `control ${className ?? ''}`}, [
+    html('label', {className: 'label-text', text, attrs: {for: control.id}}), control]);
+}
+
+// A section of the tab: its heading, a hint that says how to read it, then its content.
+export function hintedSection(className, title, hint, children) {
+  return html('section', {className}, [html('h2', {text: title}), html('p', {className: 'hint', text: hint}), ...children]);
+}

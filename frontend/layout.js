@@ -2,7 +2,7 @@
 // and the containers every view draws into. DOM only; the views fill the
 // containers (views.js, weightsview.js, flow.js, compare.js, routemap.js).
 
-import {html} from './dom.js';
+import {hintedSection, html, labelled} from './dom.js';
 
 // One stylesheet per part of the page, in cascade order.
 const STYLESHEETS = ['style.css', 'charts.css', 'compare.css', 'flow.css', 'routemap.css'];
@@ -46,14 +46,6 @@ export function followHostTheme() {
  * are named for screen readers (and for the browser tests).
  */
 export function createLayout(root) {
-  // <label for>, not a wrapping label: a wrapping label's name would take in the
-  // select's current option ("Layer pool (MaxPooling2D)").
-  const labelled = (text, control, className) => {
-    control.id = `gradviz-${control.name}`;
-    return html('span', {className: `control ${className ?? ''}`}, [
-      html('label', {className: 'label-text', text, attrs: {for: control.id}}), control]);
-  };
-
   const runSelect = html('select', {attrs: {name: 'run'}});
   const layerSelect = html('select', {attrs: {name: 'layer'}});
   const stepSlider = html('input', {attrs: {type: 'range', name: 'step', min: 0, max: 0, step: 1, value: 0}});
@@ -109,13 +101,11 @@ export function createLayout(root) {
   const page = html('main', {className: 'gradviz'}, [
     controls,
     status,
-    html('section', {className: 'flow-section'}, [
-      html('h2', {text: 'Gradient flow across layers'}),
-      html('p', {className: 'hint', text:
-        'Every logged layer in model order, input on the left. Per tensor, on a log axis: the RMS (solid) and '
-        + 'the largest magnitude (dashed) of its values; below, the share of exact zeros. One line per step: '
-        + 'the slider\'s, and the ones kept. Badges mark the training-health flags (hover for the rule). '
-        + 'Click a layer to open it below.'}),
+    hintedSection('flow-section', 'Gradient flow across layers',
+      'Every logged layer in model order, input on the left. Per tensor, on a log axis: the RMS (solid) and '
+      + 'the largest magnitude (dashed) of its values; below, the share of exact zeros. One line per step: '
+      + 'the slider\'s, and the ones kept. Badges mark the training-health flags (hover for the rule). '
+      + 'Click a layer to open it below.', [
       html('div', {className: 'toolbar'}, [
         labelled('Overlay run', flowRunSelect),
         keepStepButton,

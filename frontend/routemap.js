@@ -1,4 +1,4 @@
-// The routing-map view of the layer view (issue 12): for one probe example and
+// The routing-map view of the layer view: for one probe example and
 // one channel of a pooling layer, the pool's input with its windows, winners
 // and ties; the input gradient on the same grid; the upstream gradient per
 // window; a hover that tells one window's story. Numbers and texts come from

@@ -1,7 +1,7 @@
 // The "over time" section: its controls (what the colour shows, a run to
 // subtract) and the depth x time canvas, fetched at one column per pixel.
 
-import {html} from './dom.js';
+import {hintedSection, html, labelled} from './dom.js';
 import {renderTimeline} from './timeline.js';
 import * as timelinemodel from './timelinemodel.js';
 
@@ -25,27 +25,22 @@ export class TimelineSection {
     this.onSelect = onSelect;
     this.run = null;
     this.runs = [];
-    this.fieldSelect = html('select', {attrs: {name: 'timeline-field', id: 'gradviz-timeline-field'}},
+    this.fieldSelect = html('select', {attrs: {name: 'timeline-field'}},
       CHOICES.map(({value, label}) => html('option', {text: label, attrs: {value}})));
-    this.againstSelect = html('select', {attrs: {name: 'timeline-against', id: 'gradviz-timeline-against'}});
+    this.againstSelect = html('select', {attrs: {name: 'timeline-against'}});
     this.status = html('p', {className: 'timeline-status', attrs: {role: 'status'}});
     this.sampleNote = html('p', {className: 'timeline-sample'});
     this.logged = null; // the run's logged steps: {count, first, last}, from /timeline
     this.layerSteps = null; // {layer, steps} the layer view shows
     this.chart = html('div', {className: 'timeline-container'});
-    this.element = html('section', {className: 'timeline-section'}, [
-      html('h2', {text: 'Layers over time'}),
-      html('p', {className: 'hint', text:
-        'Rows: every logged layer in model order, input at the top. Columns: the logged steps, oldest on the left, '
-        + 'grouped to about one per pixel; each cell shows the largest value of its steps, so a one-step spike '
-        + 'stays visible. The top of a row marks the training-health flags. Hover for the values; click to open '
-        + 'that layer at that step.'}),
+    this.element = hintedSection('timeline-section', 'Layers over time',
+      'Rows: every logged layer in model order, input at the top. Columns: the logged steps, oldest on the left, '
+      + 'grouped to about one per pixel; each cell shows the largest value of its steps, so a one-step spike '
+      + 'stays visible. The top of a row marks the training-health flags. Hover for the values; click to open '
+      + 'that layer at that step.', [
       html('div', {className: 'toolbar'}, [
-        html('span', {className: 'control'}, [
-          html('label', {className: 'label-text', text: 'Colour', attrs: {for: this.fieldSelect.id}}), this.fieldSelect]),
-        html('span', {className: 'control'}, [
-          html('label', {className: 'label-text', text: 'Minus run', attrs: {for: this.againstSelect.id}}),
-          this.againstSelect]),
+        labelled('Colour', this.fieldSelect),
+        labelled('Minus run', this.againstSelect),
       ]),
       this.status,
       this.chart,
