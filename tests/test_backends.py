@@ -799,3 +799,29 @@ def test_every_n_batches_logs_at_the_first_batch_end_after_each_multiple_with_st
     log = eventdata.load(tmp_path)
     steps = [s for s, _ in eventdata.values(log, records.stats_tag("pool", "activation"))]
     assert steps == expected
+
+
+def test_a_probe_y_the_loss_cannot_take_fails_when_fit_starts_and_no_step_runs(tmp_path):
+    # y of shape (2, 5) against a (2, 2) output used to fail inside fit, at the first log event.
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential(
+        [keras.Input((4, 4, 1)), keras.layers.MaxPooling2D(name="pool"), keras.layers.Flatten()]
+        + [keras.layers.Dense(2)]
+    )
+    model.compile("sgd", "mse")
+    x = np.ones((2, 4, 4, 1), "float32")
+    before = [numpy(w) for w in model.weights]
+    callback = GradVizCallback(tmp_path, (x, np.ones((2, 5), "float32")))
+    with pytest.raises(
+        ValueError, match=r"probe_data's y does not fit .* of shape \(2, 2\)"
+    ) as raised:
+        model.fit(x, np.ones((2, 2), "float32"), epochs=1, verbose=0, callbacks=[callback])
+    assert str(raised.value).endswith("Received: probe_data y of shape (2, 5)")
+    assert all(np.array_equal(a, numpy(b)) for a, b in zip(before, model.weights))
+    assert not list(tmp_path.iterdir())  # nothing written
+    # The same y with a loss that takes it, and a y that fits: both train.
+    labels = GradVizCallback(
+        tmp_path / "sparse", (x, np.array([0, 1])), loss="sparse_categorical_crossentropy"
+    )
+    fits = GradVizCallback(tmp_path / "fits", (x, np.ones((2, 2), "float32")))
+    model.fit(x, np.ones((2, 2), "float32"), epochs=1, verbose=0, callbacks=[labels, fits])

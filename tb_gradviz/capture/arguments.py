@@ -279,3 +279,41 @@ def _as_tensor(t):
     if not keras.ops.is_tensor(t) and hasattr(t, "numpy"):
         t = t.numpy()
     return keras.ops.convert_to_tensor(t)
+
+
+def check_probe_targets(model, loss, x, y, sample_weight):
+    """Checks that the probe's `y` fits the model's output under the loss.
+
+    The loss is computed once on zeros of the model's declared output shape,
+    before any step, so a `y` that the loss cannot take (another shape, a
+    label beyond the classes) fails when `fit` starts rather than at the
+    first log event. Models that declare no single output with a known
+    shape apart from the batch (subclassed models, several outputs, free
+    dimensions) are not checked.
+
+    Raises:
+      ValueError: the loss fails on `y`; the message gives both shapes.
+    """
+    try:
+        outputs = model.outputs
+    except (AttributeError, ValueError):
+        return
+    if not outputs or len(outputs) != 1:
+        return
+    shape = tuple(outputs[0].shape)[1:]
+    batch = len(keras.tree.flatten(x)[0])
+    if any(dim is None for dim in shape):
+        return
+    y_pred = keras.ops.zeros((batch, *shape), dtype=outputs[0].dtype)
+    try:
+        if loss is not None:
+            loss(y, y_pred, sample_weight=sample_weight)
+        else:
+            model.compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight)
+    except Exception as error:  # the loss's own error, whatever its type, is quoted
+        shapes = keras.tree.map_structure(lambda t: tuple(np.shape(t)), y)
+        raise ValueError(
+            f"probe_data's y does not fit the output of model {model.name!r}, of shape "
+            f"{(batch, *shape)}, under its loss: {type(error).__name__}: {error}. "
+            f"Received: probe_data y of shape {shapes}"
+        ) from error

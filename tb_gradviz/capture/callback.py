@@ -169,6 +169,7 @@ class GradVizCallback(keras.callbacks.Callback):
                     "(a Keras loss name, function or Loss instance). Received: loss=None"
                 )
             arguments.check_probe_inputs(self.model, self._probe[0])
+            arguments.check_probe_targets(self.model, self.loss, *self._probe)
             if self.routing_map is not None:
                 examples = len(keras.tree.flatten(self._probe[0])[0])
                 if self.routing_map.example >= examples:
