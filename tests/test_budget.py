@@ -112,15 +112,18 @@ def test_on_a_fit_with_a_slow_step_the_measured_share_lands_near_the_budget(tmp_
     x = np.random.default_rng(0).normal(size=(400, 8, 8, 2)).astype("float32")
     y = np.zeros((400, 1), "float32")
     callback = GradVizCallback(
-        tmp_path, (x[:4], y[:4]), layers=["conv", "pool"], every_n_batches=1, budget=0.2
+        tmp_path, (x[:4], y[:4]), layers=["conv", "pool"], every_n_batches=1, budget=0.05
     )
     model.fit(x, y, batch_size=1, epochs=1, verbose=0, callbacks=[callback])
     log = eventdata.load(tmp_path)
     recorded = eventdata.values(log, budget.TAG)
     last = dict(zip(budget.FIELDS, recorded[-1][1]))
-    assert last["budget"] == 0.2 and last["asked_interval"] == 1
-    assert 0.1 <= last["share"] <= 0.3, last
+    # A log event costs about as much as a step here, on a quiet machine or a busy one (a busy
+    # one slows the eager step more than the compiled pass), so every step logged would take a
+    # far larger share than 5 %: the interval is stretched, and the share stays near the budget.
+    assert last["budget"] == 0.05 and last["asked_interval"] == 1
     assert last["interval"] > 1
+    assert 0.0125 <= last["share"] <= 0.1, last
     steps = [step for step, _ in recorded]
     # The next log event is at the next multiple of the interval decided at the one before it:
     # never sooner than the interval asked for, never later than the one decided.
