@@ -238,3 +238,28 @@ export function hasZero(lists) {
 export function keepStep(kept, step, max = 4) {
   return [...new Set([...kept, step])].sort((a, b) => a - b).slice(-max);
 }
+
+/**
+ * The lines the gradient flow asks /step for: each shown run (the tab's,
+ * then the overlaid one) at the slider's step, then at each kept step.
+ */
+export function wantedLines(run, flowRun, step, keptSteps) {
+  const steps = [step, ...keptSteps.filter((s) => s !== step)];
+  return (flowRun ? [run, flowRun] : [run]).flatMap((name, series) =>
+    steps.map((s, pin) => ({run: name, series, pin, side: series === 0 ? 'primary' : 'other', requested: s})));
+}
+
+/**
+ * The lines to draw: each wanted line with its /step snapshot, leaving out
+ * those with none (null) and those whose logged step an earlier line of the
+ * same run already draws (two steps asked for can be served by one).
+ */
+export function distinctLines(wanted, snapshots) {
+  const seen = new Set();
+  return wanted.map((line, i) => ({...line, snapshot: snapshots[i]})).filter(({series, snapshot}) => {
+    const key = snapshot && `${series} ${snapshot.step}`;
+    const fresh = snapshot !== null && !seen.has(key);
+    seen.add(key);
+    return fresh;
+  });
+}

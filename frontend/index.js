@@ -320,9 +320,7 @@ class App {
   async loadFlow() {
     const {run, step, flowRun, keptSteps} = this;
     if (run === null || step === null) return;
-    const steps = [step, ...keptSteps.filter((s) => s !== step)];
-    const wanted = (flowRun ? [run, flowRun] : [run]).flatMap((name, series) =>
-      steps.map((s, pin) => ({run: name, series, pin, side: series === 0 ? 'primary' : 'other', requested: s})));
+    const wanted = flowmodel.wantedLines(run, flowRun, step, keptSteps);
     let snapshots;
     try {
       // A run with no step at or before the one asked for (404) has no line there.
@@ -333,14 +331,7 @@ class App {
       return;
     }
     if (run !== this.run || step !== this.step || flowRun !== this.flowRun || keptSteps !== this.keptSteps) return;
-    // Two steps asked for can be served by one logged step: one line for it.
-    const seen = new Set();
-    const lines = wanted.map((line, i) => ({...line, snapshot: snapshots[i]})).filter(({series, snapshot}) => {
-      const key = snapshot && `${series} ${snapshot.step}`;
-      const fresh = snapshot !== null && !seen.has(key);
-      seen.add(key);
-      return fresh;
-    });
+    const lines = flowmodel.distinctLines(wanted, snapshots);
     const entryOf = (name) => this.runs.find((entry) => entry.run === name);
     const names = (name) => entryOf(name)?.layers.map(({layer}) => layer) ?? [];
     const shown = (flowRun ? [run, flowRun] : [run]).map(entryOf);

@@ -133,3 +133,16 @@ test('kept steps stay sorted, without repeats, the latest four', () => {
   assert.deepEqual(flowmodel.keepStep([2, 4], 4), [2, 4]);
   assert.deepEqual(flowmodel.keepStep([1, 2, 3, 4], 5), [2, 3, 4, 5]);
 });
+
+test('the flow asks for each shown run at the slider step then the kept ones, and draws one line per logged step', () => {
+  const wanted = flowmodel.wantedLines('a', 'b', 6, [2, 6, 4]);
+  assert.deepEqual(wanted.map(({run, series, pin, side, requested}) => [run, series, pin, side, requested]), [
+    ['a', 0, 0, 'primary', 6], ['a', 0, 1, 'primary', 2], ['a', 0, 2, 'primary', 4],
+    ['b', 1, 0, 'other', 6], ['b', 1, 1, 'other', 2], ['b', 1, 2, 'other', 4],
+  ]);
+  // Run a logged steps 2 and 6 (4 is served by 2); run b has nothing at or before 2 or 4.
+  const snapshots = [{step: 6}, {step: 2}, {step: 2}, {step: 5}, null, null];
+  const lines = flowmodel.distinctLines(wanted, snapshots);
+  assert.deepEqual(lines.map(({run, pin, snapshot}) => [run, pin, snapshot.step]), [['a', 0, 6], ['a', 1, 2], ['b', 0, 5]]);
+  assert.deepEqual(flowmodel.wantedLines('a', null, 3, []).map(({run, requested}) => [run, requested]), [['a', 3]]);
+});
