@@ -202,23 +202,7 @@ def main():
     for backend in args.backends.split(","):
         if backend not in BACKENDS:
             p.error(f"--backends: unknown backend {backend!r}; known: {', '.join(BACKENDS)}")
-        command = [
-            sys.executable,
-            os.path.abspath(__file__),
-            "--child",
-            "--model",
-            args.model,
-            "--image-size",
-            str(args.image_size),
-            "--batch",
-            str(args.batch),
-            "--layers",
-            args.layers,
-            "--repeats",
-            str(args.repeats),
-            "--seed",
-            str(args.seed),
-        ]
+        command = common.child_command(__file__, args)
         result = subprocess.run(
             command, env=dict(os.environ, KERAS_BACKEND=backend), capture_output=True, text=True
         )

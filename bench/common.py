@@ -12,6 +12,7 @@ import json
 import os
 import platform
 import statistics
+import sys
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
@@ -180,3 +181,14 @@ def children(pid):
         result += kids
         frontier += kids
     return result
+
+
+CHILD_OPTIONS = ("model", "image_size", "batch", "layers", "repeats", "seed")
+
+
+def child_command(script, args, options=CHILD_OPTIONS):
+    """The command that runs `script` again as a child (`--child`) with `args`' `options`."""
+    command = [sys.executable, os.path.abspath(script), "--child"]
+    for name in options:
+        command += ["--" + name.replace("_", "-"), str(getattr(args, name))]
+    return command
