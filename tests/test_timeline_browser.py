@@ -7,6 +7,7 @@ depth x time view draws about one column per pixel; clicking a cell opens that
 layer at that step.
 """
 
+import contextlib
 import re
 
 import pytest
@@ -33,6 +34,22 @@ def long_run(tmp_path_factory):
     return root, names
 
 
+@contextlib.contextmanager
+def _tab(browser, url, fragment, screenshot=None):  # noqa: F811
+    """Yields `(page, frame)` of the tab at `url/#fragment`; on leaving, the page threw nothing."""
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    page.set_default_timeout(120_000)
+    problems = PageProblems(page)
+    try:
+        page.goto(f"{url}/#{fragment}")
+        yield page, page.frame_locator(PLUGIN_FRAME)
+    finally:
+        if screenshot is not None:
+            page.screenshot(path=str(screenshot), full_page=True)
+        page.close()
+    assert problems.errors == [], problems.errors
+
+
 def test_the_tab_at_ten_thousand_steps_draws_and_opens_a_cell(browser, long_run, tmp_path):  # noqa: F811
     root, names = long_run
     with running_tensorboard(
@@ -45,39 +62,28 @@ def test_the_tab_says_when_the_histograms_are_a_sample(browser, long_run, tmp_pa
     # The long-run command: the digest whole, a sample of the full records.
     root, names = long_run
     sampled = ("--samples_per_plugin", "gradviz=50,histograms=50,gradviz_digest=0")
-    with running_tensorboard(
-        root / "logs", tmp_path / "tensorboard.log", _all_loaded, sampled, timeout=300
-    ) as url:
-        page = browser.new_page(viewport={"width": 1400, "height": 1000})
-        page.set_default_timeout(120_000)
-        problems = PageProblems(page)
-        try:
-            page.goto(f"{url}/#gradviz")
-            frame = page.frame_locator(PLUGIN_FRAME)
-            frame.locator(f'.panel[data-tensor="input_gradient"][data-step="{STEPS}"]').wait_for()
-            note = frame.locator(".timeline-sample")
-            note.filter(has_text="a sample").wait_for()
-            kept = int(
-                re.search(r"sample: (\d+) of the run's (\d+) logged steps", note.inner_text())[1]
-            )
-            assert 2 <= kept <= 60, note.inner_text()
-            assert f"of the run's {STEPS} logged steps" in note.inner_text()
-            assert f"This view reads every step (1 to {STEPS})" in note.inner_text()
-            canvas = frame.locator("canvas.timeline-canvas")
-            assert int(canvas.get_attribute("data-columns")) > kept
-        finally:
-            page.close()
-        assert problems.errors == [], problems.errors
+    with (
+        running_tensorboard(
+            root / "logs", tmp_path / "tensorboard.log", _all_loaded, sampled, timeout=300
+        ) as url,
+        _tab(browser, url, "gradviz") as (_, frame),
+    ):
+        frame.locator(f'.panel[data-tensor="input_gradient"][data-step="{STEPS}"]').wait_for()
+        note = frame.locator(".timeline-sample")
+        note.filter(has_text="a sample").wait_for()
+        kept = int(
+            re.search(r"sample: (\d+) of the run's (\d+) logged steps", note.inner_text())[1]
+        )
+        assert 2 <= kept <= 60, note.inner_text()
+        assert f"of the run's {STEPS} logged steps" in note.inner_text()
+        assert f"This view reads every step (1 to {STEPS})" in note.inner_text()
+        canvas = frame.locator("canvas.timeline-canvas")
+        assert int(canvas.get_attribute("data-columns")) > kept
 
 
 def _check_long_run(browser, url, names, tmp_path):  # noqa: F811
     """The page at every step kept: no error, the layer view, the time view and a click on it."""
-    page = browser.new_page(viewport={"width": 1400, "height": 1000})
-    page.set_default_timeout(120_000)
-    problems = PageProblems(page)
-    try:
-        page.goto(f"{url}/#gradviz")
-        frame = page.frame_locator(PLUGIN_FRAME)
+    with _tab(browser, url, "gradviz", screenshot=tmp_path / "timeline.png") as (_, frame):
         frame.locator(f'.panel[data-tensor="input_gradient"][data-step="{STEPS}"]').wait_for()
         canvas = frame.locator("canvas.timeline-canvas")
         canvas.wait_for()
@@ -100,10 +106,6 @@ def _check_long_run(browser, url, names, tmp_path):  # noqa: F811
         canvas.hover(position={"x": box["width"] / 3, "y": box["height"] / 2})
         tip = frame.locator(".timeline-tip")
         assert tip.inner_text().startswith(f"{names[1]}, steps ")
-    finally:
-        page.screenshot(path=str(tmp_path / "timeline.png"), full_page=True)
-        page.close()
-    assert problems.errors == [], problems.errors
 
 
 def test_a_link_opens_its_run_layer_and_step_and_the_url_follows(browser, long_run, tmp_path):  # noqa: F811
@@ -111,18 +113,11 @@ def test_a_link_opens_its_run_layer_and_step_and_the_url_follows(browser, long_r
     with running_tensorboard(
         root / "logs", tmp_path / "tensorboard.log", _all_loaded, SAMPLES, timeout=300
     ) as url:
-        page = browser.new_page(viewport={"width": 1400, "height": 1000})
-        page.set_default_timeout(120_000)
-        problems = PageProblems(page)
-        try:
-            page.goto(f"{url}/#gradviz&run=long&layer={names[2].replace('/', '%2F')}&step=1234")
-            frame = page.frame_locator(PLUGIN_FRAME)
+        fragment = f"gradviz&run=long&layer={names[2].replace('/', '%2F')}&step=1234"
+        with _tab(browser, url, fragment) as (page, frame):
             frame.locator('.panel[data-tensor="input_gradient"][data-step="1234"]').wait_for()
             assert frame.get_by_label("Layer", exact=True).input_value() == names[2]
             # Moving on writes the new choice into TensorBoard's URL.
             frame.get_by_label("Layer", exact=True).select_option(names[0])
             frame.locator(".layer-name", has_text=names[0]).wait_for()
             page.wait_for_url(re.compile(r"#gradviz&run=long&layer=block0%2Fpool&step=1234$"))
-        finally:
-            page.close()
-        assert problems.errors == [], problems.errors
