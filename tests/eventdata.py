@@ -98,11 +98,16 @@ def assert_digest_equals_records(accumulator):
     rows = parsed["rows"]
     stats_tags = {tag for tag in tensor_tags(accumulator) if tag.endswith("/stats")}
     units_tags = {tag for tag in tensor_tags(accumulator) if tag.endswith("/units")}
+    precision_tags = {tag for tag in tensor_tags(accumulator) if tag.endswith("/precision")}
     assert {records.stats_tag(layer, name) for kind, layer, name in rows if kind == "tensor"} == (
         stats_tags
     )
     assert {records.units_tag(layer) for kind, layer, _ in rows if kind == "units"} == units_tags
+    assert {
+        records.precision_tag(layer, name) for kind, layer, name in rows if kind == "precision"
+    } == precision_tags
     by_tag = {tag: dict(values(accumulator, tag)) for tag in stats_tags | units_tags}
+    by_tag.update({tag: dict(values(accumulator, tag)) for tag in precision_tags})
     update_tags = [t for t in tensor_tags(accumulator) if "/update/" in t]
     by_tag.update({tag: dict(values(accumulator, tag)) for tag in update_tags})
     events = values(accumulator, tags[0])
@@ -120,6 +125,13 @@ def assert_digest_equals_records(accumulator):
             elif kind == "units":
                 units = records.decode_units(by_tag[records.units_tag(layer)][step])
                 expected = [units["channels"], units["dead_channels"]]
+            elif kind == "precision":
+                record = records.decode_precision(by_tag[records.precision_tag(layer, name)][step])
+                expected = [record["finite_nonzero"]] + [
+                    record["formats"][fmt]["as_is"][count]
+                    for fmt in ("float16", "bfloat16")
+                    for count in ("to_zero", "subnormal", "overflow")
+                ]
             else:
                 update = by_tag.get(records.update_tag(layer, name), {}).get(step)
                 expected = (

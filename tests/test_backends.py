@@ -775,6 +775,8 @@ def test_the_digest_equals_the_full_records_on_every_backend(tmp_path):
     rows = eventdata.content(log, tag)["rows"]
     kinds = [kind for kind, _, _ in rows]
     assert kinds.count("units") == 3 and kinds.count("update") == 4  # 2 kernels, 2 biases
+    # A precision row per precision record, checked against it above.
+    assert kinds.count("precision") == kinds.count("tensor")
     decoded = digest.decode_digest(rows, np.stack([v for _, v in eventdata.values(log, tag)]))
     ratio = decoded[("update", "conv", "kernel")]["update_ratio"]
     assert np.isnan(ratio[0]) and np.all(ratio[1:] > 0)

@@ -108,3 +108,36 @@ def test_records_without_metadata_or_of_no_known_layout_make_no_row():
     # No finite value: no RMS, no max |x|.
     (empty,) = digest.tensor_segments(summaries.stats_vector(np.array([np.nan, np.inf])))
     assert empty[:5].tolist() == [2, 0, 1, 1, 0] and np.isnan(empty[5:]).all()
+
+
+def test_precision_rows_hold_the_as_is_float16_and_bfloat16_counts_of_each_precision_record(
+    tmp_path,
+):
+    # 1e-9 flushes to zero in float16 (subnormal in bfloat16), 1e-6 is a float16 subnormal,
+    # 1e5 overflows float16 only; 0 and NaN are not among the finite non-zero values.
+    values = np.array([1e-9, 1e-9, 1e-6, 1e5, 1.0, 0.0, np.nan])
+    content = {"layer_index": 0, "role": records.OUTPUT_GRADIENT, "index": 0, "shape": [None]}
+    log = events.EventLog(tmp_path)
+    written = tensor_records("a", 0, records.OUTPUT_GRADIENT, values)
+    written += events.precision_records(
+        "a", records.OUTPUT_GRADIENT, summaries.precision_vector(values), content
+    )
+    log.write(1, written)
+    log.close()
+    accumulator = eventdata.load(tmp_path)
+    assert eventdata.assert_digest_equals_records(accumulator) == 1
+    (tag,) = eventdata.digest_tags(accumulator)
+    rows = eventdata.content(accumulator, tag)["rows"]
+    assert rows == [["tensor", "a", "output_gradient"], ["precision", "a", "output_gradient"]]
+    (vector,) = [v for _, v in eventdata.values(accumulator, tag)]
+    row = {k: v[0] for k, v in digest.decode_digest(rows, vector)[tuple(rows[1])].items()}
+    assert row == {
+        "finite_nonzero": 5,
+        "float16_to_zero": 2,
+        "float16_subnormal": 1,
+        "float16_overflow": 1,
+        "bfloat16_to_zero": 0,
+        "bfloat16_subnormal": 0,
+        "bfloat16_overflow": 0,
+    }
+    assert vector.nbytes == 28 + 28

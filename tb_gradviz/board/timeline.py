@@ -31,11 +31,9 @@ def digest_layout(rows):
     """The `records.Layout` of a digest with these rows: its length, and its counts checked."""
     offsets, length = digest.row_offsets(rows)
     counted = [
-        offset + i
+        offset + digest.FIELDS[kind].index(field)
         for (kind, _, _), offset in zip(rows, offsets)
-        if kind != digest.UPDATE
-        for i in range(len(digest.FIELDS[kind]))
-        if kind == digest.UNITS or i < len(digest.TENSOR_FIELDS) - 2
+        for field in digest.COUNT_FIELDS[kind]
     ]
     return records.Layout("digest", (length,), lambda values: values[:, counted])
 

@@ -21,7 +21,11 @@ are listed in the metadata as `[kind, layer, name]`:
 * `units` rows (`name`: the tensor whose channels are counted): `UNITS_FIELDS`;
 * `update` rows (`name`: the weight), one per weight whose values are
   recorded (`weights=True`), NaN when the event has no update record for it
-  (the first log event): `UPDATE_FIELDS`.
+  (the first log event): `UPDATE_FIELDS`;
+* `precision` rows (`name`: the tensor), one per precision record: its
+  finite non-zero count and, for the formats a layer computes in
+  (`PRECISION_FORMATS`), the as-is counts (`PRECISION_FIELDS`). Digests
+  written before them have none.
 
 The tag is `gradviz_digest/<hash of the rows>`, so that a run directory
 written by callbacks with other layers (other rows) gets another series
@@ -35,7 +39,7 @@ import math
 
 import numpy as np
 
-from tb_gradviz.format import metadata, records
+from tb_gradviz.format import metadata, precision, records
 
 PLUGIN_NAME = "gradviz_digest"
 TAG_PREFIX = PLUGIN_NAME
@@ -43,7 +47,8 @@ TAG_PREFIX = PLUGIN_NAME
 TENSOR = "tensor"
 UNITS = "units"
 UPDATE = "update"
-ROW_KINDS = (TENSOR, UNITS, UPDATE)
+PRECISION = "precision"
+ROW_KINDS = (TENSOR, UNITS, UPDATE, PRECISION)
 
 # Counts are float32: exact up to 2**24 elements, rounded to ~7 digits beyond.
 TENSOR_FIELDS = (
@@ -57,8 +62,38 @@ TENSOR_FIELDS = (
 )
 UNITS_FIELDS = records.UNITS_FIELDS  # channels, dead_channels
 UPDATE_FIELDS = ("update_ratio", "interval")
-FIELDS = {TENSOR: TENSOR_FIELDS, UNITS: UNITS_FIELDS, UPDATE: UPDATE_FIELDS}
-_LAYOUTS = {TENSOR: records.STATS, UNITS: records.UNITS, UPDATE: records.UPDATE}
+# The formats a layer computes in (float16, bfloat16), as the values are (no scaling).
+PRECISION_FORMATS = ("float16", "bfloat16")
+PRECISION_FIELDS = (
+    "finite_nonzero",
+    *(f"{name}_{count}" for name in PRECISION_FORMATS for count in precision.COUNTS),
+)
+# Where each precision field is in the precision record.
+_PRECISION_SOURCES = [
+    records.PRECISION_FIELDS.index(
+        "finite_nonzero" if field == "finite_nonzero" else "as_is/" + field.replace("_", "/", 1)
+    )
+    for field in PRECISION_FIELDS
+]
+FIELDS = {
+    TENSOR: TENSOR_FIELDS,
+    UNITS: UNITS_FIELDS,
+    UPDATE: UPDATE_FIELDS,
+    PRECISION: PRECISION_FIELDS,
+}
+# The fields that count elements, by row kind (a reader checks them: whole and non-negative).
+COUNT_FIELDS = {
+    TENSOR: TENSOR_FIELDS[:5],
+    UNITS: UNITS_FIELDS,
+    UPDATE: (),
+    PRECISION: PRECISION_FIELDS,
+}
+_LAYOUTS = {
+    TENSOR: records.STATS,
+    UNITS: records.UNITS,
+    UPDATE: records.UPDATE,
+    PRECISION: records.PRECISION,
+}
 
 
 def digest_tag(rows):
@@ -81,6 +116,8 @@ def _row_of(content):
         return (UNITS, parsed["layer"], parsed["tensor"], None, None)
     if kind == metadata.KIND_UPDATE:
         return (UPDATE, parsed["layer"], parsed["weight"], None, None)
+    if kind == metadata.KIND_PRECISION:
+        return (PRECISION, parsed["layer"], parsed["tensor"], None, None)
     return None
 
 
@@ -108,7 +145,7 @@ def digest_records(event_records):
       One record, or none when the event holds no tensor record.
     """
     rows = []
-    stats, units = [], []  # the arrays of the tensor and units rows, in order
+    stats, units, precisions = [], [], []  # the arrays of the tensor, units, precision rows
     updates = {}
     weights = []  # (layer, weight) of each recorded weight value, in order
     for _, array, summary_metadata in event_records:
@@ -135,6 +172,8 @@ def digest_records(event_records):
             stats.append(array)
             if role == records.WEIGHT and weight is not None:
                 weights.append((layer, weight))
+        elif kind == PRECISION:
+            precisions.append(np.asarray(array, dtype=np.float64)[_PRECISION_SOURCES])
         else:
             units.append(array[: len(UNITS_FIELDS)])
     if not rows:
@@ -152,6 +191,7 @@ def digest_records(event_records):
         TENSOR: iter(tensor_segments(np.stack(stats)) if stats else ()),
         UNITS: iter(units),
         UPDATE: iter(update_values),
+        PRECISION: iter(precisions),
     }
     vector = np.concatenate(
         [np.asarray(next(blocks[kind]), dtype=np.float64) for kind, _, _ in rows]
