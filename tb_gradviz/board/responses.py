@@ -8,8 +8,9 @@ TensorFlow nor Keras.
 
 import numpy as np
 
-from tb_gradviz.board import catalog, health
-from tb_gradviz.format import records, routing_map, summaries
+from tb_gradviz.board import catalog, headroom, health
+from tb_gradviz.board.series import downsampled_columns
+from tb_gradviz.format import digest, records, routing_map, summaries
 
 LOG_EDGES = records.LOG_EDGES.tolist()
 
@@ -117,26 +118,37 @@ def _histogram_columns(histograms, steps):
     return result
 
 
-def series_body(run, content, stats, histograms):
-    """The `/series` body of one tensor: its stats and histograms (`series.Series`, or None)."""
+def series_body(run, content, stats, histograms, width=None):
+    """The `/series` body of one tensor: its stats and histograms (`series.Series`, or None).
+
+    With more steps than `width`, the steps are grouped into `width` columns
+    and each column keeps its extremes (`series.downsampled_columns`); otherwise, or
+    with `width` None, every step is sent.
+    """
     columns = records.stats_columns(stats.values)
-    return {
+    body = {
         "run": run,
         "layer": content["layer"],
         "tensor": content["tensor"],
         "role": content["role"],
         "shape": content["shape"],
         "dtype": content.get("dtype"),
+        "downsampled": width is not None and len(stats.steps) > width,
         "steps": stats.steps.tolist(),
-        "wall_times": stats.wall_times.tolist(),
-        "stats": {name: columns[name].tolist() for name in records.STATS_FIELDS},
-        "histogram": _histogram_columns(histograms, stats.steps),
-        "log": {
+    }
+    if body["downsampled"]:
+        return dict(body, **downsampled_columns(stats.steps, columns, width), histogram=None)
+    return dict(
+        body,
+        wall_times=stats.wall_times.tolist(),
+        stats={name: columns[name].tolist() for name in records.STATS_FIELDS},
+        histogram=_histogram_columns(histograms, stats.steps),
+        log={
             "edges": LOG_EDGES,
             "negative": columns["negative"].tolist(),
             "positive": columns["positive"].tolist(),
         },
-    }
+    )
 
 
 def routing_body(run, content, routing):
@@ -170,18 +182,25 @@ def _layer_at(name, layer, series_by_kind, limit):
         if row is not None:
             found.append((content, series, row))
     if not found:
-        return None
+        return None, None
     step = max(int(series.steps[row]) for _, series, row in found)
-    tensors = {}
+    tensors, columns = {}, {"tensors": {}, "precision": {}}
     for content, series, row in sorted(found, key=lambda item: _tensor_order(item[0])):
         values, log = _stats_row(series.values[row])
-        tensors[content["tensor"]] = {
+        name = content["tensor"]
+        tensors[name] = {
             "step": int(series.steps[row]),
             "role": content["role"],
             "stats": values,
             "log": log,
-            "precision": _precision_at(layer, content["tensor"], series_by_kind, series.steps[row]),
+            "precision": _precision_at(layer, name, series_by_kind, series.steps[row]),
         }
+        (segment,) = digest.tensor_segments(series.values[row])
+        columns["tensors"][name] = dict(
+            zip(digest.TENSOR_FIELDS, segment[:, None]), role=content["role"]
+        )
+        if tensors[name]["precision"] is not None:
+            columns["precision"][name] = headroom.precision_columns(tensors[name]["precision"])
     routing_at = units_at = None
     if layer["routing"] is not None:
         tag, content, _ = layer["routing"]
@@ -208,7 +227,14 @@ def _layer_at(name, layer, series_by_kind, limit):
             update["size"] = health.update_size(update["update_ratio"], update["interval"])
             updates_at[weight] = dict(update, step=int(series.steps[row]))
     update_ratio = _layer_update_ratio(updates_at)
-    return {
+    columns.update(
+        layer=name,
+        layer_dtype=layer["info"].get("layer_dtype"),
+        units=None
+        if units_at is None
+        else {field: np.array([float(units_at[field])]) for field in records.UNITS_FIELDS},
+    )
+    snapshot = {
         "layer": name,
         "layer_index": layer["info"]["layer_index"],
         "layer_class": layer["info"].get("layer_class"),
@@ -222,8 +248,9 @@ def _layer_at(name, layer, series_by_kind, limit):
         "update_size": None
         if update_ratio is None
         else health.update_size(update_ratio, _layer_interval(updates_at)),
-        "flow": health.layer_flow(tensors),
+        "flow": health.layer_flow(columns),
     }
+    return snapshot, columns
 
 
 def _precision_at(layer, tensor, series_by_kind, step):
@@ -263,20 +290,21 @@ def step_body(run, layers, series_by_kind, limit, ratio=health.DEFAULT_RATIO):
         series.Series}}` ("precision" may be absent).
       ratio: the vanishing / exploding ratio of the flags (`health`).
     """
-    snapshots = []
+    found = []
     for name, layer in layers.items():
-        snapshot = _layer_at(name, layer, series_by_kind, limit)
+        snapshot, columns = _layer_at(name, layer, series_by_kind, limit)
         if snapshot is not None:
-            snapshots.append(snapshot)
-    if not snapshots:
+            found.append((snapshot, columns))
+    if not found:
         return None
-    snapshots.sort(key=lambda snapshot: (snapshot["layer_index"], snapshot["layer"]))
-    reference = health.reference_layer(snapshots)
-    judged = health.judged_layers(snapshots, reference)
-    for snapshot in snapshots:
-        snapshot["flags"] = health.layer_flags(
-            snapshot, reference, ratio, snapshot["layer"] in judged
-        )
+    found.sort(key=lambda item: (item[0]["layer_index"], item[0]["layer"]))
+    snapshots = [snapshot for snapshot, _ in found]
+    columns = [layer_columns for _, layer_columns in found]
+    judged = health.verdicts(columns, ratio)
+    for i, snapshot in enumerate(snapshots):
+        listed = None if snapshot["units"] is None else snapshot["units"]["listed"]
+        snapshot["flags"] = health.flag_entries(columns, judged, i, 0, listed)
+    reference = int(judged["reference"][0])
     return {
         "run": run,
         "step": max(snapshot["step"] for snapshot in snapshots),
@@ -284,7 +312,7 @@ def step_body(run, layers, series_by_kind, limit, ratio=health.DEFAULT_RATIO):
         "log_edges": LOG_EDGES,
         "health": {
             "ratio": ratio,
-            "reference_layer": None if reference is None else reference["layer"],
+            "reference_layer": None if reference < 0 else snapshots[reference]["layer"],
             "rules": health.rules(ratio),
         },
     }
@@ -307,6 +335,21 @@ def updates_body(run, layer, series_by_weight):
         ]
         weights.append(entry)
     return {"run": run, "layer": layer, "weights": weights}
+
+
+def precision_body(run, layer, series_by_tensor):
+    """A layer's precision records over steps: `{tensor: series.Series}` decoded per step."""
+    return {
+        "run": run,
+        "layer": layer,
+        "tensors": {
+            tensor: {
+                "steps": series.steps.tolist(),
+                "precision": [records.decode_precision(row) for row in series.values],
+            }
+            for tensor, series in series_by_tensor.items()
+        },
+    }
 
 
 def _map_axes(content):

@@ -8,7 +8,7 @@ import sys
 
 from tb_gradviz.cli.logs import open_logdir, runs_of
 from tb_gradviz.cli.status import EXIT_OK, EXIT_OUTPUT, CommandError
-from tb_gradviz.format import records, summaries
+from tb_gradviz.format import precision, records, summaries
 
 
 def run_export(args):
@@ -82,20 +82,37 @@ def _found(impl, *args):
 
 
 def export_series(gradviz, ctx, experiment, runs):
-    """Yields one dict per run, layer and tensor: `/series` data plus routing (and, as `/runs`,
-    a weight's name)."""
+    """Yields one dict per run, layer and tensor: `/series` data plus routing, precision (and, as
+    `/runs`, a weight's name).
+
+    `precision` has one entry per step of `steps`: the tensor's precision
+    record written at that step as `/step` serves it, or None (a run written
+    before the record).
+    """
     for run in runs:
         for layer in run["layers"]:
             routing = _found(gradviz.routing_impl, ctx, experiment, run["run"], layer["layer"])
+            recorded = gradviz.precision_impl(ctx, experiment, run["run"], layer["layer"])
             for tensor in layer["tensors"]:
                 data = gradviz.series_impl(
-                    ctx, experiment, run["run"], layer["layer"], tensor["tensor"]
+                    ctx, experiment, run["run"], layer["layer"], tensor["tensor"], width=None
                 )
                 data["layer_class"] = layer["layer_class"]
                 data["routing"] = routing
+                data["precision"] = _precision_at_steps(
+                    recorded["tensors"].get(tensor["tensor"]), data["steps"]
+                )
                 if "weight" in tensor:
                     data["weight"] = tensor["weight"]
                 yield data
+
+
+def _precision_at_steps(recorded, steps):
+    """The record at each of `steps` (None where absent); the last record of a step wins."""
+    if recorded is None:
+        return [None] * len(steps)
+    by_step = dict(zip(recorded["steps"], recorded["precision"]))
+    return [by_step.get(step) for step in steps]
 
 
 def export_updates(gradviz, ctx, experiment, runs):
@@ -146,8 +163,39 @@ def export_routing_maps(gradviz, ctx, experiment, runs):
             yield {"run": run["run"], "layer": layer["layer"], "steps": last["steps"], "maps": maps}
 
 
+# The precision record's CSV columns: `precision.finite_nonzero`, then per format
+# `precision.<format>.scale_exponent` and `precision.<format>.<setting>.<count>`.
+PRECISION_COLUMNS = ("precision.finite_nonzero",) + tuple(
+    column
+    for name in precision.FORMATS
+    for column in (
+        f"precision.{name}.scale_exponent",
+        *(
+            f"precision.{name}.{setting}.{count}"
+            for setting in precision.SETTINGS
+            for count in precision.COUNTS
+        ),
+    )
+)
+
+
+def _precision_cells(record):
+    """A decoded precision record (or None: blank cells) in `PRECISION_COLUMNS` order."""
+    if record is None:
+        return [""] * len(PRECISION_COLUMNS)
+    cells = [record["finite_nonzero"]]
+    for name in precision.FORMATS:
+        entry = record["formats"][name]
+        cells.append(entry["scale_exponent"])
+        cells.extend(
+            entry[setting][count] for setting in precision.SETTINGS for count in precision.COUNTS
+        )
+    return cells
+
+
 def csv_header(updates=False):
-    """The CSV columns; `updates`: with the update records' (`records.UPDATE_FIELDS`) at the end."""
+    """The CSV columns: the precision record's (`PRECISION_COLUMNS`) after the magnitude bins;
+    `updates`: with the update records' (`records.UPDATE_FIELDS`) at the end."""
     return (
         ["run", "layer", "layer_class", "tensor", "role", "shape", "step", "wall_time"]
         + list(records.STATS_FIELDS)
@@ -156,6 +204,7 @@ def csv_header(updates=False):
         + [f"hist_{i}" for i in range(records.HISTOGRAM_BUCKETS)]
         + [f"neg_mag_{i}" for i in range(records.MAGNITUDE_BINS)]
         + [f"pos_mag_{i}" for i in range(records.MAGNITUDE_BINS)]
+        + list(PRECISION_COLUMNS)
         + (list(records.UPDATE_FIELDS) if updates else [])
     )
 
@@ -164,9 +213,10 @@ def write_csv(series, out, updates=()):
     """One row per run, layer, tensor and step (long format, for pandas).
 
     With `updates` (`export_updates`), the update record of a weight at a
-    step fills the last columns of that weight's `weight/<w>` row (blank on
+    step fills the update columns of that weight's `weight/<w>` row (blank on
     every other row, and at a weight's first log event); without, those
-    columns are left out.
+    columns are left out. The precision columns are blank on a row without
+    a precision record.
     """
     by_weight = {}
     for body in updates:
@@ -200,6 +250,7 @@ def write_csv(series, out, updates=()):
                 + list(counts)
                 + data["log"]["negative"][i]
                 + data["log"]["positive"][i]
+                + _precision_cells(data["precision"][i])
                 + (_update_cells(update, update_row.get(step)) if updates else [])
             )
 
