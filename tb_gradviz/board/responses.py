@@ -8,9 +8,8 @@ TensorFlow nor Keras.
 
 import numpy as np
 
-from tb_gradviz.board import catalog, headroom, health
-from tb_gradviz.board.series import downsampled_columns
-from tb_gradviz.format import digest, records, routing_map, summaries
+from tb_gradviz.board import catalog, health
+from tb_gradviz.format import records, routing_map, summaries
 
 LOG_EDGES = records.LOG_EDGES.tolist()
 
@@ -118,37 +117,26 @@ def _histogram_columns(histograms, steps):
     return result
 
 
-def series_body(run, content, stats, histograms, width=None):
-    """The `/series` body of one tensor: its stats and histograms (`series.Series`, or None).
-
-    With more steps than `width`, the steps are grouped into `width` columns
-    and each column keeps its extremes (`series.downsampled_columns`); otherwise, or
-    with `width` None, every step is sent.
-    """
+def series_body(run, content, stats, histograms):
+    """The `/series` body of one tensor: its stats and histograms (`series.Series`, or None)."""
     columns = records.stats_columns(stats.values)
-    body = {
+    return {
         "run": run,
         "layer": content["layer"],
         "tensor": content["tensor"],
         "role": content["role"],
         "shape": content["shape"],
         "dtype": content.get("dtype"),
-        "downsampled": width is not None and len(stats.steps) > width,
         "steps": stats.steps.tolist(),
-    }
-    if body["downsampled"]:
-        return dict(body, **downsampled_columns(stats.steps, columns, width), histogram=None)
-    return dict(
-        body,
-        wall_times=stats.wall_times.tolist(),
-        stats={name: columns[name].tolist() for name in records.STATS_FIELDS},
-        histogram=_histogram_columns(histograms, stats.steps),
-        log={
+        "wall_times": stats.wall_times.tolist(),
+        "stats": {name: columns[name].tolist() for name in records.STATS_FIELDS},
+        "histogram": _histogram_columns(histograms, stats.steps),
+        "log": {
             "edges": LOG_EDGES,
             "negative": columns["negative"].tolist(),
             "positive": columns["positive"].tolist(),
         },
-    )
+    }
 
 
 def routing_body(run, content, routing):
@@ -182,25 +170,18 @@ def _layer_at(name, layer, series_by_kind, limit):
         if row is not None:
             found.append((content, series, row))
     if not found:
-        return None, None
+        return None
     step = max(int(series.steps[row]) for _, series, row in found)
-    tensors, columns = {}, {"tensors": {}, "precision": {}}
+    tensors = {}
     for content, series, row in sorted(found, key=lambda item: _tensor_order(item[0])):
         values, log = _stats_row(series.values[row])
-        name = content["tensor"]
-        tensors[name] = {
+        tensors[content["tensor"]] = {
             "step": int(series.steps[row]),
             "role": content["role"],
             "stats": values,
             "log": log,
-            "precision": _precision_at(layer, name, series_by_kind, series.steps[row]),
+            "precision": _precision_at(layer, content["tensor"], series_by_kind, series.steps[row]),
         }
-        (segment,) = digest.tensor_segments(series.values[row])
-        columns["tensors"][name] = dict(
-            zip(digest.TENSOR_FIELDS, segment[:, None]), role=content["role"]
-        )
-        if tensors[name]["precision"] is not None:
-            columns["precision"][name] = headroom.precision_columns(tensors[name]["precision"])
     routing_at = units_at = None
     if layer["routing"] is not None:
         tag, content, _ = layer["routing"]
@@ -227,14 +208,7 @@ def _layer_at(name, layer, series_by_kind, limit):
             update["size"] = health.update_size(update["update_ratio"], update["interval"])
             updates_at[weight] = dict(update, step=int(series.steps[row]))
     update_ratio = _layer_update_ratio(updates_at)
-    columns.update(
-        layer=name,
-        layer_dtype=layer["info"].get("layer_dtype"),
-        units=None
-        if units_at is None
-        else {field: np.array([float(units_at[field])]) for field in records.UNITS_FIELDS},
-    )
-    snapshot = {
+    return {
         "layer": name,
         "layer_index": layer["info"]["layer_index"],
         "layer_class": layer["info"].get("layer_class"),
@@ -248,9 +222,8 @@ def _layer_at(name, layer, series_by_kind, limit):
         "update_size": None
         if update_ratio is None
         else health.update_size(update_ratio, _layer_interval(updates_at)),
-        "flow": health.layer_flow(columns),
+        "flow": health.layer_flow(tensors),
     }
-    return snapshot, columns
 
 
 def _precision_at(layer, tensor, series_by_kind, step):
@@ -290,21 +263,20 @@ def step_body(run, layers, series_by_kind, limit, ratio=health.DEFAULT_RATIO):
         series.Series}}` ("precision" may be absent).
       ratio: the vanishing / exploding ratio of the flags (`health`).
     """
-    found = []
+    snapshots = []
     for name, layer in layers.items():
-        snapshot, columns = _layer_at(name, layer, series_by_kind, limit)
+        snapshot = _layer_at(name, layer, series_by_kind, limit)
         if snapshot is not None:
-            found.append((snapshot, columns))
-    if not found:
+            snapshots.append(snapshot)
+    if not snapshots:
         return None
-    found.sort(key=lambda item: (item[0]["layer_index"], item[0]["layer"]))
-    snapshots = [snapshot for snapshot, _ in found]
-    columns = [layer_columns for _, layer_columns in found]
-    judged = health.verdicts(columns, ratio)
-    for i, snapshot in enumerate(snapshots):
-        listed = None if snapshot["units"] is None else snapshot["units"]["listed"]
-        snapshot["flags"] = health.flag_entries(columns, judged, i, 0, listed)
-    reference = int(judged["reference"][0])
+    snapshots.sort(key=lambda snapshot: (snapshot["layer_index"], snapshot["layer"]))
+    reference = health.reference_layer(snapshots)
+    judged = health.judged_layers(snapshots, reference)
+    for snapshot in snapshots:
+        snapshot["flags"] = health.layer_flags(
+            snapshot, reference, ratio, snapshot["layer"] in judged
+        )
     return {
         "run": run,
         "step": max(snapshot["step"] for snapshot in snapshots),
@@ -312,7 +284,7 @@ def step_body(run, layers, series_by_kind, limit, ratio=health.DEFAULT_RATIO):
         "log_edges": LOG_EDGES,
         "health": {
             "ratio": ratio,
-            "reference_layer": None if reference < 0 else snapshots[reference]["layer"],
+            "reference_layer": None if reference is None else reference["layer"],
             "rules": health.rules(ratio),
         },
     }
