@@ -9,7 +9,6 @@ import synthetic
 from test_plugin import PREFIX, make_app
 
 from tb_gradviz import cli
-from tb_gradviz.board import timeline
 from tb_gradviz.capture import budget
 from tb_gradviz.format import events, records, summaries
 
@@ -104,12 +103,6 @@ def test_a_run_without_digest_is_a_404_and_bad_arguments_are_400(client):
     ):
         status, body = get(client, run="run", **query)
         assert status == 400 and message in body, body
-
-
-def test_column_starts_share_steps_equally():
-    assert timeline.column_starts(10, 4).tolist() == [0, 2, 5, 7]
-    assert timeline.column_starts(3, 10).tolist() == [0, 1, 2]
-    assert timeline.column_starts(10_000, 800)[-1] == 9987
 
 
 def test_ten_thousand_steps_come_back_as_the_width_asked(tmp_path):

@@ -3,6 +3,8 @@
 `Series` is one time series decoded into today's record layout
 (`records.Layout`); `Caches` holds the plugin's decoded series, listings and
 reader threads, each entry valid for one version of its series.
+`column_starts` and `envelope` group a series' steps into columns for the
+views over steps (`/series`, `/timeline`), keeping each column's extremes.
 """
 
 import collections
@@ -12,6 +14,7 @@ import threading
 import numpy as np
 
 from tb_gradviz.board import catalog
+from tb_gradviz.format import records
 
 # Upper bound of the decoded-series cache, in time series (a 500-step stats
 # series is ~350 kB): enough for a few runs of 50 layers.
@@ -40,6 +43,11 @@ class Series:
         position = int(np.searchsorted(self.steps, step, side="right"))
         return position - 1 if position else None
 
+    def row(self, index):
+        """Returns a `Series` of the row `index` alone."""
+        values = self.values[index : index + 1]
+        return Series(self.steps[index : index + 1], self.wall_times[index : index + 1], values)
+
     def rows_at(self, steps):
         """Returns the row of each of `steps`, None where absent.
 
@@ -47,6 +55,51 @@ class Series:
         """
         row_of_step = {step: row for row, step in enumerate(self.steps.tolist())}
         return [row_of_step.get(step) for step in steps]
+
+
+def column_starts(count, width):
+    """Where each of `min(count, width)` columns of consecutive steps begins (equal shares).
+
+    Column `k` holds the steps `starts[k]` to `starts[k + 1] - 1`; every
+    column holds `count // width` or one more steps.
+    """
+    columns = min(count, width)
+    return (np.arange(columns) * count) // max(columns, 1)
+
+
+def envelope(array, starts):
+    """`{"min", "max"}`: lists of each column's extremes along the first axis of `array`.
+
+    NaN is ignored, and a column whose values are all NaN gives NaN.
+    """
+    low, high = np.fmin.reduceat(array, starts), np.fmax.reduceat(array, starts)
+    return {"min": low.tolist(), "max": high.tolist()}
+
+
+def downsampled_columns(steps, columns, width):
+    """A stats series in `width` columns of consecutive steps, each keeping its extremes.
+
+    Args:
+      steps: the series' `[n]` steps, `n > width`.
+      columns: `records.stats_columns` of its rows.
+      width: the number of columns.
+
+    Returns:
+      `{"columns": {"first_step", "last_step"}, "stats": {field: {"min", "max"}},
+      "log": {"edges", "negative", "positive"}}`: per column, its first and last
+      step, each stat's extremes and each magnitude bin's largest count.
+    """
+    starts = column_starts(len(steps), width)
+    ends = np.append(starts[1:], len(steps)) - 1
+    return {
+        "columns": {"first_step": steps[starts].tolist(), "last_step": steps[ends].tolist()},
+        "stats": {name: envelope(columns[name], starts) for name in records.STATS_FIELDS},
+        "log": {
+            "edges": records.LOG_EDGES.tolist(),
+            "negative": np.maximum.reduceat(columns["negative"], starts).tolist(),
+            "positive": np.maximum.reduceat(columns["positive"], starts).tolist(),
+        },
+    }
 
 
 def decode_series(data, layout):

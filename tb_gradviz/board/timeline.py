@@ -18,6 +18,7 @@ import numpy as np
 from tensorboard import errors
 
 from tb_gradviz.board import health
+from tb_gradviz.board.series import column_starts, envelope
 from tb_gradviz.format import digest, records
 
 DEFAULT_WIDTH = 1000
@@ -151,18 +152,6 @@ def _gradient_flags(rows, ratio):
     return vanishing, exploding
 
 
-def column_starts(count, width):
-    """Where each of `min(count, width)` columns of consecutive steps begins (equal shares)."""
-    columns = min(count, width)
-    return (np.arange(columns) * count) // max(columns, 1)
-
-
-def _envelope(array, starts):
-    """`{"min", "max"}` lists of each column of a `[steps]` array (NaN ignored; NaN if all are)."""
-    low, high = np.fmin.reduceat(array, starts), np.fmax.reduceat(array, starts)
-    return {"min": low.tolist(), "max": high.tolist()}
-
-
 def timeline_body(
     run,
     digests,
@@ -199,7 +188,7 @@ def timeline_body(
         body_rows.append(
             {
                 "layer": row["layer"],
-                field: _envelope(row[field], starts),
+                field: envelope(row[field], starts),
                 # The columns where each flag is raised at one of the steps at least.
                 "flags": {
                     name: np.flatnonzero(np.logical_or.reduceat(raised, starts)).tolist()
