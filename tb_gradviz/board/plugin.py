@@ -67,7 +67,7 @@ class GradVizPlugin(base_plugin.TBPlugin):
         json_route = routes.json_route
         return {
             "/runs": json_route(self.runs_impl),
-            "/series": json_route(self.series_impl, ("run", "layer", "tensor")),
+            "/series": json_route(self.series_impl, ("run", "layer", "tensor"), ("width", "step")),
             "/routing": json_route(self.routing_impl, ("run", "layer")),
             "/step": json_route(self.step_impl, ("run",), ("step", "ratio")),
             "/routing_map": json_route(self.routing_map_impl, ("run", "layer"), ("step",)),
@@ -113,19 +113,24 @@ class GradVizPlugin(base_plugin.TBPlugin):
         """
         return responses.runs_body(self._store(ctx, experiment).list_runs())
 
-    def series_impl(self, ctx, experiment, run, layer, tensor):
-        """Returns the `/series` body: every step the provider holds of one tensor.
+    def series_impl(
+        self, ctx, experiment, run, layer, tensor, width=timeline.DEFAULT_WIDTH, step=None
+    ):
+        """Returns the `/series` body: the steps the provider holds of one tensor.
 
         Args:
           ctx: the request's `tensorboard.context.RequestContext`.
           experiment: the experiment id.
           run, layer, tensor: names as `/runs` gives them.
+          width: the most columns over steps: a longer series is downsampled
+            to each column's extremes; None sends every step.
+          step: when given, only the latest step `<= step`.
 
         Returns:
           A dict as described in docs/API.md.
 
         Raises:
-          NotFoundError: no such run, layer or tensor.
+          NotFoundError: no such run, layer or tensor, or no step `<= step`.
         """
         run_store = self._store(ctx, experiment, run)
         content, stats_series, histogram_series = run_store.tensor(layer, tensor)
@@ -137,8 +142,13 @@ class GradVizPlugin(base_plugin.TBPlugin):
             )
         tag = records.stats_tag(layer, tensor)
         stats = run_store.read({tag: stats_series}, records.STATS)[tag]
+        if step is not None:
+            row = stats.index_at_or_before(step)
+            if row is None:
+                raise errors.NotFoundError(f"{layer!r} {tensor!r} has no step <= {step}")
+            stats = stats.row(row)
         return responses.series_body(
-            run, content, stats, histograms.result()[histogram_tag] if histograms else None
+            run, content, stats, histograms.result()[histogram_tag] if histograms else None, width
         )
 
     def routing_impl(self, ctx, experiment, run, layer):

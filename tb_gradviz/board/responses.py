@@ -9,6 +9,7 @@ TensorFlow nor Keras.
 import numpy as np
 
 from tb_gradviz.board import catalog, health
+from tb_gradviz.board.series import downsampled_columns
 from tb_gradviz.format import records, routing_map, summaries
 
 LOG_EDGES = records.LOG_EDGES.tolist()
@@ -117,26 +118,37 @@ def _histogram_columns(histograms, steps):
     return result
 
 
-def series_body(run, content, stats, histograms):
-    """The `/series` body of one tensor: its stats and histograms (`series.Series`, or None)."""
+def series_body(run, content, stats, histograms, width=None):
+    """The `/series` body of one tensor: its stats and histograms (`series.Series`, or None).
+
+    With more steps than `width`, the steps are grouped into `width` columns
+    and each column keeps its extremes (`series.downsampled_columns`); otherwise, or
+    with `width` None, every step is sent.
+    """
     columns = records.stats_columns(stats.values)
-    return {
+    body = {
         "run": run,
         "layer": content["layer"],
         "tensor": content["tensor"],
         "role": content["role"],
         "shape": content["shape"],
         "dtype": content.get("dtype"),
+        "downsampled": width is not None and len(stats.steps) > width,
         "steps": stats.steps.tolist(),
-        "wall_times": stats.wall_times.tolist(),
-        "stats": {name: columns[name].tolist() for name in records.STATS_FIELDS},
-        "histogram": _histogram_columns(histograms, stats.steps),
-        "log": {
+    }
+    if body["downsampled"]:
+        return dict(body, **downsampled_columns(stats.steps, columns, width), histogram=None)
+    return dict(
+        body,
+        wall_times=stats.wall_times.tolist(),
+        stats={name: columns[name].tolist() for name in records.STATS_FIELDS},
+        histogram=_histogram_columns(histograms, stats.steps),
+        log={
             "edges": LOG_EDGES,
             "negative": columns["negative"].tolist(),
             "positive": columns["positive"].tolist(),
         },
-    }
+    )
 
 
 def routing_body(run, content, routing):

@@ -95,7 +95,7 @@ def export_series(gradviz, ctx, experiment, runs):
             recorded = gradviz.precision_impl(ctx, experiment, run["run"], layer["layer"])
             for tensor in layer["tensors"]:
                 data = gradviz.series_impl(
-                    ctx, experiment, run["run"], layer["layer"], tensor["tensor"]
+                    ctx, experiment, run["run"], layer["layer"], tensor["tensor"], width=None
                 )
                 data["layer_class"] = layer["layer_class"]
                 data["routing"] = routing
