@@ -1,9 +1,12 @@
-"""Training-health flags, decided from the recorded statistics of one step.
+"""Training-health flags, decided from the recorded statistics.
 
-Numpy only. The plugin serves the flags in `/step` and `tb-gradviz check` and
-`summary` print them, so the tab, the CLI and a CI job judge alike. Nothing
-here costs the callback anything: the flags read the stats records every log
-event already writes, and the units record for dead channels.
+Numpy only. The plugin serves the flags in `/step` and `/onset`, and
+`tb-gradviz check` and `summary` print them, so the tab, the CLI and a CI job
+judge alike. Nothing here costs the callback anything: the flags read what
+every log event already writes (the stats, units and precision records, or
+the per-event digest that holds their counts). Each rule is one function
+over `[layers, steps]` arrays (`verdicts`): `/step` applies it to one step of
+the full records or of the digest, `/onset` to every step of the digest.
 
 The rules (docs/health.md):
 
@@ -33,6 +36,8 @@ at 0 is a saturated sigmoid but a healthy ReLU.
 """
 
 import math
+
+import numpy as np
 
 from tb_gradviz.board import headroom
 from tb_gradviz.format import records
@@ -109,95 +114,154 @@ def parse_flags(text):
     return chosen
 
 
-def _finite_count(stats):
-    return stats["count"] - stats["nan"] - stats["pos_inf"] - stats["neg_inf"]
+# The rules over columns.
+#
+# Both the per-step records (`/step`) and the per-event digest are judged by
+# the functions below, over the same columns: per layer in model order,
+#
+#   {"layer", "layer_dtype",
+#    "tensors": {tensor: {"role", <digest.TENSOR_FIELDS>: [steps] array}},
+#    "units": {"channels", "dead_channels"} of [steps] arrays, or None,
+#    "precision": {tensor: {<digest.PRECISION_FIELDS>: [steps] array}}}
+#
+# with the tensors in `/step`'s order and NaN where a layer has no value at a
+# step. `/step` judges one step (arrays of length 1), the digest every step.
 
 
-def role_flow(stats_list):
-    """The RMS, max |value| and exact-zero fraction over the stats of one role's tensors.
+def role_columns(tensors, role):
+    """`{"rms", "max_abs", "zero_fraction"}` `[steps]` arrays over one role's tensors, or None.
 
     RMS and max are over the finite values (NaN when there is none); the
     RMS of several tensors is that of all their values together.
     """
-    finite = sum(_finite_count(s) for s in stats_list)
-    count = sum(s["count"] for s in stats_list)
-    if finite:
-        squares = sum(
-            _finite_count(s) * (s["mean"] ** 2 + s["std"] ** 2)
-            for s in stats_list
-            if _finite_count(s)
+    chosen = [t for t in tensors.values() if t["role"] == role]
+    if not chosen:
+        return None
+    with np.errstate(invalid="ignore", divide="ignore"):
+        finite = [t["count"] - t["nan"] - t["pos_inf"] - t["neg_inf"] for t in chosen]
+        some = [n > 0 for n in finite]
+        total = np.sum([np.where(s, n, 0) for s, n in zip(some, finite)], axis=0)
+        squares = np.sum(
+            [np.where(s, n * t["rms"] ** 2, 0) for s, n, t in zip(some, finite, chosen)], axis=0
         )
-        rms = math.sqrt(squares / finite)
-        max_abs = max(max(abs(s["min"]), abs(s["max"])) for s in stats_list if _finite_count(s))
-    else:
-        rms = max_abs = math.nan
+        rms = np.where(total > 0, np.sqrt(squares / np.where(total > 0, total, 1)), np.nan)
+        max_abs = np.fmax.reduce([np.where(s, t["max_abs"], np.nan) for s, t in zip(some, chosen)])
+        count = np.sum([t["count"] for t in chosen], axis=0)
+        zero_fraction = np.where(
+            count > 0,
+            np.sum([t["zeros"] for t in chosen], axis=0) / np.where(count, count, 1),
+            np.nan,
+        )
+    return {"rms": rms, "max_abs": max_abs, "zero_fraction": zero_fraction}
+
+
+def layer_flow(layer, step=0):
+    """`{role: {"rms", "max_abs", "zero_fraction"}}` of one layer's columns at one step."""
+    roles = [
+        role for role in records.ROLES if any(t["role"] == role for t in layer["tensors"].values())
+    ]
     return {
-        "rms": rms,
-        "max_abs": max_abs,
-        "zero_fraction": sum(s["zeros"] for s in stats_list) / count if count else math.nan,
+        role: {k: float(v[step]) for k, v in role_columns(layer["tensors"], role).items()}
+        for role in roles
     }
 
 
-def layer_flow(tensors):
-    """`{role: role_flow}` of one layer of `/step` (`tensors`: name -> {"role", "stats"})."""
-    by_role = {}
-    for tensor in tensors.values():
-        by_role.setdefault(tensor["role"], []).append(tensor["stats"])
-    return {role: role_flow(stats) for role, stats in by_role.items() if role in records.ROLES}
+def _containers(names):
+    return np.array([any(o.startswith(n + "/") for o in names) for n in names], bool)
 
 
-def _gradient_rms(layer):
-    flow = layer["flow"].get(records.OUTPUT_GRADIENT)
-    return None if flow is None else flow["rms"]
+def gradient_verdicts(names, rms, ratio=DEFAULT_RATIO):
+    """The vanishing / exploding rules over `[layers, steps]` output-gradient RMS.
 
+    The reference at each step is the last layer in model order (a nested
+    model never) with a finite, non-zero RMS; the layers judged are those up
+    to it, no nested model, with a finite RMS.
 
-def _containers(layers):
-    names = [layer["layer"] for layer in layers]
-    return {name for name in names if any(other.startswith(name + "/") for other in names)}
-
-
-def reference_layer(layers):
-    """The layer nearest the output whose output gradient has a finite, non-zero RMS, or None.
-
-    Nearest the output: last in model order; a nested model is never the reference.
+    Returns:
+      `(reference, vanishing, exploding)`: the reference's index at each step
+      (`[steps]`, -1 where there is none), and `[layers, steps]` booleans.
     """
-    containers = _containers(layers)
-    for layer in reversed(layers):
-        rms = _gradient_rms(layer)
-        if layer["layer"] not in containers and rms is not None and math.isfinite(rms) and rms > 0:
-            return layer
-    return None
+    container = _containers(names)
+    rms = np.asarray(rms, dtype=np.float64).reshape(len(names), -1)
+    usable = np.isfinite(rms) & (rms > 0) & ~container[:, None]
+    last = np.where(usable.any(axis=0), len(names) - 1 - np.argmax(usable[::-1], axis=0), -1)
+    reference_rms = np.where(last >= 0, rms[np.maximum(last, 0), np.arange(rms.shape[1])], np.nan)
+    judged = (np.arange(len(names))[:, None] <= last[None, :]) & ~container[:, None]
+    judged &= np.isfinite(rms) & (last[None, :] >= 0)
+    with np.errstate(invalid="ignore"):
+        vanishing = judged & (rms * ratio < reference_rms)
+        exploding = judged & (rms > reference_rms * ratio)
+    return last, vanishing, exploding
 
 
-def judged_layers(layers, reference):
-    """The layers the gradient-RMS rules judge, by name: up to the reference, no nested model."""
-    if reference is None:
-        return set()
-    containers = _containers(layers)
+def _nonfinite(tensor):
+    return tensor["nan"] + tensor["pos_inf"] + tensor["neg_inf"]
+
+
+def verdicts(layers, ratio=DEFAULT_RATIO):
+    """Every flag of every layer at every step of `[layers, steps]` columns (see above).
+
+    Returns:
+      `{"reference": [steps] index (-1: none), "gradient_rms": [layers, steps],
+      flag: [layers, steps] bool for each of FLAGS}`.
+    """
+    steps = len(next(iter(layers[0]["tensors"].values()))["count"]) if layers else 0
+    empty = np.zeros(steps, bool)
+    gradient_rms = np.array(
+        [
+            (role_columns(layer["tensors"], records.OUTPUT_GRADIENT) or {"rms": empty * np.nan})[
+                "rms"
+            ]
+            for layer in layers
+        ]
+    ).reshape(len(layers), steps)
     names = [layer["layer"] for layer in layers]
-    return set(names[: names.index(reference["layer"]) + 1]) - containers
+    reference, vanishing, exploding = gradient_verdicts(names, gradient_rms, ratio)
+    with np.errstate(invalid="ignore"):
+        nonfinite = [
+            np.any([_nonfinite(t) > 0 for t in layer["tensors"].values()] or [empty], axis=0)
+            for layer in layers
+        ]
+        dead = [
+            empty if layer["units"] is None else layer["units"]["dead_channels"] > 0
+            for layer in layers
+        ]
+    found = {
+        "reference": reference,
+        "gradient_rms": gradient_rms,
+        "nonfinite": np.array(nonfinite).reshape(len(layers), steps),
+        "vanishing": vanishing,
+        "exploding": exploding,
+        "dead": np.array(dead).reshape(len(layers), steps),
+    }
+    found.update(headroom.verdicts(layers, steps))
+    return found
 
 
-def layer_flags(layer, reference, ratio=DEFAULT_RATIO, judged=True):
-    """The flags of one layer of `/step` (with its `flow` and `units`), in `FLAGS` order.
+def flag_entries(layers, found, index, step, listed=None):
+    """The flags of one layer at one step of judged columns, in `FLAGS` order.
 
     Each flag is `{"flag", "detail", "tensor"}`; `tensor` is the tensor the
     rule reads: the first tensor holding a non-finite value, the output
     gradient, or the activation whose channels are dead.
 
-    `judged`: whether the gradient-RMS rules apply to it (`judged_layers`).
+    Args:
+      layers: the columns.
+      found: their `verdicts`.
+      index, step: the layer's index in `layers` and the step's in the columns.
+      listed: the dead channels the units record lists, or None (the digest
+        holds their number only).
     """
+    layer = layers[index]
+    tensors = layer["tensors"]
     flags = []
-    nonfinite = [
-        (
-            name,
-            f"{name}: {int(t['stats']['nan'])} NaN, "
-            f"{int(t['stats']['pos_inf'] + t['stats']['neg_inf'])} Inf",
-        )
-        for name, t in layer["tensors"].items()
-        if t["stats"]["nan"] or t["stats"]["pos_inf"] or t["stats"]["neg_inf"]
-    ]
-    if nonfinite:
+    if found["nonfinite"][index, step]:
+        nonfinite = [
+            (name, f"{name}: {int(t['nan'][step])} NaN, {int(inf)} Inf")
+            for name, t in tensors.items()
+            for inf in [t["pos_inf"][step] + t["neg_inf"][step]]
+            if _nonfinite(t)[step] > 0
+        ]
         flags.append(
             {
                 "flag": "nonfinite",
@@ -205,30 +269,36 @@ def layer_flags(layer, reference, ratio=DEFAULT_RATIO, judged=True):
                 "tensor": nonfinite[0][0],
             }
         )
-    rms = _gradient_rms(layer)
-    if judged and reference is not None and rms is not None and math.isfinite(rms):
-        reference_rms = _gradient_rms(reference)
-        where = f"output-gradient RMS {rms:.3g} vs {reference_rms:.3g} at {reference['layer']}"
-        tensor = _first_of_role(layer, records.OUTPUT_GRADIENT)
-        if rms * ratio < reference_rms:
-            flags.append({"flag": "vanishing", "detail": where, "tensor": tensor})
-        elif rms > reference_rms * ratio:
-            flags.append({"flag": "exploding", "detail": where, "tensor": tensor})
-    units = layer.get("units")
-    if units and units["dead_channels"]:
-        listed = ", ".join(map(str, units["listed"]))
-        more = "" if len(units["listed"]) == units["dead_channels"] else ", ..."
+    for flag in ("vanishing", "exploding"):
+        if found[flag][index, step]:
+            reference = found["reference"][step]
+            rms = found["gradient_rms"][index, step]
+            reference_rms = found["gradient_rms"][reference, step]
+            flags.append(
+                {
+                    "flag": flag,
+                    "detail": f"output-gradient RMS {rms:.3g} vs {reference_rms:.3g} at "
+                    f"{layers[reference]['layer']}",
+                    "tensor": _first_of_role(tensors, records.OUTPUT_GRADIENT),
+                }
+            )
+    if found["dead"][index, step]:
+        dead = int(layer["units"]["dead_channels"][step])
+        channels = int(layer["units"]["channels"][step])
+        detail = f"{dead} of {channels} channels never non-zero"
+        if listed is not None:
+            more = "" if len(listed) == dead else ", ..."
+            detail += f": {', '.join(map(str, listed))}{more}"
         flags.append(
             {
                 "flag": "dead",
-                "detail": f"{units['dead_channels']} of {units['channels']} channels never "
-                f"non-zero: {listed}{more}",
-                "tensor": _first_of_role(layer, records.ACTIVATION),
+                "detail": detail,
+                "tensor": _first_of_role(tensors, records.ACTIVATION),
             }
         )
-    return flags + headroom.flags(layer)
+    return flags + headroom.flag_entries(layer, found, index, step)
 
 
-def _first_of_role(layer, role):
-    """The name of the layer's first tensor of `role` in `/step`, or None."""
-    return next((name for name, t in layer["tensors"].items() if t["role"] == role), None)
+def _first_of_role(tensors, role):
+    """The name of the first tensor of `role`, or None."""
+    return next((name for name, t in tensors.items() if t["role"] == role), None)

@@ -1,23 +1,32 @@
 """Where each training-health flag began in a run: its onset.
 
-The flags of each logged step are decided as `/step` decides them at that
-step (`responses.step_body`, `health.layer_flags`); the onset of a flag is
-the first step at which any layer raised it, the first layer in model order
-that raised it there, and the tensor the flag concerns. Served by `/onset`,
-printed by `tb-gradviz check`. Numpy only, like the rest of the board.
+The flags are `health`'s rules over `[layers, steps]` columns (`health.verdicts`),
+decided at every logged step as `/step` decides them at that step; the onset
+of a flag is the first step at which any layer raised it, the first layer in
+model order that raised it there, and the tensor the flag concerns. The
+columns come from the per-event digest when the run has one
+(`digest_columns`: a few array reductions, whatever the number of steps), and
+from the full records, step by step, for a run written before the digest
+(`records_columns`). Served by `/onset`, printed by `tb-gradviz check`. Numpy
+only, like the rest of the board.
 """
 
-from tb_gradviz.board import health, responses
+import numpy as np
+
+from tb_gradviz.board import health, responses, timeline
+from tb_gradviz.format import digest
 
 
-def onset_body(run, layers, series_by_kind, ratio=health.DEFAULT_RATIO):
+def onset_body(run, steps, columns, ratio=health.DEFAULT_RATIO, listed=None):
     """The `/onset` body: each raised flag's first step, layer and tensor, and whether it persists.
 
     Args:
       run: the run name.
-      layers: the run's layer index (`store.RunStore.layers()`).
-      series_by_kind: every point of the run's series, as for `responses.step_body`.
+      steps: the logged steps, `[steps]` ints, sorted.
+      columns: the layers' columns over those steps (`health`), in model order.
       ratio: the vanishing / exploding ratio of the flags (`health`).
+      listed: None, or `(layer, step) -> [channel]`: the dead channels listed
+        at that step (the `dead` onset's detail names them).
 
     Returns:
       `{"run", "steps", "first_step", "last_step", "ratio", "onsets"}`:
@@ -29,57 +38,210 @@ def onset_body(run, layers, series_by_kind, ratio=health.DEFAULT_RATIO):
       its onset through the last; `raised_steps` counts the steps it was
       raised at. None when the run has no logged step.
     """
-    steps = sorted(
-        {int(step) for series in series_by_kind["stats"].values() for step in series.steps}
-    )
-    onsets = {}
-    judged = 0
-    for step in steps:
-        body = responses.step_body(run, layers, series_by_kind, step, ratio)
-        if body is None or body["step"] != step:
-            continue
-        judged += 1
-        first = first_layers_raising(body["layers"])
-        for flag, (layer, found) in first.items():
-            onset = onsets.get(flag)
-            if onset is None:
-                onsets[flag] = {
-                    "flag": flag,
-                    "step": step,
-                    "layer": layer["layer"],
-                    "layer_index": layer["layer_index"],
-                    "tensor": found["tensor"],
-                    "detail": found["detail"],
-                    "persists": True,
-                    "raised_steps": 1,
-                    "last_raised_step": step,
-                }
-            else:
-                onset["raised_steps"] += 1
-                onset["last_raised_step"] = step
-        for flag, onset in onsets.items():
-            if flag not in first:
-                onset["persists"] = False
-    if not judged:
+    if not len(steps) or not columns:
         return None
+    found = health.verdicts(columns, ratio)
+    onsets = []
+    for flag in health.FLAGS:
+        by_step = found[flag].any(axis=0)
+        if not by_step.any():
+            continue
+        first = int(np.argmax(by_step))
+        index = int(np.argmax(found[flag][:, first]))
+        layer = columns[index]
+        step = int(steps[first])
+        chosen = None
+        if flag == "dead" and listed is not None:
+            chosen = listed(layer["layer"], step)
+        entry = next(
+            e
+            for e in health.flag_entries(columns, found, index, first, chosen)
+            if e["flag"] == flag
+        )
+        onsets.append(
+            {
+                "flag": flag,
+                "step": step,
+                "layer": layer["layer"],
+                "layer_index": layer["layer_index"],
+                "tensor": entry["tensor"],
+                "detail": entry["detail"],
+                "persists": bool(by_step[first:].all()),
+                "raised_steps": int(by_step.sum()),
+                "last_raised_step": int(steps[len(by_step) - 1 - np.argmax(by_step[::-1])]),
+            }
+        )
     return {
         "run": run,
-        "steps": judged,
-        "first_step": steps[0],
-        "last_step": steps[-1],
+        "steps": len(steps),
+        "first_step": int(steps[0]),
+        "last_step": int(steps[-1]),
         "ratio": ratio,
-        "onsets": [onsets[flag] for flag in health.FLAGS if flag in onsets],
+        "onsets": onsets,
     }
 
 
-def first_layers_raising(layers):
-    """`{flag: (layer, flag entry)}`: the first layer in model order raising each flag.
+def records_columns(layers, series_by_kind):
+    """The columns of every logged step from the full records, judged as `/step` judges.
 
     Args:
-      layers: the `layers` of a `/step` body (sorted in model order, with their `flags`).
+      layers: the run's layer index (`store.RunStore.layers()`).
+      series_by_kind: every point of the run's series, as for `responses.step_body`.
+
+    Returns:
+      `(steps, columns, listed)`: `listed(layer, step)` gives the dead channels
+      the units record lists there.
     """
-    first = {}
-    for layer in layers:
-        for found in layer["flags"]:
-            first.setdefault(found["flag"], (layer, found))
-    return first
+    steps = sorted(
+        {int(step) for series in series_by_kind["stats"].values() for step in series.steps}
+    )
+    at_steps = [responses.step_columns(layers, series_by_kind, step) for step in steps]
+    if not at_steps:
+        return np.zeros(0, np.int64), [], None
+    # Each layer's tensors are all present at the last step: they define the columns.
+    snapshots, last = at_steps[-1]
+    index = {layer["layer"]: i for i, layer in enumerate(last)}
+    columns = [_empty_like(layer, len(steps)) for layer in last]
+    listed = {}
+    for s, (snapshots, at) in enumerate(at_steps):
+        for snapshot, layer in zip(snapshots, at):
+            target = columns[index[layer["layer"]]]
+            for name, tensor in layer["tensors"].items():
+                for field in digest.TENSOR_FIELDS:
+                    target["tensors"][name][field][s] = tensor[field][0]
+            for name, fields in layer["precision"].items():
+                for field, value in fields.items():
+                    target["precision"].setdefault(
+                        name, {f: np.full(len(steps), np.nan) for f in digest.PRECISION_FIELDS}
+                    )[field][s] = value[0]
+            if layer["units"] is not None and target["units"] is not None:
+                for field, value in layer["units"].items():
+                    target["units"][field][s] = value[0]
+                listed[(layer["layer"], steps[s])] = snapshot["units"]["listed"]
+    return np.array(steps), columns, lambda layer, step: listed.get((layer, step))
+
+
+def _empty_like(layer, steps):
+    def nan():
+        return np.full(steps, np.nan)
+
+    return {
+        "layer": layer["layer"],
+        "layer_index": layer["layer_index"],
+        "layer_dtype": layer["layer_dtype"],
+        "tensors": {
+            name: dict({field: nan() for field in digest.TENSOR_FIELDS}, role=tensor["role"])
+            for name, tensor in layer["tensors"].items()
+        },
+        "units": None if layer["units"] is None else {field: nan() for field in layer["units"]},
+        "precision": {},
+    }
+
+
+def digest_columns(layers, digests):
+    """The columns of every logged step from the run's digest series.
+
+    Args:
+      layers: the run's layer index (`store.RunStore.layers()`): which layers
+        and tensors are judged, their order, roles and compute dtype.
+      digests: `[(rows, series)]` of the run's digest series.
+
+    Returns:
+      `(steps, columns)`. A row missing at a step takes its value at the
+      latest step before (as `/step` takes each record's latest row), a
+      precision row the value at its tensor's step.
+    """
+    steps, by_layer = timeline.layer_columns(digests)
+    columns = []
+    for name, layer in layers.items():
+        rows = by_layer.get(name)
+        if not rows:
+            continue
+        contents = sorted(
+            (content for _, content, _ in layer["tensors"].values()),
+            key=responses.tensor_order,
+        )
+        tensors, precision = {}, {}
+        for content in contents:
+            fields = rows.get((digest.TENSOR, content["tensor"]))
+            if fields is None:
+                continue
+            at = _latest(fields["count"])
+            tensors[content["tensor"]] = dict(_take(fields, at), role=content["role"])
+            found = rows.get((digest.PRECISION, content["tensor"]))
+            if found is not None:
+                precision[content["tensor"]] = _take(found, at)
+        if not tensors:
+            continue
+        units = next((f for (kind, _), f in rows.items() if kind == digest.UNITS), None)
+        columns.append(
+            {
+                "layer": name,
+                "layer_index": layer["info"]["layer_index"],
+                "layer_dtype": layer["info"].get("layer_dtype"),
+                "tensors": tensors,
+                "units": None if units is None else _take(units, _latest(units["channels"])),
+                "precision": precision,
+            }
+        )
+    columns.sort(key=lambda layer: (layer["layer_index"], layer["layer"]))
+    return steps, columns
+
+
+def _latest(column):
+    """At each step, the index of the latest step `<=` it where `column` has a value; None if
+    it has one at every step; -1 before its first."""
+    present = np.isfinite(column)
+    if present.all():
+        return None
+    return np.maximum.accumulate(np.where(present, np.arange(len(column)), -1))
+
+
+def _take(fields, at):
+    if at is None:
+        return dict(fields)
+    return {
+        field: np.where(at >= 0, column[np.maximum(at, 0)], np.nan)
+        for field, column in fields.items()
+    }
+
+
+def judge_step_from_digest(body, steps, columns, limit, ratio=health.DEFAULT_RATIO):
+    """Replaces a `/step` body's flags, flow and reference layer with the digest's at `limit`.
+
+    The digest holds every logged step while the full records may be a
+    sample: each layer of the body is judged at the digest's latest step
+    `<= limit`. A layer the digest does not hold keeps what the records said.
+    """
+    at = int(np.searchsorted(steps, limit, side="right")) - 1
+    if at < 0:
+        return
+    one = [_at_step(layer, at) for layer in columns]
+    found = health.verdicts(one, ratio)
+    index = {layer["layer"]: i for i, layer in enumerate(one)}
+    for snapshot in body["layers"]:
+        i = index.get(snapshot["layer"])
+        if i is None:
+            continue
+        units = snapshot["units"]
+        listed = None
+        if units is not None and units["dead_channels"] == int(
+            np.nan_to_num(one[i]["units"]["dead_channels"][0]) if one[i]["units"] else -1
+        ):
+            listed = units["listed"]
+        snapshot["flags"] = health.flag_entries(one, found, i, 0, listed)
+        snapshot["flow"] = health.layer_flow(one[i])
+    reference = int(found["reference"][0])
+    body["health"]["reference_layer"] = None if reference < 0 else one[reference]["layer"]
+
+
+def _at_step(layer, at):
+    def cut(fields):
+        return {k: v if k == "role" else v[at : at + 1] for k, v in fields.items()}
+
+    return dict(
+        layer,
+        tensors={name: cut(t) for name, t in layer["tensors"].items()},
+        units=None if layer["units"] is None else cut(layer["units"]),
+        precision={name: cut(p) for name, p in layer["precision"].items()},
+    )

@@ -59,6 +59,7 @@ class GradVizPlugin(base_plugin.TBPlugin):
         """
         self._data_provider = context.data_provider
         self._caches = series.Caches()
+        self._encodings = routes.Encodings()
         self._serve_static = routes.static_route(
             frontend_dir if frontend_dir is not None else routes.frontend_dir()
         )
@@ -73,7 +74,10 @@ class GradVizPlugin(base_plugin.TBPlugin):
             "/routing_map": json_route(self.routing_map_impl, ("run", "layer"), ("step",)),
             "/updates": json_route(self.updates_impl, ("run", "layer")),
             "/timeline": json_route(
-                self.timeline_impl, ("run",), ("field", "role", "width", "ratio")
+                self.timeline_impl,
+                ("run",),
+                ("field", "role", "width", "ratio"),
+                encodings=self._encodings,
             ),
             "/onset": json_route(self.onset_impl, ("run",), ("ratio",)),
             routes.STATIC_ROUTE + "/*": self._serve_static,
@@ -199,7 +203,19 @@ class GradVizPlugin(base_plugin.TBPlugin):
         if body is None:
             where = "logged step" if step is None else f"step <= {step}"
             raise errors.NotFoundError(f"run {run!r} has no {where}")
+        found = self._digest_columns(run_store, layers)
+        if found is not None:
+            onset.judge_step_from_digest(body, *found, limit, ratio)
         return body
+
+    def _digest_columns(self, run_store, layers):
+        """`(steps, columns)` of the run's digest (`onset.digest_columns`), or None without one."""
+        digests = [
+            (rows, run_store.read({tag: ts}, timeline.digest_layout(rows), digest.PLUGIN_NAME)[tag])
+            for tag, (rows, ts) in run_store.digests().items()
+        ]
+        steps, columns = onset.digest_columns(layers, digests)
+        return (steps, columns) if len(steps) and columns else None
 
     def onset_impl(self, ctx, experiment, run, ratio=health.DEFAULT_RATIO):
         """Returns the `/onset` body: where each flag was first raised in a run (`onset`).
@@ -209,7 +225,26 @@ class GradVizPlugin(base_plugin.TBPlugin):
         """
         run_store = self._store(ctx, experiment, run)
         layers = run_store.layers()
-        body = onset.onset_body(run, layers, _series_by_kind(layers, run_store.read), ratio)
+        found = self._digest_columns(run_store, layers)
+        if found is None:
+            steps, columns, listed = onset.records_columns(
+                layers, _series_by_kind(layers, run_store.read)
+            )
+        else:
+            steps, columns = found
+
+            def listed(layer, step):
+                units = layers[layer]["units"]
+                if units is None:
+                    return None
+                tag, _, time_series = units
+                series = run_store.read({tag: time_series}, records.UNITS)[tag]
+                row = series.index_at_or_before(step)
+                if row is None or int(series.steps[row]) != step:
+                    return None
+                return records.decode_units(series.values[row])["listed"]
+
+        body = onset.onset_body(run, steps, columns, ratio, listed)
         if body is None:
             raise errors.NotFoundError(f"run {run!r} has no logged step")
         return body
@@ -233,15 +268,26 @@ class GradVizPlugin(base_plugin.TBPlugin):
           field, role, width, ratio: as `timeline.timeline_body` takes them.
 
         Returns:
-          A dict as described in docs/API.md.
+          A dict as described in docs/API.md. The same object while the run's
+          digest and budget series have no new point: callers do not change it.
 
         Raises:
           NotFoundError: no such run, or it has no digest (written before digests).
         """
         run_store = self._store(ctx, experiment, run)
+        found = run_store.digests()
+        budget = run_store.budget()
+        key = (experiment, run, field, role, width, ratio)
+        current = (
+            tuple((tag, series.version(ts)) for tag, (_, ts) in found.items()),
+            None if budget is None else series.version(budget[2]),
+        )
+        body = self._caches.bodies.get(key, current)
+        if body is not None:
+            return body
         digests = [
             (rows, run_store.read({tag: ts}, timeline.digest_layout(rows), digest.PLUGIN_NAME)[tag])
-            for tag, (rows, ts) in run_store.digests().items()
+            for tag, (rows, ts) in found.items()
         ]
         body = timeline.timeline_body(run, digests, field, role, width, ratio)
         if body is None:
@@ -249,6 +295,7 @@ class GradVizPlugin(base_plugin.TBPlugin):
                 f"run {run!r} has no digest (it was written by a tb_gradviz without one)"
             )
         body["budget"] = self.budget_impl(ctx, experiment, run)
+        self._caches.bodies.put(key, current, body)
         return body
 
     def budget_impl(self, ctx, experiment, run):

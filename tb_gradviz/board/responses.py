@@ -8,14 +8,15 @@ TensorFlow nor Keras.
 
 import numpy as np
 
-from tb_gradviz.board import catalog, health
+from tb_gradviz.board import catalog, headroom, health
 from tb_gradviz.board.series import downsampled_columns
-from tb_gradviz.format import records, routing_map, summaries
+from tb_gradviz.format import digest, records, routing_map, summaries
 
 LOG_EDGES = records.LOG_EDGES.tolist()
 
 
-def _tensor_order(content):
+def tensor_order(content):
+    """The sort key of a tensor's metadata in a layer: role (`records.ROLES` order), index, name."""
     role = content["role"]
     role_rank = records.ROLES.index(role) if role in records.ROLES else len(records.ROLES)
     return (role_rank, content["index"], content["tensor"])
@@ -53,7 +54,7 @@ def layer_summary(name, layer):
         pooling = next(
             (t[1]["pooling"] for t in layer["tensors"].values() if t[1].get("pooling")), None
         )
-    contents = sorted((content for _, content, _ in layer["tensors"].values()), key=_tensor_order)
+    contents = sorted((content for _, content, _ in layer["tensors"].values()), key=tensor_order)
     tensors = [
         {
             "tensor": content["tensor"],
@@ -182,18 +183,25 @@ def _layer_at(name, layer, series_by_kind, limit):
         if row is not None:
             found.append((content, series, row))
     if not found:
-        return None
+        return None, None
     step = max(int(series.steps[row]) for _, series, row in found)
-    tensors = {}
-    for content, series, row in sorted(found, key=lambda item: _tensor_order(item[0])):
+    tensors, columns = {}, {"tensors": {}, "precision": {}}
+    for content, series, row in sorted(found, key=lambda item: tensor_order(item[0])):
         values, log = _stats_row(series.values[row])
-        tensors[content["tensor"]] = {
+        tensor = content["tensor"]
+        tensors[tensor] = {
             "step": int(series.steps[row]),
             "role": content["role"],
             "stats": values,
             "log": log,
-            "precision": _precision_at(layer, content["tensor"], series_by_kind, series.steps[row]),
+            "precision": _precision_at(layer, tensor, series_by_kind, series.steps[row]),
         }
+        (segment,) = digest.tensor_segments(series.values[row])
+        columns["tensors"][tensor] = dict(
+            zip(digest.TENSOR_FIELDS, segment[:, None]), role=content["role"]
+        )
+        if tensors[tensor]["precision"] is not None:
+            columns["precision"][tensor] = headroom.precision_columns(tensors[tensor]["precision"])
     routing_at = units_at = None
     if layer["routing"] is not None:
         tag, content, _ = layer["routing"]
@@ -220,7 +228,15 @@ def _layer_at(name, layer, series_by_kind, limit):
             update["size"] = health.update_size(update["update_ratio"], update["interval"])
             updates_at[weight] = dict(update, step=int(series.steps[row]))
     update_ratio = _layer_update_ratio(updates_at)
-    return {
+    columns.update(
+        layer=name,
+        layer_index=layer["info"]["layer_index"],
+        layer_dtype=layer["info"].get("layer_dtype"),
+        units=None
+        if units_at is None
+        else {field: np.array([float(units_at[field])]) for field in records.UNITS_FIELDS},
+    )
+    snapshot = {
         "layer": name,
         "layer_index": layer["info"]["layer_index"],
         "layer_class": layer["info"].get("layer_class"),
@@ -234,8 +250,9 @@ def _layer_at(name, layer, series_by_kind, limit):
         "update_size": None
         if update_ratio is None
         else health.update_size(update_ratio, _layer_interval(updates_at)),
-        "flow": health.layer_flow(tensors),
+        "flow": health.layer_flow(columns),
     }
+    return snapshot, columns
 
 
 def _precision_at(layer, tensor, series_by_kind, step):
@@ -266,6 +283,21 @@ def _layer_update_ratio(updates):
     )
 
 
+def step_columns(layers, series_by_kind, limit):
+    """A run's layers at its latest step `<= limit`, in model order: `(snapshots, columns)`.
+
+    `snapshots` are `/step`'s layers without their flags; `columns` the same
+    layers as `health` judges them (one step).
+    """
+    found = []
+    for name, layer in layers.items():
+        snapshot, columns = _layer_at(name, layer, series_by_kind, limit)
+        if snapshot is not None:
+            found.append((snapshot, columns))
+    found.sort(key=lambda item: (item[0]["layer_index"], item[0]["layer"]))
+    return [snapshot for snapshot, _ in found], [columns for _, columns in found]
+
+
 def step_body(run, layers, series_by_kind, limit, ratio=health.DEFAULT_RATIO):
     """The `/step` body: a run's layers at its latest step `<= limit`; None if none has one.
 
@@ -275,20 +307,14 @@ def step_body(run, layers, series_by_kind, limit, ratio=health.DEFAULT_RATIO):
         series.Series}}` ("precision" may be absent).
       ratio: the vanishing / exploding ratio of the flags (`health`).
     """
-    snapshots = []
-    for name, layer in layers.items():
-        snapshot = _layer_at(name, layer, series_by_kind, limit)
-        if snapshot is not None:
-            snapshots.append(snapshot)
+    snapshots, columns = step_columns(layers, series_by_kind, limit)
     if not snapshots:
         return None
-    snapshots.sort(key=lambda snapshot: (snapshot["layer_index"], snapshot["layer"]))
-    reference = health.reference_layer(snapshots)
-    judged = health.judged_layers(snapshots, reference)
-    for snapshot in snapshots:
-        snapshot["flags"] = health.layer_flags(
-            snapshot, reference, ratio, snapshot["layer"] in judged
-        )
+    judged = health.verdicts(columns, ratio)
+    for i, snapshot in enumerate(snapshots):
+        listed = None if snapshot["units"] is None else snapshot["units"]["listed"]
+        snapshot["flags"] = health.flag_entries(columns, judged, i, 0, listed)
+    reference = int(judged["reference"][0])
     return {
         "run": run,
         "step": max(snapshot["step"] for snapshot in snapshots),
@@ -296,7 +322,7 @@ def step_body(run, layers, series_by_kind, limit, ratio=health.DEFAULT_RATIO):
         "log_edges": LOG_EDGES,
         "health": {
             "ratio": ratio,
-            "reference_layer": None if reference is None else reference["layer"],
+            "reference_layer": None if reference < 0 else snapshots[reference]["layer"],
             "rules": health.rules(ratio),
         },
     }

@@ -137,19 +137,8 @@ def _layer_rows(layers, role):
 def _gradient_flags(rows, ratio):
     """`(vanishing, exploding)` `[layers, steps]` booleans: `health`'s rule at each step."""
     names = [row["layer"] for row in rows]
-    container = np.array([any(o.startswith(n + "/") for o in names) for n in names], bool)
     rms = np.array([row["gradient_rms"] for row in rows]).reshape(len(rows), -1)
-    usable = np.isfinite(rms) & (rms > 0) & ~container[:, None]
-    # The reference at each step: the last usable layer (-1: none).
-    last = np.where(usable.any(axis=0), len(rows) - 1 - np.argmax(usable[::-1], axis=0), -1)
-    steps = np.arange(rms.shape[1])
-    reference = np.where(last >= 0, rms[np.maximum(last, 0), steps], np.nan)
-    judged = (np.arange(len(rows))[:, None] <= last[None, :]) & ~container[:, None]
-    judged &= np.isfinite(rms) & (last[None, :] >= 0)
-    with np.errstate(invalid="ignore"):
-        vanishing = judged & (rms * ratio < reference)
-        exploding = judged & (rms > reference * ratio)
-    return vanishing, exploding
+    return health.gradient_verdicts(names, rms, ratio)[1:]
 
 
 def timeline_body(
