@@ -185,6 +185,37 @@ function magnitudeTicks(bins, range, {left}, {half, barWidth, gap}) {
   return ticks;
 }
 
+// ------------------------------------------------------------ bands
+
+/**
+ * A band over columns: column `k` spans `xOf(k)` to `xOf(k + 1)` and
+ * `lowY(k)` to `highY(k)`; a column where either is not finite breaks the band.
+ * One path, however many columns.
+ */
+export function drawBand(chart, {count, xOf, lowY, highY, className}) {
+  const paths = [];
+  let top = [];
+  let bottom = [];
+  const close = () => {
+    if (top.length) paths.push(`M${top.join('L')}L${bottom.reverse().join('L')}Z`);
+    top = [];
+    bottom = [];
+  };
+  for (let k = 0; k < count; k++) {
+    const low = lowY(k);
+    const high = highY(k);
+    if (!(Number.isFinite(low) && Number.isFinite(high))) {
+      close();
+      continue;
+    }
+    const [x0, x1] = [round(xOf(k)), round(xOf(k + 1))];
+    top.push(`${x0},${round(high)}`, `${x1},${round(high)}`);
+    bottom.push(`${x0},${round(low)}`, `${x1},${round(low)}`);
+  }
+  close();
+  chart.append(svg('path', {className, attrs: {d: paths.join('')}}));
+}
+
 // ------------------------------------------------------------ step axis
 
 /** The x axis of a chart over `steps` (sorted): its `first` and `last` step, and `xOf(step)` (one step: the middle). */

@@ -122,6 +122,14 @@ export function renderRunComparison(container, entries, step) {
     container.replaceChildren(html('p', {className: 'empty', text: 'No tensor to compare.'}));
     return;
   }
+  container.dataset.step = step;
+  const pending = entries.filter(({series}) => model.snapshotAt(series, step)?.pending);
+  if (pending.length) {
+    // Downsampled series: their records at this step are fetched, then the charts drawn again.
+    Promise.all(pending.map(({series}) => model.loadRecord(series, step))).then(() => {
+      if (container.isConnected && container.dataset.step === String(step)) renderRunComparison(container, entries, step);
+    }, () => {});
+  }
   const legend = html('ul', {className: 'run-legend'}, entries.map(({run}, i) =>
     html('li', {className: `series-${i}`}, [html('span', {className: 'swatch'}), html('span', {text: run})])));
   container.replaceChildren(
@@ -144,6 +152,19 @@ function zeroFractionChart(entries, step) {
   const chart = charts.chartFrame(box, {className: 'lines', label: 'share of exact zeros over steps'});
   charts.shareAxis(chart, box, {ticks: [0, 0.25, 0.5, 0.75, 1], yOf});
   entries.forEach(({run, series}, i) => {
+    if (series.downsampled) {
+      // Each server column from its smallest to its largest share of zeros.
+      const zeros = model.fieldOverSteps(series, 'zeros');
+      const count = model.fieldOverSteps(series, 'count');
+      const columns = zeros.first.length;
+      charts.drawBand(chart, {
+        count: columns, className: `band series-${i}`,
+        xOf: (k) => xOf(k < columns ? zeros.first[k] : zeros.last[columns - 1]),
+        lowY: (k) => yOf(zeros.low[k] / count.high[k]),
+        highY: (k) => yOf(zeros.high[k] / count.low[k]),
+      });
+      return;
+    }
     const points = series.steps.map((s, k) => [xOf(s), yOf(series.stats.zeros[k] / series.stats.count[k])])
       .filter(([, y]) => Number.isFinite(y));
     if (points.length === 0) return;
@@ -160,7 +181,8 @@ function zeroFractionChart(entries, step) {
 
 function overlayHistogram(entries, step) {
   const box = LINES;
-  const snapshots = entries.map(({series}) => model.snapshotAt(series, step));
+  const snapshots = entries.map(({series}) => model.snapshotAt(series, step))
+    .map((snapshot) => (snapshot?.pending ? null : snapshot));
   const edges = entries[0].series.log.edges;
   const range = model.padToDecades(model.occupiedRange(
     snapshots.filter(Boolean).flatMap((s) => [s.negative, s.positive])), edges);

@@ -120,8 +120,10 @@ class App {
     return this.cache.get(id);
   }
 
+  /** A tensor's /series, downsampled by the server to about one column per pixel of the charts over steps. */
   series(run, layer, tensor) {
-    return this.cached(['series', run, layer, tensor], () => model.fetchSeries(run, layer, tensor));
+    const width = views.overStepsWidth(this.ui.heatmaps);
+    return this.cached(['series', run, layer, tensor, width], () => model.fetchSeries(run, layer, tensor, undefined, {width}));
   }
 
   fail(error) {
@@ -258,7 +260,8 @@ class App {
     weightsview.renderWeights(ui.weights, this.layer, this.weights, {step, logarithmic: ui.logToggle.checked});
     const routing = this.routing && model.routingAt(this.routing, step);
     views.renderAside(ui.aside, this.layer, routing);
-    views.renderHeatmaps(ui.heatmaps, this.layer, this.tensors, step);
+    views.renderHeatmaps(ui.heatmaps, this.layer, this.tensors, step,
+      (chosen) => this.selectStep(this.steps[Math.max(0, model.latestIndexAtOrBefore(this.steps, chosen))]));
     this.routeMap.update(this.run, this.layer, step);
     this.renderPrecision();
   }

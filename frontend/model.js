@@ -95,8 +95,12 @@ export async function fetchRuns(fetchImpl) {
   return (await fetchJson('runs', {}, fetchImpl)).runs;
 }
 
-export function fetchSeries(run, layer, tensor, fetchImpl) {
-  return fetchJson('series', {run, layer, tensor}, fetchImpl);
+/**
+ * A tensor's /series: every step, or, past `width` steps, the server's columns
+ * of consecutive steps, each with its extremes (`downsampled`; docs/API.md).
+ */
+export function fetchSeries(run, layer, tensor, fetchImpl, {width} = {}) {
+  return fetchJson('series', {run, layer, tensor, width}, fetchImpl);
 }
 
 export function fetchRouting(run, layer, fetchImpl) {
@@ -189,14 +193,23 @@ export function latestIndexAtOrBefore(steps, step) {
 
 // ------------------------------------------------------------ series shaping
 
+// The one-step /series bodies of a downsampled series, by step: fetched as
+// the step is shown (loadRecord), a promise while on the way.
+const RECORDS = new WeakMap();
+
 /**
  * One step of a `/series` answer: the stats as an object of numbers, the
  * magnitude bins and the linear histogram (null when not held). Null when the
- * series has no step `<= step`.
+ * series has no step `<= step`; `{step, pending: true}` when the series is
+ * downsampled and that step's record is not loaded yet (`loadRecord`).
  */
 export function snapshotAt(series, step) {
   const index = latestIndexAtOrBefore(series.steps, step);
   if (index < 0) return null;
+  if (series.downsampled) {
+    const record = RECORDS.get(series)?.get(series.steps[index]);
+    return record && !(record instanceof Promise) ? snapshotAt(record, step) : {step: series.steps[index], pending: true};
+  }
   const stats = {};
   for (const field of STATS_FIELDS) stats[field] = series.stats[field][index];
   const counts = series.histogram?.counts?.[index] ?? null;
@@ -207,6 +220,45 @@ export function snapshotAt(series, step) {
     positive: series.log.positive[index],
     histogram: counts && {low: series.histogram.low[index], high: series.histogram.high[index], counts},
   };
+}
+
+/**
+ * Fetches the record of a downsampled series at the latest step `<= step`
+ * (`/series?step=`), once per step, for `snapshotAt`. Resolves to null for a
+ * series sent whole or with no such step.
+ */
+export function loadRecord(series, step, fetchImpl) {
+  const index = latestIndexAtOrBefore(series.steps, step);
+  if (!series.downsampled || index < 0) return Promise.resolve(null);
+  const at = series.steps[index];
+  if (!RECORDS.has(series)) RECORDS.set(series, new Map());
+  const records = RECORDS.get(series);
+  if (!records.has(at)) {
+    const {run, layer, tensor} = series;
+    records.set(at, fetchJson('series', {run, layer, tensor, step: at}, fetchImpl).then((record) => {
+      records.set(at, record);
+      return record;
+    }, (error) => {
+      records.delete(at);
+      throw error;
+    }));
+  }
+  return Promise.resolve(records.get(at));
+}
+
+/**
+ * A stats field over steps, column by column: each step its own column, or
+ * the server's columns of a downsampled series. `low` and `high` are each
+ * column's smallest and largest value (equal for a single step).
+ *
+ * @returns {{first: number[], last: number[], low: number[], high: number[]}}
+ */
+export function fieldOverSteps(series, field) {
+  if (series.downsampled) {
+    const {first_step: first, last_step: last} = series.columns;
+    return {first, last, low: series.stats[field].min, high: series.stats[field].max};
+  }
+  return {first: series.steps, last: series.steps, low: series.stats[field], high: series.stats[field]};
 }
 
 /** The routing record of the latest step `<= step`, as an object, or null. */
@@ -328,9 +380,14 @@ export function signedBars(negative, positive, range) {
  *   `cells[row][column]`; `sign` 0 is the zero row.
  */
 export function distributionOverSteps(series, range, maxColumns = 200) {
-  // Consecutive steps share a column in equal numbers; a cell is the largest
-  // share among its steps, so that a bin filled at one step of thousands shows.
-  const n = series.steps.length;
+  // Consecutive steps (or the server's columns of them) share a column in
+  // equal numbers; a cell is the largest share among its steps, so that a bin
+  // filled at one step of thousands shows. A server column's largest bin count
+  // over its smallest count bounds the largest share of its steps.
+  const {first, last} = fieldOverSteps(series, 'count');
+  const counts = series.downsampled ? series.stats.count.min : series.stats.count;
+  const zeros = series.downsampled ? series.stats.zeros.max : series.stats.zeros;
+  const n = first.length;
   const count = Math.min(n, maxColumns);
   const starts = Array.from({length: count}, (_, k) => Math.floor((k * n) / count));
   const rows = [];
@@ -338,9 +395,9 @@ export function distributionOverSteps(series, range, maxColumns = 200) {
   rows.push({sign: 0, bin: -1});
   if (range) for (let j = range.first; j <= range.last; j++) rows.push({sign: -1, bin: j});
   const share = (sign, bin, i) => {
-    const total = series.stats.count[i];
+    const total = counts[i];
     if (!(total > 0)) return 0;
-    if (sign === 0) return series.stats.zeros[i] / total;
+    if (sign === 0) return zeros[i] / total;
     return (sign > 0 ? series.log.positive[i] : series.log.negative[i])[bin] / total;
   };
   const cells = rows.map(({sign, bin}) => starts.map((start, k) => {
@@ -349,7 +406,7 @@ export function distributionOverSteps(series, range, maxColumns = 200) {
     return largest;
   }));
   // Each column by its first step (where the slider's step falls), and the last step drawn.
-  return {steps: starts.map((i) => series.steps[i]), lastStep: series.steps[n - 1], rows, cells};
+  return {steps: starts.map((i) => first[i]), lastStep: last[n - 1], rows, cells};
 }
 
 /** At most `max` indices of `0..n-1`, evenly spread, first and last included. */

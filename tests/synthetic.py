@@ -70,20 +70,20 @@ def max_pool_2x2(inputs, output_gradient):
     return outputs, input_gradient, routing
 
 
-def pool_arrays(rng, batch=2, size=8, channels=4, step=0):
+def pool_arrays(rng, batch=2, size=8, channels=4, step=0, gradient_scale=1.0):
     """Returns `(inputs, output_gradient)` of a synthetic max pool at `step`.
 
     The inputs are ReLU-like (about half exact zeros, so some windows tie);
-    the upstream gradient shrinks as `1e-3 / (1 + step)`.
+    the upstream gradient shrinks as `gradient_scale * 1e-3 / (1 + step)`.
     """
     inputs = np.maximum(rng.normal(0.1, 1.0, (batch, size, size, channels)), 0).astype(np.float32)
     output_gradient = rng.normal(
-        0, 1e-3 / (1 + step), (batch, size // 2, size // 2, channels)
+        0, gradient_scale * 1e-3 / (1 + step), (batch, size // 2, size // 2, channels)
     ).astype(np.float32)
     return inputs, output_gradient
 
 
-def pool_records(rng, name, index, batch=2, size=8, channels=4, step=0):
+def pool_records(rng, name, index, batch=2, size=8, channels=4, step=0, gradient_scale=1.0):
     """Returns the `(tag, array, metadata)` records of one synthetic 2x2/2 max pool.
 
     Args:
@@ -91,9 +91,10 @@ def pool_records(rng, name, index, batch=2, size=8, channels=4, step=0):
       name: the layer path.
       index: the layer's index in the model.
       batch, size, channels: the input shape is `[batch, size, size, channels]`.
-      step: the output gradient shrinks as `1e-3 / (1 + step)`.
+      step: the output gradient shrinks as `gradient_scale * 1e-3 / (1 + step)`.
+      gradient_scale: a factor on the output gradient.
     """
-    inputs, output_gradient = pool_arrays(rng, batch, size, channels, step)
+    inputs, output_gradient = pool_arrays(rng, batch, size, channels, step, gradient_scale)
     activation, input_gradient, routing = max_pool_2x2(inputs, output_gradient)
     layer_content = {
         "layer_index": index,
@@ -149,7 +150,7 @@ def _summary_field(layer_records, with_metadata):
 
 
 def write_large_run(
-    logdir, layers=200, steps=1000, variants=4, seed=0, first_step=1, wall_time=None
+    logdir, layers=200, steps=1000, variants=4, seed=0, first_step=1, wall_time=None, spike=None
 ):
     """Writes a large run of synthetic max-pool layers quickly, in the real format.
 
@@ -168,6 +169,8 @@ def write_large_run(
       first_step: the first step.
       wall_time: the first event's wall time (seconds); steps are one
         second apart. Defaults to now.
+      spike: None, or `(step, scale)`: at that step every layer's gradients
+        are `scale` times larger (a one-step spike).
 
     Returns:
       `(names, path)`: the layer paths written and the event file's path.
@@ -194,12 +197,24 @@ def write_large_run(
         _summary_field(fields, with_metadata=True)
         for fields in [*(layer[0] for layer in sets), digests[0]]
     )
+    if spike is not None:
+        spiked = [pool_records(rng, name, i, 2, 8, 4, 0, spike[1]) for i, name in enumerate(names)]
+        spike_fields = b"".join(
+            _summary_field(fields, with_metadata=False)
+            for fields in [*spiked, digest.digest_records([r for layer in spiked for r in layer])]
+        )
     start = time.time() if wall_time is None else wall_time
     event_file = events.EventFile(logdir, wall_time=start)
     try:
         for s in range(steps):
             prefix = event_pb2.Event(wall_time=start + s, step=first_step + s).SerializeToString()
-            event_file.write(prefix + (first_fields if s == 0 else variant_fields[s % variants]))
+            if s == 0:
+                fields = first_fields
+            elif spike is not None and first_step + s == spike[0]:
+                fields = spike_fields
+            else:
+                fields = variant_fields[s % variants]
+            event_file.write(prefix + fields)
     finally:
         event_file.close()
     return names, event_file.path

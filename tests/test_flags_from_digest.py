@@ -154,7 +154,11 @@ def test_check_finds_the_onset_at_a_step_whose_full_records_were_not_kept(tmp_pa
     status, onsets, result = test_onset.onsets_of(tmp_path, ".")
     assert (onsets["nonfinite"]["step"], onsets["nonfinite"]["raised_steps"]) == (4, 4)
     assert onsets["nonfinite"]["detail"] == "activation: 1 NaN, 0 Inf"
+    # The flags at the last step are the digest's, at its last step (the records' is 6).
+    assert result["step"] == 7 and status == 1
+    assert [(f["layer"], f["flag"]) for f in result["flags"]] == [("a", "nonfinite")]
     gradviz, ctx, experiment = open_logdir(str(tmp_path))
     body = gradviz.step_impl(ctx, experiment, ".", 4)
     assert [f["flag"] for f in body["layers"][0]["flags"]] == ["nonfinite"]
+    assert body["health"]["step"] == 4 and body["step"] == 3
     assert body["layers"][0]["tensors"]["activation"]["step"] == 3  # the records' latest

@@ -214,6 +214,11 @@ def _dump_answers(client, folder):
                 get("routing_map", run=run["run"], layer=layer["layer"], step=first)
         # A step between two logged ones: /step answers the latest before it.
         get("step", run=run["run"], step=max(layer["max_step"] for layer in run["layers"]) - 1)
+    # A series downsampled to one column, and the records the tab then fetches step by step.
+    pool = dict(run="clean", layer="pool", tensor="input_gradient")
+    get("series", **pool, width=1)
+    for step in (STEPS_PER_EPOCH, 2 * STEPS_PER_EPOCH):
+        get("series", **pool, step=step)
     # Error answers, as the server words them.
     assert get("step", run="clean", step=-1).status_code == 404
     # The weights run at its first log event: no update record yet.

@@ -214,8 +214,8 @@ def judge_step_from_digest(body, steps, columns, limit, ratio=health.DEFAULT_RAT
     `<= limit`. A layer the digest does not hold keeps what the records said.
     """
     at = int(np.searchsorted(steps, limit, side="right")) - 1
-    if at < 0:
-        return
+    if at < 0 or steps[at] < body["step"]:
+        return  # a digest kept as a sample, older here than the full records
     one = [_at_step(layer, at) for layer in columns]
     found = health.verdicts(one, ratio)
     index = {layer["layer"]: i for i, layer in enumerate(one)}
@@ -233,6 +233,7 @@ def judge_step_from_digest(body, steps, columns, limit, ratio=health.DEFAULT_RAT
         snapshot["flow"] = health.layer_flow(one[i])
     reference = int(found["reference"][0])
     body["health"]["reference_layer"] = None if reference < 0 else one[reference]["layer"]
+    body["health"]["step"] = int(steps[at])
 
 
 def _at_step(layer, at):
@@ -245,3 +246,49 @@ def _at_step(layer, at):
         units=None if layer["units"] is None else cut(layer["units"]),
         precision={name: cut(p) for name, p in layer["precision"].items()},
     )
+
+
+def last_step_body(run, steps, columns, ratio=health.DEFAULT_RATIO, listed=None):
+    """Every layer's flags at the last logged step, as `/step` judges them there: what
+    `tb-gradviz check` prints, without the full records.
+
+    Returns:
+      `{"run", "step", "layers": [{"layer", "layer_index", "step", "units", "flags"}],
+      "health": {"ratio", "reference_layer"}}` (a `/step` body's fields that
+      hold the flags; `units` is `{"channels", "dead_channels"}` or None), or
+      None without a logged step.
+    """
+    if not len(steps) or not columns:
+        return None
+    last = len(steps) - 1
+    one = [_at_step(layer, last) for layer in columns]
+    found = health.verdicts(one, ratio)
+    layers = []
+    for i, layer in enumerate(one):
+        if not any(np.isfinite(t["count"][0]) for t in layer["tensors"].values()):
+            continue  # not logged at any step
+        units = layer["units"]
+        if units is not None and np.isfinite(units["channels"][0]):
+            units = {field: int(column[0]) for field, column in units.items()}
+        else:
+            units = None
+        chosen = listed(layer["layer"], int(steps[last])) if listed and units else None
+        layers.append(
+            {
+                "layer": layer["layer"],
+                "layer_index": layer["layer_index"],
+                "units": units,
+                "flags": health.flag_entries(one, found, i, 0, chosen),
+            }
+        )
+    reference = int(found["reference"][0])
+    return {
+        "run": run,
+        "step": int(steps[last]),
+        "layers": layers,
+        "health": {
+            "ratio": ratio,
+            "reference_layer": None if reference < 0 else one[reference]["layer"],
+            "step": int(steps[last]),
+        },
+    }

@@ -223,15 +223,42 @@ class GradVizPlugin(base_plugin.TBPlugin):
         Raises:
           NotFoundError: no such run, or it has no logged step.
         """
+        steps, columns, listed = self._judged_columns(ctx, experiment, run)
+        body = onset.onset_body(run, steps, columns, ratio, listed)
+        if body is None:
+            raise errors.NotFoundError(f"run {run!r} has no logged step")
+        return body
+
+    def check_impl(self, ctx, experiment, run, ratio=health.DEFAULT_RATIO):
+        """Returns what `tb-gradviz check` prints of a run: `(flags at the last step, onset)`.
+
+        The first is `onset.last_step_body` from the run's digest, or the
+        `/step` body at the last step for a run without one; the second the
+        `/onset` body. Both judge the same columns, read once.
+
+        Raises:
+          NotFoundError: no such run, or it has no logged step.
+        """
+        steps, columns, listed, digested = self._judged_columns(ctx, experiment, run, True)
+        last = (
+            onset.last_step_body(run, steps, columns, ratio, listed)
+            if digested
+            else self.step_impl(ctx, experiment, run, None, ratio)
+        )
+        body = onset.onset_body(run, steps, columns, ratio, listed)
+        if body is None or last is None:
+            raise errors.NotFoundError(f"run {run!r} has no logged step")
+        return last, body
+
+    def _judged_columns(self, ctx, experiment, run, with_source=False):
+        """`(steps, columns, listed)` that the flags of every step are judged from
+        (`onset`): the digest's, or the full records' in a run without one."""
         run_store = self._store(ctx, experiment, run)
         layers = run_store.layers()
         found = self._digest_columns(run_store, layers)
         if found is None:
-            steps, columns, listed = onset.records_columns(
-                layers, _series_by_kind(layers, run_store.read)
-            )
+            result = onset.records_columns(layers, _series_by_kind(layers, run_store.read))
         else:
-            steps, columns = found
 
             def listed(layer, step):
                 units = layers[layer]["units"]
@@ -244,10 +271,8 @@ class GradVizPlugin(base_plugin.TBPlugin):
                     return None
                 return records.decode_units(series.values[row])["listed"]
 
-        body = onset.onset_body(run, steps, columns, ratio, listed)
-        if body is None:
-            raise errors.NotFoundError(f"run {run!r} has no logged step")
-        return body
+            result = (*found, listed)
+        return (*result, found is not None) if with_source else result
 
     def timeline_impl(
         self,

@@ -324,6 +324,8 @@ def step_body(run, layers, series_by_kind, limit, ratio=health.DEFAULT_RATIO):
             "ratio": ratio,
             "reference_layer": None if reference < 0 else snapshots[reference]["layer"],
             "rules": health.rules(ratio),
+            # The step the flags are judged at (the digest's may be later: `onset`).
+            "step": max(snapshot["step"] for snapshot in snapshots),
         },
     }
 

@@ -20,8 +20,7 @@ def run_check(args):
     results, status = [], EXIT_OK
     for run in runs_of(gradviz, ctx, experiment, args.logdir, args.run):
         try:
-            snapshot = gradviz.step_impl(ctx, experiment, run["run"], None, args.ratio)
-            onsets = gradviz.onset_impl(ctx, experiment, run["run"], args.ratio)
+            snapshot, onsets = gradviz.check_impl(ctx, experiment, run["run"], args.ratio)
         except errors.NotFoundError as e:
             results.append({"run": run["run"], "error": str(e)})
             status = EXIT_USAGE
@@ -50,7 +49,7 @@ def check_result(snapshot, onsets, fail_on):
     """One run's part of `check --format json` (docs/CLI.md).
 
     Args:
-      snapshot: the run's `/step` body at its last step.
+      snapshot: the run's flags at its last step (`GradVizPlugin.check_impl`).
       onsets: its `/onset` body.
       fail_on: the flags that fail the check.
     """
