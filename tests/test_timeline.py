@@ -1,5 +1,6 @@
 """The depth x time route, `/timeline`: every layer over every logged step, from the digest."""
 
+import gzip
 import json
 import math
 
@@ -9,6 +10,7 @@ import synthetic
 from test_plugin import PREFIX, make_app
 
 from tb_gradviz import cli
+from tb_gradviz.board import timeline
 from tb_gradviz.capture import budget
 from tb_gradviz.format import events, records, summaries
 
@@ -156,3 +158,36 @@ def test_the_cost_budget_record_is_served_with_the_timeline_and_summarised(tmp_p
         f"logging budget 2 %: every {spent.interval(1)} (asked: every 1), logging took 33.3 % "
         "of training time (at step 3)"
     ) in out
+
+
+def test_the_body_is_built_once_per_version_of_the_digest_and_served_gzipped(tmp_path, monkeypatch):
+    # /timeline over a long run spent most of a warm request rebuilding and
+    # re-encoding the same body; it is built again only when the digest has
+    # new points, or for other arguments.
+    write(tmp_path / "run")
+    client, multiplexer = make_app(tmp_path, samples_per_plugin=WHOLE)
+    built = []
+    body_of = timeline.timeline_body
+    monkeypatch.setattr(
+        timeline, "timeline_body", lambda *args: built.append(args[2:]) or body_of(*args)
+    )
+    first = client.get(PREFIX + "/timeline", query_string={"run": "run"})
+    again = client.get(PREFIX + "/timeline", query_string={"run": "run"})
+    assert first.status_code == again.status_code == 200
+    assert again.get_data() == first.get_data()
+    assert json.loads(first.get_data(as_text=True))["steps"] == STEPS
+    assert len(built) == 1
+    # A client that accepts gzip gets the same JSON gzipped.
+    zipped = client.get(
+        PREFIX + "/timeline", query_string={"run": "run"}, headers={"Accept-Encoding": "gzip"}
+    )
+    assert zipped.headers["Content-Encoding"] == "gzip"
+    assert gzip.decompress(zipped.get_data()) == first.get_data()
+    assert len(built) == 1
+    _, zero_share = get(client, run="run", field="zero_share")
+    assert zero_share["field"] == "zero_share" and len(built) == 2
+    # New points: the body is built again.
+    write(tmp_path / "run")
+    multiplexer.Reload()
+    assert get(client, run="run")[0] == 200
+    assert len(built) == 3

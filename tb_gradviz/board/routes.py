@@ -6,12 +6,16 @@ of the plugin and answers its plain data as JSON through TensorBoard's
 404, 405). `static_route` serves the tab's files behind a path guard.
 """
 
+import collections
+import gzip
 import importlib.resources
+import json
 import os
 import re
+import threading
 
 from tensorboard import errors, plugin_util
-from tensorboard.backend import http_util
+from tensorboard.backend import http_util, json_util
 from werkzeug import wrappers
 
 from tb_gradviz.board import timeline
@@ -143,12 +147,46 @@ OPTIONAL_ARGS = {
 }
 
 
-def json_route(impl, required=(), optional=()):
+class Encodings:
+    """The gzipped JSON of the bodies a route answered last, reused for the same body object.
+
+    For an impl that returns a cached body, the same object while its data
+    is unchanged (and never changed once returned): answering it again
+    costs neither `json.dumps` nor gzip. Holds the last `size` bodies.
+    """
+
+    def __init__(self, size=8):
+        self._size = size
+        self._entries = collections.OrderedDict()
+        self._lock = threading.Lock()
+
+    def gzipped(self, body):
+        """Returns `body` as gzipped JSON, written as `http_util.Respond` writes JSON."""
+        with self._lock:
+            entry = self._entries.get(id(body))
+            if entry is not None and entry[0] is body:
+                self._entries.move_to_end(id(body))
+                return entry[1]
+        # NaN and the infinities as strings, ASCII: what Respond sends for a dict.
+        text = json.dumps(json_util.Cleanse(body, "utf-8"), ensure_ascii=True)
+        data = gzip.compress(text.encode("utf-8"), compresslevel=3, mtime=0)
+        with self._lock:
+            # The body is kept with its encoding, so its id is not reused meanwhile.
+            self._entries[id(body)] = (body, data)
+            self._entries.move_to_end(id(body))
+            while len(self._entries) > self._size:
+                self._entries.popitem(last=False)
+        return data
+
+
+def json_route(impl, required=(), optional=(), encodings=None):
     """A route that reads query arguments and answers `impl`'s data as JSON.
 
     Calls `impl(ctx, experiment, *required, **optional)` with the
     `required` and `optional` query arguments; optional ones are parsed by
-    `OPTIONAL_ARGS` and left to the impl's defaults when absent.
+    `OPTIONAL_ARGS` and left to the impl's defaults when absent. With
+    `encodings` (an `Encodings`), the JSON of a body the impl returns again
+    is reused; a client that does not accept gzip gets it unzipped.
     """
 
     @wrappers.Request.application
@@ -162,7 +200,10 @@ def json_route(impl, required=(), optional=()):
                 kwargs[name] = OPTIONAL_ARGS[name](text)
         ctx = plugin_util.context(request.environ)
         experiment = plugin_util.experiment_id(request.environ)
-        return http_util.Respond(request, impl(ctx, experiment, *args, **kwargs), _JSON)
+        body = impl(ctx, experiment, *args, **kwargs)
+        if encodings is None:
+            return http_util.Respond(request, body, _JSON)
+        return http_util.Respond(request, encodings.gzipped(body), _JSON, content_encoding="gzip")
 
     return serve
 

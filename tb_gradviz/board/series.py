@@ -20,6 +20,8 @@ from tb_gradviz.format import records
 # series is ~350 kB): enough for a few runs of 50 layers.
 _CACHE_MAX_SERIES = 2048
 _CACHE_MAX_LISTINGS = 16384
+# Whole response bodies that cost a pass over a run's every step (`/timeline`).
+_CACHE_MAX_BODIES = 16
 
 
 class Series:
@@ -169,6 +171,8 @@ class Caches:
     def __init__(self, max_series=_CACHE_MAX_SERIES):
         self.series = _VersionedCache(max_series)
         self.listings = _VersionedCache(_CACHE_MAX_LISTINGS)
+        # Under the versions of every series a body read.
+        self.bodies = _VersionedCache(_CACHE_MAX_BODIES)
         # /series reads a tensor's stats and its histograms at once: each read
         # of the Rust data server has a fixed wait however small the answer
         # (bench/RESULTS.md, section 4).
