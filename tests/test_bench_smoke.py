@@ -146,3 +146,10 @@ def test_long_run_bench_measures_the_digest_and_the_timeline(tmp_path):
     digest_row, long_row = run_smoke(tmp_path, "bench_long_run.py")
     assert digest_row["part"] == "digest" and digest_row["digest_bytes"] == 3 * 3 * 28
     assert long_row["steps"] == 50 and long_row["timeline_warm_s"] > 0
+
+
+def test_check_bench_times_check_and_step_on_a_long_run(tmp_path):
+    text, json_row, step = run_smoke(tmp_path, "bench_check.py")
+    assert (text["part"], json_row["part"], step["part"]) == ("check_text", "check_json", "step")
+    assert text["status"] == json_row["status"] == 0 and text["peak_rss_mb"] > 0
+    assert step["step_layers"] == 3 and step["step_cold_s"] > 0
