@@ -16,16 +16,24 @@ allowed only in the loops that add: it lets LLVM split a sum into vector
 lanes. Nowhere else: full fastmath would turn `/ width` into a
 multiplication by the reciprocal and move values across bucket edges.
 
+The float32 kernel's second pass makes one increment per value, into a
+joint table of (linear bucket, signed magnitude bin), from which both
+histograms are sums. Its magnitude bins are "refined": split at the
+magnitude histogram's edges and, with the precision record, at the record's
+boundaries too, so the same increment also gives the record's counts
+(`refined_bins`).
+
 Imports neither TensorFlow nor Keras.
 """
 
 import concurrent.futures
 import os
+import threading
 
 import numba
 import numpy as np
 
-from tb_gradviz.capture import precision_counts
+from tb_gradviz.capture import precision_counts, refined_bins
 from tb_gradviz.format import records, summaries
 
 _MAGNITUDE_BINS = records.MAGNITUDE_BINS
@@ -59,27 +67,6 @@ def _octave_bins_and_edges(exponent_fields):
 
 
 _OCTAVE_BIN, _OCTAVE_EDGE = _octave_bins_and_edges(2048)
-
-
-def _float32_octave_table():
-    """Per float32 exponent field: `OCTAVE_BIN << 32 | key`, one load per value.
-
-    `key` is the bit pattern of the smallest float32 >= the octave's edge, so
-    for a float32 magnitude `|v| >= edge` iff `bits(|v|) >= key`.
-    """
-    bins, edges = _octave_bins_and_edges(256)
-    keys = np.full(256, np.iinfo(np.int32).max, np.int64)
-    for e, edge in enumerate(edges):
-        if np.isfinite(edge):
-            f = np.float32(edge)
-            if float(f) < edge:
-                f = np.nextafter(f, np.float32(np.inf))
-            keys[e] = int(f.view(np.int32))
-    bins = np.append(bins, len(records.LOG_EDGES))  # field 255 (inf, NaN) never reaches the bins
-    return (bins << 32) | keys
-
-
-_FLOAT32_OCTAVE = _float32_octave_table()
 
 
 # The float32 kernel works on blocks small enough to stay in the L1 cache
@@ -125,32 +112,27 @@ def _linear_buckets(values, low, width, last, out):
         out[i] = min(np.int32(np.floor((np.float64(values[i]) - low) / width)), last)
 
 
-_FINE_BINS = precision_counts.FINE_BINS
-
-
 @numba.njit(nogil=True, cache=True)
-def _count_pairs(bits, linear, octave, joint, fine, significands):
-    """Counts (linear bucket, signed magnitude bin) pairs, zeros in negative bin 0; and, unless
-    `fine` is empty, the magnitudes by exponent field and significand cut (precision_counts)."""
-    columns = 2 * _MAGNITUDE_BINS
-    precise = fine.shape[1] > 0
+def _count_refined(bits, linear, cells, joint, half):
+    """Counts (linear bucket, signed refined bin) pairs, zeros in negative bin 0; `half` refined
+    bins per sign."""
+    columns = 2 * half
     for i in range(bits.size):
         x = bits[i]
         a = x & 0x7FFFFFFF
-        entry = octave[a >> 23]
-        b = (entry >> 32) + (a >= (entry & 0xFFFFFFFF)) + (x > 0) * _MAGNITUDE_BINS
+        entry = cells[a >> refined_bins.CELL_SHIFT]
+        b = (entry >> 32) + (a >= (entry & 0xFFFFFFFF)) + (x > 0) * half
         # Two interleaved tables, so that runs of one pair do not wait on each other's increments.
         joint[i & 1, linear[i] * columns + b] += 1
-        if precise:
-            m = a & 0x7FFFFF
-            fine[i & 1, (a >> 23) * _FINE_BINS + (m != 0) + significands[m >> 11]] += 1
 
 
 @numba.njit(nogil=True, cache=True)
-def _summary_float32(values, buckets, octave, octave_bin, octave_edge, fine, significands):
-    """`_summary` of float32 values, in vectorized loops, and the fine histogram of their
-    magnitudes into `fine` (`[2, n]`, n = 0 for none). Returns None for NaN or Inf: `_summary`
-    takes those."""
+def _summary_float32(values, buckets, log_keys, log_cells, cells, precise):
+    """`_summary` of float32 values, in vectorized loops, and with `precise` their precision
+    record third (else an empty array). Returns None for NaN or Inf: `_summary` takes those.
+
+    `cells` is scratch (`refined_bins.CELLS` values) for the cells of the precision record's edges.
+    """
     n = values.size
     bits = values.view(np.int32)
     total, low_key, high_key, zeros = _sum_extrema_zeros(values, bits)
@@ -158,11 +140,23 @@ def _summary_float32(values, buckets, octave, octave_bin, octave_edge, fine, sig
         return None
     low = np.float64(_float32_of_key(low_key))
     high = np.float64(_float32_of_key(high_key))
+    edges = log_keys
+    keys = exponents = np.zeros(0, np.int64)
+    placed = np.zeros(0, np.bool_)
+    above_all = 0
+    if precise:
+        amax = max(-low, high)
+        keys, exponents = precision_counts.float32_keys(amax)
+        above_all = np.int64(np.float32(amax).view(np.int32)) + 1  # above every magnitude
+        edges, placed = refined_bins.refined_edges(keys, above_all, log_keys)
+        refined_bins.fill_cells(edges, (above_all - 1) >> refined_bins.CELL_SHIFT, cells)
+    else:
+        cells = log_cells
+    half = edges.size + 1
     mean = total / n
     width = (high - low) / buckets
     spread = high > low
-    columns = 2 * _MAGNITUDE_BINS
-    joint = np.zeros((2, buckets * columns), np.int64)
+    joint = np.zeros((2, buckets * 2 * half), np.int64)
     linear = np.zeros(_BLOCK, np.int32)  # all in bucket 0 when every value is equal
     squares = 0.0
     for begin in range(0, n, _BLOCK):
@@ -170,17 +164,40 @@ def _summary_float32(values, buckets, octave, octave_bin, octave_edge, fine, sig
         squares += _squared_deviations(block, mean)
         if spread:
             _linear_buckets(block, low, width, buckets - 1, linear)
-        _count_pairs(bits[begin : begin + _BLOCK], linear, octave, joint, fine, significands)
-    pairs = (joint[0] + joint[1]).reshape(buckets, columns)
-    return _records(
-        n, zeros, 0, 0, 0, low, high, total, squares, pairs.sum(axis=1), pairs.sum(axis=0), buckets
+        _count_refined(bits[begin : begin + _BLOCK], linear, cells, joint, half)
+    pairs = (joint[0] + joint[1]).reshape(buckets, 2 * half)
+    refined = pairs.sum(axis=0)
+    magnitude = np.zeros(2 * _MAGNITUDE_BINS, np.int64)
+    log_bin = 0  # the magnitude histogram's edges at or below refined bin r's lower edge
+    for r in range(half):
+        if r > 0 and log_bin < log_keys.size and log_keys[log_bin] == edges[r - 1]:
+            log_bin += 1
+        magnitude[log_bin] += refined[r]
+        magnitude[_MAGNITUDE_BINS + log_bin] += refined[half + r]
+    histogram, stats = _records(
+        n, zeros, 0, 0, 0, low, high, total, squares, pairs.sum(axis=1), magnitude, buckets
     )
+    if not precise:
+        return histogram, stats, np.zeros(0)
+    below = np.empty(keys.size, np.int64)  # magnitudes below each key
+    for i in range(keys.size):
+        if keys[i] >= above_all:
+            below[i] = n
+        elif keys[i] <= 1:
+            below[i] = zeros
+        elif placed[i]:
+            at = np.searchsorted(edges, keys[i])  # refined bins 0..at lie below it
+            below[i] = refined[: at + 1].sum() + refined[half : half + at + 1].sum()
+        else:
+            below[i] = precision_counts.count_below(bits, keys[i])
+    return histogram, stats, precision_counts.from_below(n, zeros, below, exponents)
 
 
 # The records from the sums and counts: records' one assembly, compiled.
-# numba's on-disk cache of the kernels below keys on this file's stamp only,
-# so after editing summaries.summary_from_sums in a checkout, delete
-# tb_gradviz/__pycache__/kernels.*.nb[ic] (an install writes new files, and recompiles).
+# numba's on-disk cache of this file's kernels keys on this file's stamp only,
+# so after editing summaries.summary_from_sums, refined_bins or precision_counts
+# in a checkout, delete tb_gradviz/capture/__pycache__/kernels.*.nb[ic]
+# (an install writes new files, and recompiles).
 _records = numba.njit(nogil=True, cache=True)(summaries.summary_from_sums)
 
 
@@ -282,32 +299,34 @@ def summary(values, divisor=None, buckets=records.HISTOGRAM_BUCKETS, precision=F
         raise TypeError(f"summary takes float32 or float64 values; received {values.dtype}")
     flat = np.ascontiguousarray(values).reshape(-1)
     if divisor is None and flat.dtype == np.float32:
-        fine = np.zeros((2, precision_counts.FINE_LENGTH if precision else 0), np.int64)
         result = _summary_float32(
             flat,
             int(buckets),
-            _FLOAT32_OCTAVE,
-            _OCTAVE_BIN,
-            _OCTAVE_EDGE,
-            fine,
-            precision_counts.SIGNIFICAND_TABLE,
+            refined_bins.LOG_KEYS,
+            refined_bins.LOG_CELLS,
+            _scratch_cells() if precision else _NONE,
+            precision,
         )
         if result is not None:
-            if not precision:
-                return result
-            histogram, stats = result
-            amax = max(-stats[records.STAT_MIN], stats[records.STAT_MAX])
-            zeros = int(stats[records.STAT_ZEROS])
-            bits = flat.view(np.int32)
-            fine = fine[0] + fine[1]
-            vector = precision_counts.float32_precision(fine, bits, flat.size, zeros, amax)
-            return histogram, stats, vector
+            return result if precision else result[:2]
     result = _summary(
         flat, 1.0 if divisor is None else float(divisor), int(buckets), _OCTAVE_BIN, _OCTAVE_EDGE
     )
     if not precision:
         return result
     return (*result, precision_counts.precision_direct(flat))
+
+
+_NONE = np.zeros(0, np.int64)
+_THREAD = threading.local()
+
+
+def _scratch_cells():
+    """This thread's scratch for `_summary_float32`'s cells."""
+    cells = getattr(_THREAD, "cells", None)
+    if cells is None:
+        cells = _THREAD.cells = np.empty(refined_bins.CELLS, np.int64)
+    return cells
 
 
 def _usable_cpus():
