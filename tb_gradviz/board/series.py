@@ -126,9 +126,15 @@ def decode_series(data, layout):
     steps = np.array([step for step, _, _ in kept], dtype=np.int64)
     wall_times = np.array([wall_time for _, wall_time, _ in kept], dtype=np.float64)
     values = np.stack([array for _, _, array in kept])
+    # The rows are copied into `values`: let them go before anything else is
+    # allocated (a long run's digest series is hundreds of MB).
+    del kept
     valid = layout.valid_rows(values)
-    order = np.argsort(steps[valid], kind="stable")
-    return Series(steps[valid][order], wall_times[valid][order], values[valid][order])
+    rows = np.flatnonzero(valid)[np.argsort(steps[valid], kind="stable")]
+    if len(rows) == len(values) and np.all(rows[1:] > rows[:-1]):
+        # Every row valid and in step order (the usual case): no copy.
+        return Series(steps, wall_times, values)
+    return Series(steps[rows], wall_times[rows], values[rows])
 
 
 class _VersionedCache:
