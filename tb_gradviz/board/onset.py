@@ -14,7 +14,7 @@ only, like the rest of the board.
 import numpy as np
 
 from tb_gradviz.board import health, responses, timeline
-from tb_gradviz.format import digest
+from tb_gradviz.format import digest, records
 
 
 def onset_body(run, steps, columns, ratio=health.DEFAULT_RATIO, listed=None):
@@ -186,6 +186,32 @@ def digest_columns(layers, digests):
         )
     columns.sort(key=lambda layer: (layer["layer_index"], layer["layer"]))
     return steps, columns
+
+
+def read_digests(run_store):
+    """`[(rows, series)]`: every digest series of a `store.RunStore`'s run, read whole."""
+    return [
+        (rows, run_store.read({tag: ts}, timeline.digest_layout(rows), digest.PLUGIN_NAME)[tag])
+        for tag, (rows, ts) in run_store.digests().items()
+    ]
+
+
+def listed_dead_channels(run_store, layers):
+    """`(layer, step) -> [channel]`: the dead channels a layer's units record lists at that very
+    step, or None (no units record there: the digest counts them, the record lists them)."""
+
+    def listed(layer, step):
+        units = layers[layer]["units"]
+        if units is None:
+            return None
+        tag, _, time_series = units
+        series = run_store.read({tag: time_series}, records.UNITS)[tag]
+        row = series.index_at_or_before(step)
+        if row is None or int(series.steps[row]) != step:
+            return None
+        return records.decode_units(series.values[row])["listed"]
+
+    return listed
 
 
 def _latest(column):

@@ -210,11 +210,7 @@ class GradVizPlugin(base_plugin.TBPlugin):
 
     def _digest_columns(self, run_store, layers):
         """`(steps, columns)` of the run's digest (`onset.digest_columns`), or None without one."""
-        digests = [
-            (rows, run_store.read({tag: ts}, timeline.digest_layout(rows), digest.PLUGIN_NAME)[tag])
-            for tag, (rows, ts) in run_store.digests().items()
-        ]
-        steps, columns = onset.digest_columns(layers, digests)
+        steps, columns = onset.digest_columns(layers, onset.read_digests(run_store))
         return (steps, columns) if len(steps) and columns else None
 
     def onset_impl(self, ctx, experiment, run, ratio=health.DEFAULT_RATIO):
@@ -259,19 +255,7 @@ class GradVizPlugin(base_plugin.TBPlugin):
         if found is None:
             result = onset.records_columns(layers, _series_by_kind(layers, run_store.read))
         else:
-
-            def listed(layer, step):
-                units = layers[layer]["units"]
-                if units is None:
-                    return None
-                tag, _, time_series = units
-                series = run_store.read({tag: time_series}, records.UNITS)[tag]
-                row = series.index_at_or_before(step)
-                if row is None or int(series.steps[row]) != step:
-                    return None
-                return records.decode_units(series.values[row])["listed"]
-
-            result = (*found, listed)
+            result = (*found, onset.listed_dead_channels(run_store, layers))
         return (*result, found is not None) if with_source else result
 
     def timeline_impl(
