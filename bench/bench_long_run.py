@@ -10,14 +10,26 @@ digest, and the full records of one event in `full_every`. It is written
 straight to an event file, loaded with the Python multiplexer, and /timeline
 is timed cold (first request) and warm, at 1000 columns.
 
+Part 3 (`--parts ...,tensorboard`): the same run served by `tensorboard` as
+README says for a long run (the default loader, the Rust data server, and
+`--samples_per_plugin=gradviz_digest=0,gradviz=200,histograms=200`): the
+peak and settled RSS of TensorBoard and its data server, and /timeline
+through HTTP (gzip accepted, as a browser asks) cold, warm and for another
+field. `--logdir` keeps the written run for another invocation.
+
     python bench/bench_long_run.py --layers 176 --steps 10000 --json bench/results/long_run.json
+    python bench/bench_long_run.py --parts tensorboard --logdir /tmp/long_run \
+        --json bench/results/long_run_tensorboard.json
 """
 
+import json
 import os
 import resource
+import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 
 import numpy as np
 
@@ -130,35 +142,156 @@ def serve_timeline(root, samples):
     }
 
 
+# README's command for a long run: the digest whole, a sample of the full records.
+README_SAMPLES = "gradviz_digest=0,gradviz=200,histograms=200"
+
+
+def _gzipped_get(url):
+    """GETs a URL as a browser does (gzip accepted); returns (seconds, status, bytes sent)."""
+    request = urllib.request.Request(url, headers={"Accept-Encoding": "gzip"})
+    begin = time.perf_counter()
+    with urllib.request.urlopen(request, timeout=600) as response:
+        body = response.read()
+        return time.perf_counter() - begin, response.status, body, response.headers
+
+
+def serve_tensorboard(root, steps, full_every):
+    """Starts `tensorboard` on `root` with README_SAMPLES; RSS and /timeline through HTTP."""
+    import gzip
+
+    import bench_plugin
+
+    log_path = os.path.join(tempfile.mkdtemp(), "tensorboard.log")
+    port = bench_plugin.free_port()
+    command = [
+        sys.executable,
+        "-m",
+        "tensorboard.main",
+        "--logdir",
+        root,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        f"--samples_per_plugin={README_SAMPLES}",
+    ]
+    with open(log_path, "wb") as log:
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+    sampler = bench_plugin.RssSampler(process.pid)
+    sampler.start()
+    base = f"http://127.0.0.1:{port}"
+    url = f"{base}/data/plugin/gradviz/timeline?run=long&width=1000"
+    last_full = ((steps - 1) // full_every) * full_every + 1
+
+    def loaded():
+        # The full records of the last event that has them are listed: the
+        # loader has read the file up to there.
+        _, status, body = bench_plugin.get(f"{base}/data/plugin/gradviz/runs", timeout=30)
+        layers = json.loads(body)["runs"][0]["layers"] if status == 200 else []
+        return bool(layers) and all(layer["max_step"] == last_full for layer in layers)
+
+    def settled_rss_mb():
+        kids = bench_plugin.common.children(process.pid)
+        total = (bench_plugin.common.rss_kb(process.pid) or 0) + sum(
+            bench_plugin.common.rss_kb(k) or 0 for k in kids
+        )
+        return total / 1024
+
+    try:
+        started = time.perf_counter()
+        bench_plugin.wait_until(lambda: bench_plugin.enabled(base), process, log_path, 300)
+        bench_plugin.wait_until(loaded, process, log_path, 1800)
+        load_s = time.perf_counter() - started
+        # The loader goes on to the file's end: wait until the RSS holds still.
+        previous = -1.0
+        while abs(settled_rss_mb() - previous) > 5:
+            previous = settled_rss_mb()
+            time.sleep(3)
+        rss_loaded = settled_rss_mb()
+        cold, status, cold_body, headers = _gzipped_get(url)
+        assert status == 200 and headers.get("Content-Encoding") == "gzip"
+        body = json.loads(gzip.decompress(cold_body), parse_constant=float)
+        warm = [_gzipped_get(url)[0] for _ in range(3)]
+        other_field = _gzipped_get(url + "&field=zero_share")[0]
+        return {
+            "loader": "rust data server (default)",
+            "samples_per_plugin": README_SAMPLES,
+            "load_s": load_s,
+            "rss_after_load_mb": rss_loaded,
+            "timeline_steps": body["steps"],
+            "timeline_cold_s": cold,
+            "timeline_warm_s": common.median(warm),
+            "timeline_other_field_s": other_field,
+            "timeline_gzip_bytes": len(cold_body),
+            "rss_after_timeline_mb": settled_rss_mb(),
+            "peak_rss_mb": sampler.peak_kb / 1024,
+            "peak_data_server_rss_mb": sampler.peak_children_kb / 1024,
+        }
+    finally:
+        sampler.stop()
+        process.terminate()
+        process.wait(timeout=30)
+
+
+def written_run(args):
+    """Writes the long run (once, when `--logdir` already holds it); returns (root, facts)."""
+    root = args.logdir or tempfile.mkdtemp()
+    path = os.path.join(root, "long")
+    if args.logdir and os.path.isdir(path):
+        size = sum(entry.stat().st_size for entry in os.scandir(path))
+        return root, {"steps": args.steps, "full_every": args.full_every, "bytes": size}
+    begin = time.perf_counter()
+    size = write_long_run(path, args.layers, args.steps, args.full_every)
+    return root, {
+        "steps": args.steps,
+        "full_every": args.full_every,
+        "bytes": size,
+        "write_s": time.perf_counter() - begin,
+    }
+
+
 def main():
     p = common.parser(__doc__.splitlines()[0])
     p.add_argument("--layers", type=int, default=176)
     p.add_argument("--steps", type=int, default=10000)
     p.add_argument("--full-every", type=int, default=100)
     p.add_argument("--repeats", type=int, default=15)
+    p.add_argument(
+        "--parts",
+        default="digest,python",
+        help="comma-separated, of digest (its cost), python (/timeline in process, Python "
+        "loader), tensorboard (a tensorboard process, Rust data server)",
+    )
+    p.add_argument("--logdir", help="where the long run is written, or read if already there")
     args = p.parse_args()
     if args.smoke:
         args.layers, args.steps, args.full_every, args.repeats = 3, 50, 10, 3
-    cost = digest_cost(args.layers, args.repeats)
-    common.print_table("digest cost per event", [cost], [(k, k, "{:.4g}") for k in cost])
-    root = tempfile.mkdtemp()
-    begin = time.perf_counter()
-    size = write_long_run(os.path.join(root, "long"), args.layers, args.steps, args.full_every)
-    written = {
-        "steps": args.steps,
-        "full_every": args.full_every,
-        "bytes": size,
-        "write_s": time.perf_counter() - begin,
-    }
-    # Every point the file holds: the full records are already one event in `full_every`.
-    samples = {"gradviz_digest": 0, "gradviz": 0, "histograms": 0}
-    served = dict(written, **serve_timeline(root, samples))
-    common.print_table(
-        "long run, /timeline at 1000 columns (Python loader)",
-        [served],
-        [(k, k, "{:.4g}") for k in served],
-    )
-    rows = [dict(cost, part="digest"), dict(served, part="long_run")]
+    parts = args.parts.split(",")
+    rows = []
+    if "digest" in parts:
+        cost = digest_cost(args.layers, args.repeats)
+        common.print_table("digest cost per event", [cost], [(k, k, "{:.4g}") for k in cost])
+        rows.append(dict(cost, part="digest"))
+    if "python" in parts or "tensorboard" in parts:
+        root, written = written_run(args)
+    if "python" in parts:
+        # Every point the file holds: the full records are already one event in `full_every`.
+        samples = {"gradviz_digest": 0, "gradviz": 0, "histograms": 0}
+        served = dict(written, **serve_timeline(root, samples))
+        common.print_table(
+            "long run, /timeline at 1000 columns (Python loader)",
+            [served],
+            [(k, k, "{:.4g}") for k in served],
+        )
+        rows.append(dict(served, part="long_run"))
+    if "tensorboard" in parts:
+        served = dict(written, **serve_tensorboard(root, args.steps, args.full_every))
+        common.print_table(
+            "long run served by tensorboard (README's command), /timeline at 1000 columns",
+            [served],
+            [(k, k, "{:.4g}" if not isinstance(v, str) else "{}") for k, v in served.items()],
+        )
+        rows.append(dict(served, part="tensorboard"))
     for row in rows:
         print("RESULT", {k: (round(v, 4) if isinstance(v, float) else v) for k, v in row.items()})
     common.write_json(args.json, {"rows": rows})

@@ -148,6 +148,18 @@ def test_long_run_bench_measures_the_digest_and_the_timeline(tmp_path):
     assert long_row["steps"] == 50 and long_row["timeline_warm_s"] > 0
 
 
+def test_long_run_bench_serves_the_run_with_tensorboard(tmp_path):
+    (row,) = run_smoke(tmp_path, "bench_long_run.py", "--parts", "tensorboard")
+    assert row["part"] == "tensorboard" and row["timeline_steps"] == 50
+    assert row["peak_rss_mb"] >= row["rss_after_load_mb"] > 0
+
+
+def test_budget_bench_reads_back_what_the_budget_did(tmp_path):
+    (row,) = run_smoke(tmp_path, "bench_budget.py")
+    assert row["budget"] == 0.02 and row["steps"] == 40
+    assert 0 < row["share_whole_fit"] < 1 and row["interval_max"] >= 1
+
+
 def test_check_bench_times_check_and_step_on_a_long_run(tmp_path):
     text, json_row, step = run_smoke(tmp_path, "bench_check.py")
     assert (text["part"], json_row["part"], step["part"]) == ("check_text", "check_json", "step")
