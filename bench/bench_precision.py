@@ -4,9 +4,12 @@ Each repeat runs one log event of the callback (`GradVizCallback.log_now`:
 probe pass, statistics, records, event write) on `--model` with `--layers`,
 and times, on the very tensors that event summarised, the host statistics
 (`kernels.summaries`) with the precision record (what the event computes)
-and without it, interleaved. The extra per event is the difference of the
-two over the event's time without the record (the event's time minus that
-difference). Medians and minima over `--repeats`.
+and without it, interleaved, in alternating order. The extra per event is
+the difference of the two over the event's time without the record (the
+event's time minus that difference). Wall time and the process's CPU time
+(all its threads: on a shared machine, others' load stretches the first,
+not the second). Medians over `--repeats` and the figures of the minima;
+the load average before and after.
 
 Examples:
   python bench/bench_precision.py --model resnet50 --layers pool --repeats 9
@@ -17,6 +20,7 @@ import functools
 import os
 import sys
 import tempfile
+import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402  (sets TF_CPP_MIN_LOG_LEVEL before TensorFlow loads)
@@ -43,36 +47,62 @@ def measure(args):
         return original(items, *rest, **kwargs)
 
     kernels.summaries = recording
+    load_before = os.getloadavg()
     try:
         callback.log_now()  # traces
-        rows = []
-        for _ in range(args.repeats):
+        rows = []  # per repeat: (wall, cpu) of the event, with the record, without
+        for repeat in range(args.repeats):
             seen.clear()
-            event_s = common.seconds(callback.log_now)
+            event = timed(callback.log_now)
             items = [item for call in seen for item in call]
-            with_s = common.seconds(functools.partial(original, items, precision=True))
-            without_s = common.seconds(functools.partial(original, items, precision=False))
-            rows.append((event_s, with_s, without_s))
+            with_ = functools.partial(original, items, precision=True)
+            without = functools.partial(original, items, precision=False)
+            if repeat % 2:
+                without_t, with_t = timed(without), timed(with_)
+            else:
+                with_t, without_t = timed(with_), timed(without)
+            rows.append((*event, *with_t, *without_t))
     finally:
         kernels.summaries = original
-    event, with_, without = (np.array(column) for column in zip(*rows))
-    extra = (with_ - without) / (event - (with_ - without))
-    return {
+    wall_event, cpu_event, wall_with, cpu_with, wall_without, cpu_without = (
+        np.array(column) for column in zip(*rows)
+    )
+    row = {
         "model": args.model,
         "layers": args.layers,
         "n_layers": n_layers,
         "tensors": len(items),
         "values": int(sum(np.size(v) for v, _ in items)),
-        "event_s": float(np.median(event)),
-        "statistics_with_s": float(np.median(with_)),
-        "statistics_without_s": float(np.median(without)),
-        "min_statistics_with_s": float(with_.min()),
-        "min_statistics_without_s": float(without.min()),
-        "extra_per_event": float(np.median(extra)),
-        "extra_per_event_of_minima": float(
-            (with_.min() - without.min()) / (event.min() - (with_.min() - without.min()))
-        ),
+        "load_before": [round(x, 2) for x in load_before],
+        "load_after": [round(x, 2) for x in os.getloadavg()],
     }
+    for clock, event, with_, without in (
+        ("wall", wall_event, wall_with, wall_without),
+        ("cpu", cpu_event, cpu_with, cpu_without),
+    ):
+        extra = (with_ - without) / (event - (with_ - without))
+        row.update(
+            {
+                f"{clock}_event_s": float(np.median(event)),
+                f"{clock}_statistics_with_s": float(np.median(with_)),
+                f"{clock}_statistics_without_s": float(np.median(without)),
+                f"{clock}_min_statistics_with_s": float(with_.min()),
+                f"{clock}_min_statistics_without_s": float(without.min()),
+                f"{clock}_statistics_ratio": float(np.median(with_ / without)),
+                f"{clock}_extra_per_event": float(np.median(extra)),
+                f"{clock}_extra_per_event_of_minima": float(
+                    (with_.min() - without.min()) / (event.min() - (with_.min() - without.min()))
+                ),
+            }
+        )
+    return row
+
+
+def timed(fn):
+    """Runs `fn()` once; returns its wall time and the process's CPU time, in seconds."""
+    wall, cpu = time.perf_counter(), time.process_time()
+    fn()
+    return time.perf_counter() - wall, time.process_time() - cpu
 
 
 def main():

@@ -28,7 +28,7 @@ Imports neither TensorFlow nor Keras.
 
 import concurrent.futures
 import os
-import threading
+import queue
 
 import numba
 import numpy as np
@@ -299,14 +299,19 @@ def summary(values, divisor=None, buckets=records.HISTOGRAM_BUCKETS, precision=F
         raise TypeError(f"summary takes float32 or float64 values; received {values.dtype}")
     flat = np.ascontiguousarray(values).reshape(-1)
     if divisor is None and flat.dtype == np.float32:
-        result = _summary_float32(
-            flat,
-            int(buckets),
-            refined_bins.LOG_KEYS,
-            refined_bins.LOG_CELLS,
-            _scratch_cells() if precision else _NONE,
-            precision,
-        )
+        cells = _borrow_cells() if precision else _NO_CELLS
+        try:
+            result = _summary_float32(
+                flat,
+                int(buckets),
+                refined_bins.LOG_KEYS,
+                refined_bins.LOG_CELLS,
+                cells,
+                precision,
+            )
+        finally:
+            if precision:
+                _SPARE_CELLS.put(cells)
         if result is not None:
             return result if precision else result[:2]
     result = _summary(
@@ -317,16 +322,17 @@ def summary(values, divisor=None, buckets=records.HISTOGRAM_BUCKETS, precision=F
     return (*result, precision_counts.precision_direct(flat))
 
 
-_NONE = np.zeros(0, np.int64)
-_THREAD = threading.local()
+_NO_CELLS = np.zeros(0, np.int64)
+# Scratch for the cells of `_summary_float32`, each lent to one call at a time: kept between
+# calls, as the worker threads of `summaries` are not.
+_SPARE_CELLS = queue.SimpleQueue()
 
 
-def _scratch_cells():
-    """This thread's scratch for `_summary_float32`'s cells."""
-    cells = getattr(_THREAD, "cells", None)
-    if cells is None:
-        cells = _THREAD.cells = np.empty(refined_bins.CELLS, np.int64)
-    return cells
+def _borrow_cells():
+    try:
+        return _SPARE_CELLS.get_nowait()
+    except queue.Empty:
+        return np.empty(refined_bins.CELLS, np.int64)
 
 
 def _usable_cpus():
