@@ -34,7 +34,17 @@ def timed_check(logdir, *extra):
         raise RuntimeError(f"check failed: {result.stderr[-2000:]}")
     parts = [float(p) for p in wall.group(1).split(":")]
     seconds = sum(p * 60**i for i, p in enumerate(reversed(parts)))
-    return {"wall_s": seconds, "peak_rss_mb": int(rss.group(1)) / 1024, "status": result.returncode}
+    # CPU time (user + system) says what the wall time owes to the machine's other work.
+    cpu = sum(
+        float(re.search(rf"{kind} time \(seconds\): (\S+)", result.stderr).group(1))
+        for kind in ("User", "System")
+    )
+    return {
+        "wall_s": seconds,
+        "cpu_s": cpu,
+        "peak_rss_mb": int(rss.group(1)) / 1024,
+        "status": result.returncode,
+    }
 
 
 def step_times(logdir, run, early):
