@@ -139,7 +139,10 @@ def test_precision_bench_times_the_statistics_with_and_without_the_record(tmp_pa
     (row,) = run_smoke(tmp_path, "bench_precision.py")
     # The tiny CNN with all 7 layers: 15 summarised tensors, each timed both ways.
     assert row["tensors"] == 15
-    assert row["statistics_with_s"] > 0 and row["statistics_without_s"] > 0 and row["event_s"] > 0
+    for clock in ("wall", "cpu"):
+        assert row[f"{clock}_statistics_with_s"] > 0 and row[f"{clock}_statistics_without_s"] > 0
+        assert row[f"{clock}_event_s"] > 0
+    assert len(row["load_before"]) == len(row["load_after"]) == 3
 
 
 def test_long_run_bench_measures_the_digest_and_the_timeline(tmp_path):
