@@ -162,3 +162,38 @@ def test_check_finds_the_onset_at_a_step_whose_full_records_were_not_kept(tmp_pa
     assert [f["flag"] for f in body["layers"][0]["flags"]] == ["nonfinite"]
     assert body["health"]["step"] == 4 and body["step"] == 3
     assert body["layers"][0]["tensors"]["activation"]["step"] == 3  # the records' latest
+
+
+def test_flags_from_the_digest_equal_the_records_on_a_fit_with_weights_and_a_nan(tmp_path):
+    # Weight and weight-gradient tensors and update rows in the digest; the NaN reaches the
+    # weights' gradients and, after the update, the weights.
+    keras = pytest.importorskip("keras")
+    from tb_gradviz import GradVizCallback
+
+    keras.utils.set_random_seed(0)
+    scale = test_onset.Scale(name="scale")
+    model = keras.Sequential(
+        [
+            keras.Input((6,)),
+            keras.layers.Dense(8, activation="relu", name="d1"),
+            scale,
+            keras.layers.Dense(3, name="logits"),
+        ]
+    )
+    model.compile(keras.optimizers.SGD(0.01), "mse")
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=(24, 6)).astype("float32")
+    y = rng.normal(size=(24, 3)).astype("float32")
+    callbacks = [
+        test_onset.SetFactorAt(scale, 3, float("nan")),
+        GradVizCallback(
+            tmp_path,
+            (x[:8], y[:8]),
+            layers=["d1", "scale", "logits"],
+            every_n_batches=1,
+            weights=True,
+        ),
+    ]
+    model.fit(x, y, batch_size=4, epochs=1, verbose=0, callbacks=callbacks)
+    raised = assert_the_digest_judges_as_the_records(tmp_path, ".")
+    assert raised["nonfinite"] == {3, 4, 5, 6}
