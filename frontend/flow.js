@@ -1,9 +1,10 @@
 // DOM of the gradient-flow view: every layer of a run in model order along x,
 // and per role a log panel of the RMS and largest |value| with a strip of the
-// exact-zero share below it; one line per chosen step and run; the training-
-// health flags of /step as badges above; with weights=True a panel of the
-// weight gradients and one of each layer's update ratio below. The numbers
-// come from flowmodel.js.
+// exact-zero share below it (and, for a gradient with a precision record, the
+// share that flushes to zero in float16 or the format the layer computes in);
+// one line per chosen step and run; the training-health flags of /step as
+// badges above; with weights=True a panel of the weight gradients and one of
+// each layer's update ratio below. The numbers come from flowmodel.js.
 
 import * as captions from './captions.js';
 import * as charts from './charts.js';
@@ -31,7 +32,8 @@ const MIN_SLOT_WIDTH = 4;
 const LABEL_SPACING = 12;
 const POINT_RADIUS = 1.8;
 
-const STAT_TITLES = {rms: 'RMS', max_abs: 'max |value|', zero_fraction: 'exact zeros', update_ratio: 'update ratio'};
+const STAT_TITLES = {rms: 'RMS', max_abs: 'max |value|', zero_fraction: 'exact zeros', update_ratio: 'update ratio',
+  flush: 'share that flushes to zero'};
 // The update-ratio panel's points carry this role.
 const UPDATE_ROLE = 'update';
 
@@ -57,6 +59,7 @@ export function renderFlow(container, {slots, lines, currentLayer, width, onSele
   const drawn = lines.map((line) => ({...line, names: slots.map((slot) => slot[line.side]),
     layers: new Map(line.snapshot.layers.map((layer) => [layer.layer, layer])),
     values: flowmodel.flowLine(line.snapshot, slots, line.side, roles),
+    flush: flowmodel.flushLine(line.snapshot, slots, line.side, roles),
     ratios: updates ? flowmodel.updateRatioLine(line.snapshot, slots, line.side) : null,
     flags: flowmodel.slotFlags(line.snapshot, slots, line.side)}));
   const labels = flowmodel.shortLayerNames(slots.map(flowmodel.slotName));
@@ -171,7 +174,9 @@ function panel(chart, geometry, place, role, lines) {
   }
   charts.logAxis(group, box, {range, yOf: logY, zeroY: place.zeroY, zeros});
   charts.shareAxis(group, box, {ticks: [0, 1], yOf: zerosY});
-  group.append(svg('text', {className: 'strip-title', text: 'exact zeros',
+  const flushLabels = flowmodel.flushLabels(lines.map(({flush}) => flush[role]));
+  const stripTitle = flushLabels.length ? `exact zeros · dotted: share that ${flushLabels.join(' / ')}` : 'exact zeros';
+  group.append(svg('text', {className: 'strip-title', text: stripTitle,
     attrs: {x: geometry.plotRight, y: place.zerosTop - 2, 'text-anchor': 'end'}}));
 
   // Kept steps first, the slider's step on top of them.
@@ -179,13 +184,21 @@ function panel(chart, geometry, place, role, lines) {
     const onPanel = range ? flowmodel.drawableOnLogPanel : (value) => value === 0;
     for (const stat of flowmodel.LOG_STATS) draw(group, geometry, line, line.values[role][stat], role, stat, onPanel, logY);
     draw(group, geometry, line, line.values[role].zero_fraction, role, 'zero_fraction', Number.isFinite, zerosY);
+    const flush = line.flush[role];
+    if (flush) {
+      draw(group, geometry, line, flush.map((entry) => entry?.share ?? null), role, 'flush', Number.isFinite, zerosY,
+        (k) => ({'data-format': flush[k].format, 'data-flushed': flush[k].flushed, 'data-total': flush[k].total}));
+    }
   }
   // Over the lines, its label on a halo of the background.
   if (role === 'output_gradient') thresholds(group, geometry, lines, range, logY);
 }
 
-/** One statistic of one line (`values`, one per slot) as a polyline broken at gaps, with a point per layer on the slider's step. */
-function draw(group, geometry, line, values, role, stat, drawable, yOf) {
+/**
+ * One statistic of one line (`values`, one per slot) as a polyline broken at gaps, with a point per layer on the
+ * slider's step; `attrsOf(k)`: more attributes of slot k's point.
+ */
+function draw(group, geometry, line, values, role, stat, drawable, yOf, attrsOf = () => ({})) {
   const classes = `series-${line.series} pin-${line.pin} stat-${stat}`;
   const what = role === UPDATE_ROLE ? STAT_TITLES[stat] : `${captions.ROLE_TITLES[role]}, ${STAT_TITLES[stat]}`;
   const name = `${line.run}, step ${line.snapshot.step}: ${what}`;
@@ -199,7 +212,7 @@ function draw(group, geometry, line, values, role, stat, drawable, yOf) {
       group.append(svg('circle', {className: `flow-point ${classes}`, attrs: {
         cx: round(geometry.xOf(k)), cy: round(yOf(values[k])), r: POINT_RADIUS,
         'data-layer': line.names[k], 'data-run': line.run, 'data-step': line.snapshot.step,
-        'data-role': role, 'data-stat': stat, 'data-value': String(values[k]),
+        'data-role': role, 'data-stat': stat, 'data-value': String(values[k]), ...attrsOf(k),
       }}));
     }
   }
@@ -286,8 +299,10 @@ function slotTitle(slot, label, k, lines, roles) {
     for (const role of roles) {
       const flow = layer.flow?.[role];
       if (!flow) continue;
+      const flush = flowmodel.flushShare(layer, role);
       rows.push(`  ${captions.ROLE_TITLES[role]}: RMS ${model.formatNumber(flow.rms)}, `
-        + `max |value| ${model.formatNumber(flow.max_abs)}, ${model.formatPercent(flow.zero_fraction)} zeros`);
+        + `max |value| ${model.formatNumber(flow.max_abs)}, ${model.formatPercent(flow.zero_fraction)} zeros`
+        + (flush && flowmodel.FLUSH_ROLES.includes(role) ? `; ${flowmodel.flushText(flush)}` : ''));
     }
     if ((layer.update_ratio ?? null) !== null) {
       const size = captions.updateSize(layer.update_size);
@@ -309,6 +324,9 @@ function legend(lines) {
     ])),
     html('li', {className: 'stat-key'}, [sample('rms'), html('span', {text: 'RMS'})]),
     html('li', {className: 'stat-key'}, [sample('max_abs'), html('span', {text: 'max |value|'})]),
+    ...(lines.some(({flush}) => Object.values(flush).some((shares) => shares.some(Boolean)))
+      ? [html('li', {className: 'stat-key'}, [sample('flush'), html('span', {text: 'share that flushes to zero'})])]
+      : []),
   ]);
 }
 

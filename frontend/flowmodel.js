@@ -2,7 +2,7 @@
 // axis and their short names, one value per layer for each line, the ranges
 // of the log axes. No DOM, so all of it runs under `node --test`.
 
-import {UPDATE_RATIO_GUIDE} from './model.js';
+import {UPDATE_RATIO_GUIDE, formatPercent} from './model.js';
 
 // The panels, top to bottom, in the order the issue names them: gradients
 // vanish or explode on their way from the output toward the input.
@@ -262,4 +262,74 @@ export function distinctLines(wanted, snapshots) {
     seen.add(key);
     return fresh;
   });
+}
+
+// ------------------------------------------------------------ flush to zero
+
+/** The roles whose flush share the view draws: the gradients. */
+export const FLUSH_ROLES = ['output_gradient', 'input_gradient', WEIGHT_GRADIENT];
+
+/** The narrow formats a layer can compute in (headroom.COMPUTE_FORMATS on the server). */
+export const COMPUTE_FORMATS = ['float16', 'bfloat16'];
+
+/**
+ * The format a layer's flush share is taken in: the one it computes in when
+ * that is float16 or bfloat16, else float16 (what a float32 layer would
+ * meet under mixed_float16). `computes` says which of the two it is.
+ */
+export function flushFormat(layerDtype) {
+  const computes = COMPUTE_FORMATS.includes(layerDtype);
+  return {format: computes ? layerDtype : 'float16', computes};
+}
+
+/** How a flush share is labelled: "flushes in bfloat16", or "would flush in float16". */
+export function flushLabel({format, computes}) {
+  return `${computes ? 'flushes' : 'would flush'} in ${format}`;
+}
+
+/** A flush share as the hover words it: "0.52 % would flush in float16 (2 of 384)". */
+export function flushText(flush) {
+  return `${formatPercent(flush.share, 2)} ${flushLabel(flush)} (${flush.flushed} of ${flush.total})`;
+}
+
+/**
+ * The share of one role's finite non-zero values in a /step layer that a
+ * cast to its flush format underflows (to zero or subnormal: IEEE
+ * underflow, as the server's `headroom.shares`), as the values are: all the
+ * layer's tensors of that role pooled. Null when the layer has no tensor of
+ * that role or one of them has no precision record (a run written before
+ * it); NaN when none of the values is finite and non-zero.
+ *
+ * @returns {?{share: number, format: string, computes: boolean, flushed: number, total: number}}
+ */
+export function flushShare(layer, role) {
+  const tensors = Object.values(layer?.tensors ?? {}).filter((tensor) => tensor.role === role);
+  if (tensors.length === 0 || tensors.some((tensor) => !tensor.precision)) return null;
+  const {format, computes} = flushFormat(layer.layer_dtype);
+  let flushed = 0;
+  let total = 0;
+  for (const {precision} of tensors) {
+    const counts = precision.formats[format].as_is;
+    flushed += counts.to_zero + counts.subnormal;
+    total += precision.finite_nonzero;
+  }
+  return {share: total > 0 ? flushed / total : NaN, format, computes, flushed, total};
+}
+
+/**
+ * One line's flush shares: per gradient role among `roles`, each slot's
+ * `flushShare` (null where the run lacks the layer or it has no record).
+ *
+ * @returns {{[role: string]: ?object[]}}
+ */
+export function flushLine(snapshot, slots, side, roles = FLOW_ROLES) {
+  const layers = slotLayers(snapshot, slots, side);
+  return Object.fromEntries(roles.filter((role) => FLUSH_ROLES.includes(role))
+    .map((role) => [role, layers.map((layer) => flushShare(layer, role))]));
+}
+
+/** The labels of the flush shares in the lines (`flushLine` values of one role), each once, in order. */
+export function flushLabels(lists) {
+  const labels = lists.flatMap((shares) => (shares ?? []).filter(Boolean).map(flushLabel));
+  return [...new Set(labels)];
 }

@@ -162,7 +162,10 @@ def _check_points(chart, snapshot, run, pin="pin-0"):
     panel of role "update" holds each layer's `update_ratio` (weights=True).
     """
     panels = {panel["role"]: panel for panel in chart["panels"]}
-    points = [p for p in chart["points"] if p["run"] == run and p["pin"] == pin]
+    # The share that flushes to zero is checked in test_flush_browser.py.
+    points = [
+        p for p in chart["points"] if p["run"] == run and p["pin"] == pin and p["stat"] != "flush"
+    ]
     assert {p["step"] for p in points} == {snapshot["step"]}
     expected = {
         (layer["layer"], role, stat): value
@@ -370,8 +373,12 @@ def test_gradient_flow_of_a_vanishing_plain_cnn(page, tensorboard):
     assert column[(SIGMOID_RUN, "conv05")] == column[(RELU_RUN, "conv05")]
     assert column[(RELU_RUN, "bn05")] > column[(SIGMOID_RUN, "conv05")]
     # The plain CNN's line steps over the columns of BatchNorm and ReLU: one path per role and statistic
-    # (RMS, max |value| and zeros per role panel; the update ratio on its panel, when logged).
-    paths = sum(1 if panel["role"] == UPDATE_PANEL else 3 for panel in chart["panels"])
+    # (RMS, max |value| and zeros per role panel, and a gradient's share that flushes to zero; the
+    # update ratio on its panel, when logged).
+    paths = sum(
+        1 if panel["role"] == UPDATE_PANEL else 4 if panel["role"].endswith("gradient") else 3
+        for panel in chart["panels"]
+    )
     assert paths >= 9 and frame.locator("path.flow-line.series-0.pin-0").count() == paths
     keep_screenshot(frame.locator(".flow-section"), root / "gradient_flow_overlay.png")
 

@@ -146,3 +146,73 @@ test('the flow asks for each shown run at the slider step then the kept ones, an
   assert.deepEqual(lines.map(({run, pin, snapshot}) => [run, pin, snapshot.step]), [['a', 0, 6], ['a', 1, 2], ['b', 0, 5]]);
   assert.deepEqual(flowmodel.wantedLines('a', null, 3, []).map(({run, requested}) => [run, requested]), [['a', 3]]);
 });
+
+test('a gradient\'s flush share pools its tensors\' precision records, in float16 for a float32 layer', () => {
+  const clean = latest('clean');
+  const pool = clean.layers.find(({layer}) => layer === 'pool');
+  assert.equal(pool.layer_dtype, 'float32');
+  const record = pool.tensors.input_gradient.precision;
+  const {to_zero: toZero, subnormal} = record.formats.float16.as_is;
+  const share = flowmodel.flushShare(pool, 'input_gradient');
+  assert.deepEqual(share, {share: (toZero + subnormal) / record.finite_nonzero, format: 'float16', computes: false,
+    flushed: toZero + subnormal, total: record.finite_nonzero});
+  // A max pool without ties: a quarter of its input gradient is non-zero, all of it finite.
+  const {count, zeros} = pool.tensors.input_gradient.stats;
+  assert.equal(share.total, count - zeros);
+  assert.equal(share.total * 4, count);
+  // The Add's two input gradients pooled, as /step's flow pools them.
+  const add = clean.layers.find(({layer}) => layer === 'add');
+  const inputs = Object.values(add.tensors).filter(({role}) => role === 'input_gradient');
+  assert.equal(inputs.length, 2);
+  const pooled = flowmodel.flushShare(add, 'input_gradient');
+  assert.equal(pooled.total, inputs[0].precision.finite_nonzero + inputs[1].precision.finite_nonzero);
+  assert.equal(pooled.flushed, inputs.reduce((sum, {precision}) =>
+    sum + precision.formats.float16.as_is.to_zero + precision.formats.float16.as_is.subnormal, 0));
+  // The vanishing sigmoid stack: its first layer's gradient underflows float16 more than the head's.
+  const vanishing = latest('vanishing');
+  const first = flowmodel.flushShare(vanishing.layers.find(({layer}) => layer === 'body/sigmoid_0'), 'output_gradient');
+  const head = flowmodel.flushShare(vanishing.layers.find(({layer}) => layer === 'head'), 'output_gradient');
+  assert.ok(first.share > head.share && first.share > 0, `${first.share} vs ${head.share}`);
+});
+
+test('a layer computing in bfloat16 is judged in bfloat16; without a record the share is null, with no value NaN', () => {
+  const pool = structuredClone(latest('clean').layers.find(({layer}) => layer === 'pool'));
+  pool.layer_dtype = 'bfloat16';
+  const record = pool.tensors.output_gradient.precision;
+  const counts = record.formats.bfloat16.as_is;
+  const share = flowmodel.flushShare(pool, 'output_gradient');
+  assert.deepEqual([share.format, share.computes, share.flushed], ['bfloat16', true, counts.to_zero + counts.subnormal]);
+  assert.equal(flowmodel.flushLabel(share), 'flushes in bfloat16');
+  assert.equal(flowmodel.flushLabel(flowmodel.flushFormat('float32')), 'would flush in float16');
+  assert.deepEqual(flowmodel.flushFormat('float16'), {format: 'float16', computes: true});
+  // No tensor of the role, or one without a record (an older run): nothing, not 0.
+  assert.equal(flowmodel.flushShare(pool, 'weight_gradient'), null);
+  pool.tensors.output_gradient.precision = null;
+  assert.equal(flowmodel.flushShare(pool, 'output_gradient'), null);
+  assert.equal(flowmodel.flushShare(undefined, 'output_gradient'), null);
+  // Only zeros: nothing to take a share of.
+  const empty = {finite_nonzero: 0, formats: {float16: {as_is: {to_zero: 0, subnormal: 0, overflow: 0}}}};
+  const zeros = {layer_dtype: 'float32', tensors: {g: {role: 'output_gradient', precision: empty}}};
+  assert.ok(Number.isNaN(flowmodel.flushShare(zeros, 'output_gradient').share));
+  assert.equal(flowmodel.flushText({share: 2 / 384, format: 'float16', computes: false, flushed: 2, total: 384}),
+    '0.52 % would flush in float16 (2 of 384)');
+});
+
+test('a flush line has the gradient roles only, a share per slot, null where the run lacks the layer', () => {
+  const snapshot = latest('clean');
+  const slots = flowmodel.alignLayers(layerNames('clean'), ['conv', 'conv_bn', 'pool']);
+  const line = flowmodel.flushLine(snapshot, slots, 'primary', [...flowmodel.FLOW_ROLES, 'weight_gradient']);
+  assert.deepEqual(Object.keys(line), ['output_gradient', 'input_gradient', 'weight_gradient']);
+  const names = slots.map(({primary}) => primary);
+  assert.equal(line.output_gradient[names.indexOf(null)], null);
+  names.forEach((name, k) => {
+    if (name === null) return;
+    const layer = snapshot.layers.find((entry) => entry.layer === name);
+    assert.deepEqual(line.output_gradient[k], flowmodel.flushShare(layer, 'output_gradient'));
+    assert.equal(line.weight_gradient[k], null);
+  });
+  const other = flowmodel.flushLine(snapshot, slots, 'other');
+  assert.equal(other.input_gradient.filter(Boolean).length, 2); // conv and pool
+  assert.deepEqual(flowmodel.flushLabels([line.output_gradient, other.output_gradient]), ['would flush in float16']);
+  assert.deepEqual(flowmodel.flushLabels([[null], null]), []);
+});

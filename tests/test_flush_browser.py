@@ -1,0 +1,165 @@
+"""The gradient flow's share that flushes to zero, in Chromium against /step's precision records.
+
+Three runs: the demo's mixed_float16 CNN with the loss scale fixed at 1
+(its gradients are float16, most of their values subnormal: "flushes in
+float16"), a float32 Dense network fitted on tiny targets (gradients partly
+below float16's normal range: "would flush in float16"), and a synthetic
+run written without precision records, which shows no share at all.
+"""
+
+import math
+import urllib.parse
+
+import eventdata
+import numpy as np
+import pytest
+import synthetic
+from tbserver import get_json, running_tensorboard
+from test_e2e_browser import (  # noqa: F401 (fixture)
+    PLUGIN_FRAME,
+    _runs_loaded,
+    browser,
+    expect,
+    gradviz_page,
+    keep_screenshot,
+    read_when_ready,
+)
+
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
+
+MIXED, FLOAT32, OLD = "mixed_unscaled", "float32_tiny", "old"
+GRADIENT_ROLES = ("output_gradient", "input_gradient", "weight_gradient")
+
+
+def _fit_float32(log_dir):
+    import keras
+
+    import tb_gradviz
+
+    keras.utils.set_random_seed(0)
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(32, 16)).astype("float32")
+    y = (1e-4 * rng.normal(size=(32, 4))).astype("float32")
+    model = keras.Sequential(
+        [
+            keras.Input((16,)),
+            keras.layers.Dense(16, activation="tanh", name="hidden"),
+            keras.layers.Dense(4, name="head"),
+        ]
+    )
+    model.compile("sgd", "mse")
+    callback = tb_gradviz.GradVizCallback(log_dir, (x[:8], y[:8]), layers=lambda layer: True)
+    model.fit(x, y, batch_size=8, epochs=1, verbose=0, callbacks=[callback])
+
+
+def _last_step(run_dir):
+    log = eventdata.load(run_dir)
+    return max(step for tag in eventdata.tensor_tags(log) for step, _ in eventdata.values(log, tag))
+
+
+@pytest.fixture(scope="module")
+def tensorboard(tmp_path_factory):
+    pytest.importorskip("keras")
+    from tb_gradviz import demos
+
+    root = tmp_path_factory.mktemp("flush")
+    logdir = root / "logs"
+    demos.train_mixed_cnn(logdir / MIXED, 1.0, steps=5, log_every=5, verbose=0)
+    _fit_float32(logdir / FLOAT32)
+    synthetic.write_run(logdir / OLD, layers=2, steps=2)
+    ready = _runs_loaded({run: _last_step(logdir / run) for run in (MIXED, FLOAT32, OLD)})
+    with running_tensorboard(logdir, root / "tensorboard.log", ready) as url:
+        yield url, root
+
+
+def expected_shares(snapshot):
+    """`{(layer, role): (share, format, flushed, total)}` from /step's precision records, as the
+    server's headroom.shares defines underflow (to zero or subnormal), the role's tensors pooled."""
+    shares = {}
+    for layer in snapshot["layers"]:
+        dtype = layer["layer_dtype"]
+        name = dtype if dtype in ("float16", "bfloat16") else "float16"
+        for role in GRADIENT_ROLES:
+            tensors = [t for t in layer["tensors"].values() if t["role"] == role]
+            if not tensors or any(t["precision"] is None for t in tensors):
+                continue
+            flushed = sum(
+                t["precision"]["formats"][name]["as_is"][count]
+                for t in tensors
+                for count in ("to_zero", "subnormal")
+            )
+            total = sum(t["precision"]["finite_nonzero"] for t in tensors)
+            shares[(layer["layer"], role)] = (flushed / total, name, flushed, total)
+    return shares
+
+
+_READ_FLUSH = """chart => ({
+  points: [...chart.querySelectorAll('.flow-point.stat-flush.pin-0')].map(({dataset: d}) => ({
+    layer: d.layer, run: d.run, role: d.role, value: Number(d.value), format: d.format,
+    flushed: Number(d.flushed), total: Number(d.total)})),
+  strips: Object.fromEntries([...chart.querySelectorAll('.flow-panel')].map((panel) => [
+    panel.dataset.role, panel.querySelector('.strip-title')?.textContent ?? null])),
+  hovers: Object.fromEntries([...chart.querySelectorAll('.flow-hit')].map((hit) => [
+    hit.dataset.layer, hit.querySelector('title').textContent])),
+})"""
+
+
+def _show(page, url, run):
+    """Selects `run` and reads the flush shares its chart draws, with /step's answer."""
+    frame = page.frame_locator(PLUGIN_FRAME)
+    frame.get_by_label("Run", exact=True).select_option(run)
+    snapshot = get_json(f"{url}/data/plugin/gradviz/step?{urllib.parse.urlencode({'run': run})}")
+    expect(
+        frame.locator("h2", has_text=f"All layers of {run} at step {snapshot['step']}")
+    ).to_be_visible()
+    line = f'.flow-point.pin-0[data-run="{run}"][data-step="{snapshot["step"]}"]'
+    return read_when_ready(page, ".flow-chart", _READ_FLUSH, has=line), snapshot
+
+
+def _check(chart, snapshot, run, label):
+    expected = expected_shares(snapshot)
+    assert expected, "the run has precision records"
+    drawn = {
+        (p["layer"], p["role"]): (p["value"], p["format"], p["flushed"], p["total"])
+        for p in chart["points"]
+        if p["run"] == run
+    }
+    assert drawn == {key: value for key, value in expected.items() if math.isfinite(value[0])}
+    for role in GRADIENT_ROLES:
+        if role in chart["strips"]:
+            assert chart["strips"][role] == f"exact zeros · dotted: share that {label}"
+    for (layer, role), (share, _, flushed, total) in expected.items():
+        wording = f"{100 * share:.2f} % {label} ({flushed} of {total})"
+        assert wording in chart["hovers"][layer], (layer, role, chart["hovers"][layer])
+    return expected
+
+
+def test_flush_share_of_each_gradient_is_the_served_precision_record(browser, tensorboard):  # noqa: F811
+    url, root = tensorboard
+    with gradviz_page(browser, url) as page:
+        # Where the tab has sections, the gradient flow is in "Across layers" (the layout builds
+        # the section tabs with the flow's section).
+        frame = page.frame_locator(PLUGIN_FRAME)
+        frame.locator(".flow-section").wait_for(state="attached")
+        across = frame.get_by_role("tab", name="Across layers")
+        if across.count():
+            across.click()
+        chart, snapshot = _show(page, url, MIXED)
+        shares = _check(chart, snapshot, MIXED, "flushes in float16")
+        # Unscaled float16 gradients: a large share of every layer's flushes.
+        assert {name for _, name, _, _ in shares.values()} == {"float16"}
+        assert max(share for share, _, _, _ in shares.values()) > 0.5
+        keep_screenshot(
+            page.frame_locator(PLUGIN_FRAME).locator(".flow-section"), root / "flush_share.png"
+        )
+
+        chart, snapshot = _show(page, url, FLOAT32)
+        shares = _check(chart, snapshot, FLOAT32, "would flush in float16")
+        assert any(share > 0 for share, _, _, _ in shares.values())
+
+        # No precision record: no share drawn, and the strips say only what they show.
+        chart, snapshot = _show(page, url, OLD)
+        assert expected_shares(snapshot) == {}
+        assert [p for p in chart["points"] if p["run"] == OLD] == []
+        assert {title for role, title in chart["strips"].items()} == {"exact zeros"}
+        assert not any("flush" in hover for hover in chart["hovers"].values())
