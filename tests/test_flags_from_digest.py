@@ -7,7 +7,7 @@ import pytest
 import synthetic
 import test_onset
 
-from tb_gradviz.board import health, onset, plugin, responses
+from tb_gradviz.board import health, onset, plugin, snapshot
 from tb_gradviz.cli.logs import open_logdir
 from tb_gradviz.format import digest, events, records, summaries
 
@@ -34,17 +34,17 @@ def assert_the_digest_judges_as_the_records(logdir, run, ratio=health.DEFAULT_RA
     judged = health.verdicts(digest_cols, ratio)
     raised = {}
     for s, step in enumerate(steps.tolist()):
-        body = responses.step_body(run, layers, series_by_kind, int(step), ratio)
+        body = snapshot.step_body(run, layers, series_by_kind, int(step), ratio)
         reference = int(judged["reference"][s])
         assert body["health"]["reference_layer"] == (
             None if reference < 0 else digest_cols[reference]["layer"]
         ), step
         index = {c["layer"]: i for i, c in enumerate(digest_cols)}
-        for snapshot in body["layers"]:
+        for layer in body["layers"]:
             # A layer logged later than others is in the body from its first step on.
-            i = index[snapshot["layer"]]
-            got = health.flag_entries(digest_cols, judged, i, s, listed(snapshot["layer"], step))
-            assert got == snapshot["flags"], (step, snapshot["layer"])
+            i = index[layer["layer"]]
+            got = health.flag_entries(digest_cols, judged, i, s, listed(layer["layer"], step))
+            assert got == layer["flags"], (step, layer["layer"])
             for flag in got:
                 raised.setdefault(flag["flag"], set()).add(int(step))
     from_records = onset.onset_body(run, steps, columns, ratio, listed)

@@ -13,7 +13,7 @@ only, like the rest of the board.
 
 import numpy as np
 
-from tb_gradviz.board import health, responses, timeline
+from tb_gradviz.board import health, responses, snapshot, timeline
 from tb_gradviz.format import digest, records
 
 
@@ -86,7 +86,7 @@ def records_columns(layers, series_by_kind):
 
     Args:
       layers: the run's layer index (`store.RunStore.layers()`).
-      series_by_kind: every point of the run's series, as for `responses.step_body`.
+      series_by_kind: every point of the run's series, as for `snapshot.step_body`.
 
     Returns:
       `(steps, columns, listed)`: `listed(layer, step)` gives the dead channels
@@ -95,16 +95,16 @@ def records_columns(layers, series_by_kind):
     steps = sorted(
         {int(step) for series in series_by_kind["stats"].values() for step in series.steps}
     )
-    at_steps = [responses.step_columns(layers, series_by_kind, step) for step in steps]
+    at_steps = [snapshot.step_columns(layers, series_by_kind, step) for step in steps]
     if not at_steps:
         return np.zeros(0, np.int64), [], None
     # Each layer's tensors are all present at the last step: they define the columns.
-    snapshots, last = at_steps[-1]
+    _, last = at_steps[-1]
     index = {layer["layer"]: i for i, layer in enumerate(last)}
     columns = [_empty_like(layer, len(steps)) for layer in last]
     listed = {}
-    for s, (snapshots, at) in enumerate(at_steps):
-        for snapshot, layer in zip(snapshots, at):
+    for s, (bodies, at) in enumerate(at_steps):
+        for body, layer in zip(bodies, at):
             target = columns[index[layer["layer"]]]
             for name, tensor in layer["tensors"].items():
                 for field in digest.TENSOR_FIELDS:
@@ -117,7 +117,7 @@ def records_columns(layers, series_by_kind):
             if layer["units"] is not None and target["units"] is not None:
                 for field, value in layer["units"].items():
                     target["units"][field][s] = value[0]
-                listed[(layer["layer"], steps[s])] = snapshot["units"]["listed"]
+                listed[(layer["layer"], steps[s])] = body["units"]["listed"]
     return np.array(steps), columns, lambda layer, step: listed.get((layer, step))
 
 
@@ -233,7 +233,8 @@ def _take(fields, at):
 
 
 def judge_step_from_digest(body, steps, columns, limit, ratio=health.DEFAULT_RATIO):
-    """Replaces a `/step` body's flags, flow and reference layer with the digest's at `limit`.
+    """Replaces a `/step` body's flags and reference layer with the digest's at `limit`, and the
+    flow of each layer whose full records are not of that step.
 
     The digest holds every logged step while the full records may be a
     sample: each layer of the body is judged at the digest's latest step
@@ -245,18 +246,17 @@ def judge_step_from_digest(body, steps, columns, limit, ratio=health.DEFAULT_RAT
     one = [_at_step(layer, at) for layer in columns]
     found = health.verdicts(one, ratio)
     index = {layer["layer"]: i for i, layer in enumerate(one)}
-    for snapshot in body["layers"]:
-        i = index.get(snapshot["layer"])
+    for layer in body["layers"]:
+        i = index.get(layer["layer"])
         if i is None:
             continue
-        units = snapshot["units"]
-        listed = None
-        if units is not None and units["dead_channels"] == int(
-            np.nan_to_num(one[i]["units"]["dead_channels"][0]) if one[i]["units"] else -1
-        ):
-            listed = units["listed"]
-        snapshot["flags"] = health.flag_entries(one, found, i, 0, listed)
-        snapshot["flow"] = health.layer_flow(one[i])
+        # The channels the units record lists, when it is the one of the digest's step.
+        units = layer["units"]
+        listed = units["listed"] if units is not None and units["step"] == steps[at] else None
+        layer["flags"] = health.flag_entries(one, found, i, 0, listed)
+        if layer["step"] != steps[at]:
+            # The records' float64 flow where they hold the step, else the digest's float32 one.
+            layer["flow"] = health.layer_flow(one[i])
     reference = int(found["reference"][0])
     body["health"]["reference_layer"] = None if reference < 0 else one[reference]["layer"]
     body["health"]["step"] = int(steps[at])

@@ -13,7 +13,7 @@ from tensorboard import errors
 from tensorboard.plugins import base_plugin
 from tensorboard.plugins.histogram import metadata as histogram_metadata
 
-from tb_gradviz.board import health, onset, responses, routes, series, store, timeline
+from tb_gradviz.board import health, onset, responses, routes, series, snapshot, store, timeline
 from tb_gradviz.format import digest, metadata, records
 
 
@@ -199,7 +199,7 @@ class GradVizPlugin(base_plugin.TBPlugin):
         series_by_kind = _series_by_kind(
             layers, lambda found, layout: run_store.read_at(found, layout, limit)
         )
-        body = responses.step_body(run, layers, series_by_kind, limit, ratio)
+        body = snapshot.step_body(run, layers, series_by_kind, limit, ratio)
         if body is None:
             where = "logged step" if step is None else f"step <= {step}"
             raise errors.NotFoundError(f"run {run!r} has no {where}")

@@ -8,9 +8,9 @@ TensorFlow nor Keras.
 
 import numpy as np
 
-from tb_gradviz.board import catalog, headroom, health
+from tb_gradviz.board import health
 from tb_gradviz.board.series import downsampled_columns
-from tb_gradviz.format import digest, records, routing_map, summaries
+from tb_gradviz.format import records, routing_map, summaries
 
 LOG_EDGES = records.LOG_EDGES.tolist()
 
@@ -22,28 +22,9 @@ def tensor_order(content):
     return (role_rank, content["index"], content["tensor"])
 
 
-def _counts(column):
+def count_list(column):
     """A column of counts as a list: ints, NaN kept as a float."""
     return [int(v) if np.isfinite(v) else v for v in np.asarray(column, dtype=np.float64).tolist()]
-
-
-def _stats_row(values):
-    """One stats record as `{field: scalar}` (counts as ints) and its magnitude bins."""
-    columns = records.stats_columns(values[None])
-    stats = {name: columns[name][0].item() for name in records.STATS_FIELDS}
-    log = {"negative": columns["negative"][0].tolist(), "positive": columns["positive"][0].tolist()}
-    return stats, log
-
-
-def _routing_row(values, dtype):
-    """One routing record as `{field: scalar}` (int counts, NaN kept) with its `mass` verdict."""
-    columns = records.routing_columns(values[None])
-    result = {
-        name: _counts(column)[0] if name in records.ROUTING_COUNT_FIELDS else column[0].item()
-        for name, column in columns.items()
-    }
-    result["mass"] = summaries.mass_conservation(records.decode_routing(values), dtype)
-    return result
 
 
 def layer_summary(name, layer):
@@ -166,168 +147,12 @@ def routing_body(run, content, routing):
         "steps": routing.steps.tolist(),
     }
     for name, column in columns.items():
-        body[name] = _counts(column) if name in records.ROUTING_COUNT_FIELDS else column.tolist()
+        body[name] = count_list(column) if name in records.ROUTING_COUNT_FIELDS else column.tolist()
     body["mass"] = {
         key: [v[key] for v in verdicts]
         for key in ("difference", "relative", "tolerance", "conserved")
     }
     return body
-
-
-def _layer_at(name, layer, series_by_kind, limit):
-    """One layer of `/step`: its latest step `<= limit` and each record's value there, or None."""
-    found = []
-    for _, (tag, content, _) in layer["tensors"].items():
-        series = series_by_kind["stats"][tag]
-        row = series.index_at_or_before(limit)
-        if row is not None:
-            found.append((content, series, row))
-    if not found:
-        return None, None
-    step = max(int(series.steps[row]) for _, series, row in found)
-    tensors, columns = {}, {"tensors": {}, "precision": {}}
-    for content, series, row in sorted(found, key=lambda item: tensor_order(item[0])):
-        values, log = _stats_row(series.values[row])
-        tensor = content["tensor"]
-        tensors[tensor] = {
-            "step": int(series.steps[row]),
-            "role": content["role"],
-            "stats": values,
-            "log": log,
-            "precision": _precision_at(layer, tensor, series_by_kind, series.steps[row]),
-        }
-        (segment,) = digest.tensor_segments(series.values[row])
-        columns["tensors"][tensor] = dict(
-            zip(digest.TENSOR_FIELDS, segment[:, None]), role=content["role"]
-        )
-        if tensors[tensor]["precision"] is not None:
-            columns["precision"][tensor] = headroom.precision_columns(tensors[tensor]["precision"])
-    routing_at = units_at = None
-    if layer["routing"] is not None:
-        tag, content, _ = layer["routing"]
-        series = series_by_kind["routing"][tag]
-        row = series.index_at_or_before(step)
-        if row is not None:
-            routing_at = dict(
-                _routing_row(series.values[row], content.get("layer_dtype")),
-                step=int(series.steps[row]),
-            )
-    if layer["units"] is not None:
-        series = series_by_kind["units"][layer["units"][0]]
-        row = series.index_at_or_before(step)
-        if row is not None:
-            units_at = dict(records.decode_units(series.values[row]), step=int(series.steps[row]))
-    updates_at = {}
-    for weight, (tag, _, _) in catalog.weight_updates(layer).items():
-        series = series_by_kind["updates"][tag]
-        row = series.index_at_or_before(step)
-        if row is not None:
-            values = records.update_columns(series.values[row][None])
-            update = {name: column[0].item() for name, column in values.items()}
-            update["interval"] = _counts(values["interval"])[0]
-            update["size"] = health.update_size(update["update_ratio"], update["interval"])
-            updates_at[weight] = dict(update, step=int(series.steps[row]))
-    update_ratio = _layer_update_ratio(updates_at)
-    columns.update(
-        layer=name,
-        layer_index=layer["info"]["layer_index"],
-        layer_dtype=layer["info"].get("layer_dtype"),
-        units=None
-        if units_at is None
-        else {field: np.array([float(units_at[field])]) for field in records.UNITS_FIELDS},
-    )
-    snapshot = {
-        "layer": name,
-        "layer_index": layer["info"]["layer_index"],
-        "layer_class": layer["info"].get("layer_class"),
-        "layer_dtype": layer["info"].get("layer_dtype"),
-        "step": step,
-        "tensors": tensors,
-        "routing": routing_at,
-        "units": units_at,
-        "updates": updates_at,
-        "update_ratio": update_ratio,
-        "update_size": None
-        if update_ratio is None
-        else health.update_size(update_ratio, _layer_interval(updates_at)),
-        "flow": health.layer_flow(columns),
-    }
-    return snapshot, columns
-
-
-def _precision_at(layer, tensor, series_by_kind, step):
-    """A tensor's decoded precision record written with its stats at `step`, or None (a run
-    written before the record, or a record the provider does not hold)."""
-    found = layer.get("precision", {}).get(tensor)
-    series = found and series_by_kind.get("precision", {}).get(found[0])
-    if series is None:
-        return None
-    row = series.index_at_or_before(int(step))
-    if row is None or int(series.steps[row]) != int(step):
-        return None
-    return records.decode_precision(series.values[row])
-
-
-def _layer_interval(updates):
-    """The steps a layer's update records span: their weights' longest interval."""
-    intervals = [u["interval"] for u in updates.values() if isinstance(u["interval"], int)]
-    return max(intervals) if intervals else None
-
-
-def _layer_update_ratio(updates):
-    """The update ratio of a layer's weights as one vector, or None without update records."""
-    if not updates:
-        return None
-    return summaries.combined_update_ratio(
-        [u["weight_norm"] for u in updates.values()], [u["update_norm"] for u in updates.values()]
-    )
-
-
-def step_columns(layers, series_by_kind, limit):
-    """A run's layers at its latest step `<= limit`, in model order: `(snapshots, columns)`.
-
-    `snapshots` are `/step`'s layers without their flags; `columns` the same
-    layers as `health` judges them (one step).
-    """
-    found = []
-    for name, layer in layers.items():
-        snapshot, columns = _layer_at(name, layer, series_by_kind, limit)
-        if snapshot is not None:
-            found.append((snapshot, columns))
-    found.sort(key=lambda item: (item[0]["layer_index"], item[0]["layer"]))
-    return [snapshot for snapshot, _ in found], [columns for _, columns in found]
-
-
-def step_body(run, layers, series_by_kind, limit, ratio=health.DEFAULT_RATIO):
-    """The `/step` body: a run's layers at its latest step `<= limit`; None if none has one.
-
-    Args:
-      layers: the run's layer index (`store.RunStore.layers()`).
-      series_by_kind: `{"stats" | "routing" | "units" | "updates" | "precision": {tag:
-        series.Series}}` ("precision" may be absent).
-      ratio: the vanishing / exploding ratio of the flags (`health`).
-    """
-    snapshots, columns = step_columns(layers, series_by_kind, limit)
-    if not snapshots:
-        return None
-    judged = health.verdicts(columns, ratio)
-    for i, snapshot in enumerate(snapshots):
-        listed = None if snapshot["units"] is None else snapshot["units"]["listed"]
-        snapshot["flags"] = health.flag_entries(columns, judged, i, 0, listed)
-    reference = int(judged["reference"][0])
-    return {
-        "run": run,
-        "step": max(snapshot["step"] for snapshot in snapshots),
-        "layers": snapshots,
-        "log_edges": LOG_EDGES,
-        "health": {
-            "ratio": ratio,
-            "reference_layer": None if reference < 0 else snapshots[reference]["layer"],
-            "rules": health.rules(ratio),
-            # The step the flags are judged at (the digest's may be later: `onset`).
-            "step": max(snapshot["step"] for snapshot in snapshots),
-        },
-    }
 
 
 def updates_body(run, layer, series_by_weight):
@@ -341,7 +166,7 @@ def updates_body(run, layer, series_by_weight):
         columns = records.update_columns(series.values)
         entry = {"weight": weight, "steps": series.steps.tolist()}
         entry.update({name: column.tolist() for name, column in columns.items()})
-        entry["interval"] = _counts(columns["interval"])
+        entry["interval"] = count_list(columns["interval"])
         entry["size"] = [
             health.update_size(r, i) for r, i in zip(entry["update_ratio"], entry["interval"])
         ]
