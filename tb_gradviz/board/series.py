@@ -9,6 +9,7 @@ views over steps (`/series`, `/timeline`), keeping each column's extremes.
 
 import collections
 import concurrent.futures
+import contextlib
 import threading
 
 import numpy as np
@@ -184,3 +185,19 @@ class Caches:
         # (bench/RESULTS.md, section 4).
         self.readers = concurrent.futures.ThreadPoolExecutor(4, thread_name_prefix="gradviz-read")
         self.skip_warning = catalog.SkipWarning()
+        self._reading = collections.defaultdict(threading.Lock)
+        self._reading_guard = threading.Lock()
+
+    @contextlib.contextmanager
+    def reading(self, keys):
+        """Holds the read of these series keys: another request reading one of them waits.
+
+        The locks are taken in sorted order, so that two requests never wait
+        for each other.
+        """
+        with self._reading_guard:
+            locks = [self._reading[key] for key in sorted(set(keys))]
+        with contextlib.ExitStack() as stack:
+            for lock in locks:
+                stack.enter_context(lock)
+            yield

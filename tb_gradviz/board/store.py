@@ -283,24 +283,36 @@ class RunStore:
           `({tag: Series}, {tag: time_series refused by accept})`.
         """
         result, stale, refused = {}, {}, {}
-        for tag, time_series in time_series_by_tag.items():
-            series = self._caches.series.get(
-                self._key(plugin_name, tag, downsample), version(time_series)
-            )
-            if series is None:
-                stale[tag] = time_series
-            else:
+
+        def from_cache(time_series_by_tag):
+            for tag, time_series in time_series_by_tag.items():
+                series = self._caches.series.get(
+                    self._key(plugin_name, tag, downsample), version(time_series)
+                )
+                if series is None:
+                    stale[tag] = time_series
+                else:
+                    result[tag] = series
+
+        from_cache(time_series_by_tag)
+        if not stale:
+            return result, refused
+        # One request at a time reads a series: the others wait for it and take
+        # it from the cache (a tab asks for a long run's /timeline at several
+        # widths at once, and each read of its digest is hundreds of MB).
+        with self._caches.reading([self._key(plugin_name, tag, downsample) for tag in stale]):
+            waited, stale = stale, {}
+            from_cache(waited)
+            data = self._read_points(plugin_name, sorted(stale), downsample)
+            for tag, time_series in stale.items():
+                series = decode_series(data.get(tag, []), layout)
+                if accept is not None and not accept(series, time_series):
+                    refused[tag] = time_series
+                    continue
+                self._caches.series.put(
+                    self._key(plugin_name, tag, downsample), version(time_series), series
+                )
                 result[tag] = series
-        data = self._read_points(plugin_name, sorted(stale), downsample)
-        for tag, time_series in stale.items():
-            series = decode_series(data.get(tag, []), layout)
-            if accept is not None and not accept(series, time_series):
-                refused[tag] = time_series
-                continue
-            self._caches.series.put(
-                self._key(plugin_name, tag, downsample), version(time_series), series
-            )
-            result[tag] = series
         return result, refused
 
     def _read_points(self, plugin_name, tags, downsample):

@@ -1,0 +1,64 @@
+"""Requests that need the same series at the same time read it once.
+
+The tab asks for a long run's /timeline at several widths at once while its
+layout settles; each read of the run's digest series is hundreds of MB, and
+TensorBoard with its data server held 4.5 GB when every request read it.
+"""
+
+import threading
+import time
+
+import numpy as np
+from tensorboard import context
+from tensorboard.backend.event_processing import data_provider, plugin_event_multiplexer
+from tensorboard.plugins import base_plugin
+from test_timeline import STEPS, WHOLE, write
+
+from tb_gradviz.board import plugin
+from tb_gradviz.format import digest
+
+
+class CountingProvider(data_provider.MultiplexerDataProvider):
+    """Counts each tag's `read_tensors`, each slowed down so that requests overlap."""
+
+    def __init__(self, *args):
+        super().__init__(*args)
+        self.reads = []
+
+    def read_tensors(self, ctx, *, experiment_id, plugin_name, downsample, run_tag_filter):
+        self.reads += sorted(run_tag_filter.tags)
+        time.sleep(0.5)
+        return super().read_tensors(
+            ctx,
+            experiment_id=experiment_id,
+            plugin_name=plugin_name,
+            downsample=downsample,
+            run_tag_filter=run_tag_filter,
+        )
+
+
+def test_timelines_asked_at_once_at_several_widths_read_the_digest_once(tmp_path):
+    write(tmp_path / "run")
+    multiplexer = plugin_event_multiplexer.EventMultiplexer(tensor_size_guidance=WHOLE)
+    multiplexer.AddRunsFromDirectory(str(tmp_path))
+    multiplexer.Reload()
+    provider = CountingProvider(multiplexer, str(tmp_path))
+    gradviz = plugin.GradVizPlugin(
+        base_plugin.TBContext(logdir=str(tmp_path), data_provider=provider)
+    )
+    bodies = {}
+
+    def timeline(width):
+        bodies[width] = gradviz.timeline_impl(context.RequestContext(), "", "run", width=width)
+
+    threads = [threading.Thread(target=timeline, args=(width,)) for width in (10, 20, 30)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    digest_reads = [tag for tag in provider.reads if tag.startswith(digest.TAG_PREFIX + "/")]
+    assert len(set(digest_reads)) == 1 and len(digest_reads) == 1, provider.reads
+    for width, body in bodies.items():
+        assert body["steps"] == STEPS and len(body["columns"]["first_step"]) == width
+    # Each width's envelope is of the same values: the largest of all columns agree.
+    assert len({np.nanmax(bodies[w]["layers"][0]["rms"]["max"]) for w in bodies}) == 1
