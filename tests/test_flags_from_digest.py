@@ -9,7 +9,7 @@ import test_onset
 
 from tb_gradviz.board import health, onset, plugin, snapshot
 from tb_gradviz.cli.logs import open_logdir
-from tb_gradviz.format import digest, events, records, summaries
+from tb_gradviz.format import digest, events, metadata, records, summaries
 
 
 def both_paths(logdir, run):
@@ -197,3 +197,27 @@ def test_flags_from_the_digest_equal_the_records_on_a_fit_with_weights_and_a_nan
     model.fit(x, y, batch_size=4, epochs=1, verbose=0, callbacks=callbacks)
     raised = assert_the_digest_judges_as_the_records(tmp_path, ".")
     assert raised["nonfinite"] == {3, 4, 5, 6}
+
+
+def test_a_digest_with_a_row_kind_of_a_newer_writer_is_skipped_and_the_records_judged(
+    tmp_path, caplog
+):
+    # A newer tb_gradviz may add a row kind whose length this reader cannot know.
+    log = events.EventLog(tmp_path, with_digest=False)
+    rng = np.random.default_rng(0)
+    for step in (1, 2):
+        activation = rng.normal(size=40)
+        activation[0] = np.nan if step == 2 else activation[0]
+        written = tensor("a", 0, records.ACTIVATION, activation)
+        ((tag, vector, summary_metadata),) = digest.digest_records(written)
+        rows = [["tensor", "a", "activation"], ["future", "a", "activation"]]
+        future = metadata.create_summary_metadata(
+            {"kind": "digest", "rows": rows}, plugin_name=digest.PLUGIN_NAME
+        )
+        log.write(step, written + [(digest.digest_tag(rows), np.append(vector, 1.0), future)])
+    log.close()
+    gradviz, ctx, experiment = open_logdir(str(tmp_path))
+    assert gradviz._store(ctx, experiment, ".").digests() == {}
+    assert "digest rows of an unknown kind" in caplog.text
+    (found,) = gradviz.onset_impl(ctx, experiment, ".")["onsets"]
+    assert (found["flag"], found["step"]) == ("nonfinite", 2)

@@ -199,13 +199,26 @@ class RunStore:
         return catalog.weight_updates(found)
 
     def digests(self):
-        """Returns `{tag: (rows, time series)}` of the run's digest series (none in older runs)."""
+        """Returns `{tag: (rows, time series)}` of the run's digest series (none in older runs).
+
+        A digest with a row kind this reader does not know (`digest.ROW_KINDS`)
+        is left out, with a warning logged once.
+        """
         listing = self._list(digest.PLUGIN_NAME, run=self.run).get(self.run) or {}
         result = {}
         for tag, time_series in sorted(listing.items()):
             content = self._content(tag, time_series)
-            if content is not None and content["kind"] == metadata.KIND_DIGEST:
-                result[tag] = (content["rows"], time_series)
+            if content is None or content["kind"] != metadata.KIND_DIGEST:
+                continue
+            # A newer writer's row kind has a length this reader cannot know: the run is
+            # then read as one without a digest.
+            unknown = sorted({kind for kind, _, _ in content["rows"]} - set(digest.ROW_KINDS))
+            if unknown:
+                self._caches.skip_warning(
+                    "digest rows of an unknown kind", self.run, tag, f"row kinds {unknown}"
+                )
+                continue
+            result[tag] = (content["rows"], time_series)
         return result
 
     def budget(self):
