@@ -119,7 +119,7 @@ def parse_flags(text):
 # Both the per-step records (`/step`) and the per-event digest are judged by
 # the functions below, over the same columns: per layer in model order,
 #
-#   {"layer", "layer_dtype",
+#   {"layer", "layer_index", "layer_dtype",
 #    "tensors": {tensor: {"role", <digest.TENSOR_FIELDS>: [steps] array}},
 #    "units": {"channels", "dead_channels"} of [steps] arrays, or None,
 #    "precision": {tensor: {<digest.PRECISION_FIELDS>: [steps] array}}}
