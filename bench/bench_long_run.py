@@ -22,6 +22,7 @@ field. `--logdir` keeps the written run for another invocation.
         --json bench/results/long_run_tensorboard.json
 """
 
+import contextlib
 import json
 import os
 import resource
@@ -155,10 +156,13 @@ def _gzipped_get(url):
         return time.perf_counter() - begin, response.status, body, response.headers
 
 
-def serve_tensorboard(root, steps, full_every):
-    """Starts `tensorboard` on `root` with README_SAMPLES; RSS and /timeline through HTTP."""
-    import gzip
+@contextlib.contextmanager
+def running_tensorboard(root, steps, full_every):
+    """Starts `tensorboard` on `root` with README_SAMPLES and waits until the run is loaded.
 
+    Yields `(base URL, load seconds, RSS sampler, rss_mb())`: the sampler keeps
+    the peak RSS of TensorBoard and its children, `rss_mb()` gives the current one.
+    """
     import bench_plugin
 
     log_path = os.path.join(tempfile.mkdtemp(), "tensorboard.log")
@@ -180,7 +184,6 @@ def serve_tensorboard(root, steps, full_every):
     sampler = bench_plugin.RssSampler(process.pid)
     sampler.start()
     base = f"http://127.0.0.1:{port}"
-    url = f"{base}/data/plugin/gradviz/timeline?run=long&width=1000"
     last_full = ((steps - 1) // full_every) * full_every + 1
 
     def loaded():
@@ -190,12 +193,9 @@ def serve_tensorboard(root, steps, full_every):
         layers = json.loads(body)["runs"][0]["layers"] if status == 200 else []
         return bool(layers) and all(layer["max_step"] == last_full for layer in layers)
 
-    def settled_rss_mb():
-        kids = bench_plugin.common.children(process.pid)
-        total = (bench_plugin.common.rss_kb(process.pid) or 0) + sum(
-            bench_plugin.common.rss_kb(k) or 0 for k in kids
-        )
-        return total / 1024
+    def rss_mb():
+        kids = common.children(process.pid)
+        return ((common.rss_kb(process.pid) or 0) + sum(common.rss_kb(k) or 0 for k in kids)) / 1024
 
     try:
         started = time.perf_counter()
@@ -204,10 +204,23 @@ def serve_tensorboard(root, steps, full_every):
         load_s = time.perf_counter() - started
         # The loader goes on to the file's end: wait until the RSS holds still.
         previous = -1.0
-        while abs(settled_rss_mb() - previous) > 5:
-            previous = settled_rss_mb()
+        while abs(rss_mb() - previous) > 5:
+            previous = rss_mb()
             time.sleep(3)
-        rss_loaded = settled_rss_mb()
+        yield base, load_s, sampler, rss_mb
+    finally:
+        sampler.stop()
+        process.terminate()
+        process.wait(timeout=30)
+
+
+def serve_tensorboard(root, steps, full_every):
+    """RSS of `tensorboard` serving `root`, and /timeline through HTTP (`running_tensorboard`)."""
+    import gzip
+
+    with running_tensorboard(root, steps, full_every) as (base, load_s, sampler, rss_mb):
+        rss_loaded = rss_mb()
+        url = f"{base}/data/plugin/gradviz/timeline?run=long&width=1000"
         cold, status, cold_body, headers = _gzipped_get(url)
         assert status == 200 and headers.get("Content-Encoding") == "gzip"
         body = json.loads(gzip.decompress(cold_body), parse_constant=float)
@@ -223,14 +236,10 @@ def serve_tensorboard(root, steps, full_every):
             "timeline_warm_s": common.median(warm),
             "timeline_other_field_s": other_field,
             "timeline_gzip_bytes": len(cold_body),
-            "rss_after_timeline_mb": settled_rss_mb(),
+            "rss_after_timeline_mb": rss_mb(),
             "peak_rss_mb": sampler.peak_kb / 1024,
             "peak_data_server_rss_mb": sampler.peak_children_kb / 1024,
         }
-    finally:
-        sampler.stop()
-        process.terminate()
-        process.wait(timeout=30)
 
 
 def written_run(args):

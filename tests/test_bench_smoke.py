@@ -168,3 +168,10 @@ def test_check_bench_times_check_and_step_on_a_long_run(tmp_path):
     assert (text["part"], json_row["part"], step["part"]) == ("check_text", "check_json", "step")
     assert text["status"] == json_row["status"] == 0 and text["peak_rss_mb"] > 0
     assert step["step_layers"] == 3 and step["step_cold_s"] > 0
+
+
+@pytest.mark.browser
+def test_tab_browser_bench_times_the_first_render_and_a_step_change(tmp_path):
+    (row,) = run_smoke(tmp_path, "bench_tab_browser.py")
+    assert row["steps"] == 50 and row["step_changes"] == 2 and row["time_view_columns"] == 50
+    assert 0 < row["step_change_median_s"] <= row["step_change_max_s"] < row["first_render_s"] + 60

@@ -1,0 +1,128 @@
+"""The GradViz tab in Chromium on a long run: its first render, a step change, the time view.
+
+The run of bench_long_run.py (`--layers` synthetic layers x `--steps` events,
+the full records at one event in `--full-every`, the digest at every event) is
+served by `tensorboard` as README says for a long run
+(`bench_long_run.running_tensorboard`) and opened in headless Chromium
+(playwright, /usr/bin/chromium) at 1400 x 1000. Timed from Python around
+playwright calls, so each figure includes a few ms of playwright's own:
+
+- first render: `page.goto` until the layer view shows its input-gradient
+  panel at the run's last step with full records;
+- step change: the Step slider moved one position (a key press) until the
+  panel shows the new step, `--repeats` times (median and largest);
+- time view: the "Over time" section opened until its canvas is drawn (the
+  server's first /timeline of the run: cold), then again after a reload of
+  the page (warm).
+
+    python bench/bench_tab_browser.py --logdir /tmp/long_run --json bench/results/tab_browser.json
+"""
+
+import os
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import bench_long_run  # noqa: E402
+import common  # noqa: E402
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+PLUGIN_FRAME = 'iframe[src*="plugin_entry.html?name=gradviz"]'
+
+
+def _panel(frame, step):
+    return frame.locator(f'.panel[data-tensor="input_gradient"][data-step="{step}"]')
+
+
+def measure(base, last_full, repeats):
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(
+            executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS
+        )
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            page.set_default_timeout(180_000)
+            errors = []
+            page.on("pageerror", lambda error: errors.append(str(error)))
+            begin = time.perf_counter()
+            page.goto(f"{base}/#gradviz&run=long")
+            frame = page.frame_locator(PLUGIN_FRAME)
+            _panel(frame, last_full).wait_for()
+            first_render = time.perf_counter() - begin
+            slider = frame.get_by_label("Step", exact=True)
+            changes = []
+            for _ in range(repeats):
+                before = frame.locator(".step-value").inner_text()
+                begin = time.perf_counter()
+                slider.press("ArrowLeft")
+                step_text = frame.locator(".step-value")
+                while step_text.inner_text() == before:
+                    time.sleep(0.001)
+                step = int(step_text.inner_text().split()[0])
+                _panel(frame, step).wait_for()
+                changes.append(time.perf_counter() - begin)
+            times = {}
+            for name in ("cold", "warm"):
+                if name == "warm":
+                    page.reload()
+                    frame = page.frame_locator(PLUGIN_FRAME)
+                    frame.locator(".panel[data-tensor='input_gradient']").first.wait_for()
+                begin = time.perf_counter()
+                # The section's tab, where the page has sections (the view is on the page if not).
+                section = frame.get_by_role("tab", name="Over time")
+                if section.count():
+                    section.click()
+                frame.locator("canvas.timeline-canvas[data-columns]").wait_for()
+                times[name] = time.perf_counter() - begin
+            columns = int(frame.locator("canvas.timeline-canvas").get_attribute("data-columns"))
+            assert errors == [], errors
+        finally:
+            browser.close()
+    return {
+        "first_render_s": first_render,
+        "step_change_median_s": common.median(changes),
+        "step_change_max_s": max(changes),
+        "step_changes": len(changes),
+        "time_view_cold_s": times["cold"],
+        "time_view_warm_s": times["warm"],
+        "time_view_columns": columns,
+    }
+
+
+def main():
+    p = common.parser(__doc__.splitlines()[0])
+    p.add_argument("--layers", type=int, default=176)
+    p.add_argument("--steps", type=int, default=10000)
+    p.add_argument("--full-every", type=int, default=100)
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--logdir", help="where the long run is written, or read if already there")
+    args = p.parse_args()
+    if args.smoke:
+        args.layers, args.steps, args.full_every, args.repeats = 3, 50, 10, 2
+        args.logdir = args.logdir or tempfile.mkdtemp()
+    root, written = bench_long_run.written_run(args)
+    last_full = ((args.steps - 1) // args.full_every) * args.full_every + 1
+    with bench_long_run.running_tensorboard(root, args.steps, args.full_every) as served:
+        base, load_s, sampler, rss_mb = served
+        row = dict(written, load_s=load_s, **measure(base, last_full, args.repeats))
+        row["peak_rss_mb"] = sampler.peak_kb / 1024
+    common.print_table("the tab in Chromium on a long run", [row], [(k, k, "{:.4g}") for k in row])
+    print("RESULT", {k: (round(v, 4) if isinstance(v, float) else v) for k, v in row.items()})
+    common.write_json(args.json, {"rows": [row]})
+
+
+if __name__ == "__main__":
+    main()
