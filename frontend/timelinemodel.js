@@ -3,15 +3,16 @@
 
 import {fetchJson} from './model.js';
 
-export const FIELDS = ['rms', 'max_abs', 'zero_share', 'update_ratio'];
+export const FIELDS = ['rms', 'max_abs', 'zero_share', 'update_ratio', 'flush_share'];
 export const FIELD_TITLES = {
   rms: 'log10 RMS',
   max_abs: 'log10 max |x|',
   zero_share: 'share of exact zeros',
   update_ratio: 'log10 update ratio',
+  flush_share: 'share that flushes to zero',
 };
 export const FLAGS = ['nonfinite', 'exploding', 'vanishing', 'dead'];
-// Fields shown on a log scale; the zero share is a plain fraction.
+// Fields shown on a log scale; the zero and flush shares are plain fractions.
 const LOG_FIELDS = new Set(['rms', 'max_abs', 'update_ratio']);
 
 /**
@@ -45,7 +46,8 @@ export function timelineMatrix(body) {
     for (const flag of FLAGS) {
       for (const c of layer.flags[flag] ?? []) flags[c].push(flag);
     }
-    return {layer: layer.layer, values, flags, envelope};
+    // `format`: what a flush share is taken in (float16, or the format the layer computes in).
+    return {layer: layer.layer, values, flags, envelope, ...(layer.format && {format: layer.format})};
   });
   return withRange({rows, columns: body.columns, field: body.field, diverging: false});
 }
@@ -127,8 +129,9 @@ export function describeCell(matrix, {row, column}) {
   } else {
     const low = r.envelope.min[column];
     const high = r.envelope.max[column];
-    shown = !Number.isFinite(high) ? 'no value' : low === high ? `${matrix.field} ${fmt(high)}`
-      : `${matrix.field} ${fmt(low)} to ${fmt(high)}`;
+    const name = r.format ? `${matrix.field} in ${r.format}` : matrix.field;
+    shown = !Number.isFinite(high) ? 'no value' : low === high ? `${name} ${fmt(high)}`
+      : `${name} ${fmt(low)} to ${fmt(high)}`;
   }
   const flags = r.flags[column].length ? `; flags: ${r.flags[column].join(', ')}` : '';
   return `${r.layer}, ${steps}: ${shown}${flags}`;

@@ -13,6 +13,10 @@ const CHOICES = [
   {value: 'zero_share/output_gradient', label: 'Share of exact zeros in the output gradient', field: 'zero_share',
     role: 'output_gradient'},
   {value: 'update_ratio/weight', label: 'Update ratio of the weights', field: 'update_ratio', role: 'weight'},
+  {value: 'flush_share/output_gradient', field: 'flush_share', role: 'output_gradient',
+    label: 'Share of the output gradient that flushes to zero in float16 (or the format the layer computes in)'},
+  {value: 'flush_share/input_gradient', field: 'flush_share', role: 'input_gradient',
+    label: 'Share of the input gradient that flushes to zero in float16 (or the format the layer computes in)'},
 ];
 
 export class TimelineSection {

@@ -298,7 +298,13 @@ class GradVizPlugin(base_plugin.TBPlugin):
             (rows, run_store.read({tag: ts}, timeline.digest_layout(rows), digest.PLUGIN_NAME)[tag])
             for tag, (rows, ts) in found.items()
         ]
-        body = timeline.timeline_body(run, digests, field, role, width, ratio)
+        # Only the flush share needs each layer's compute dtype (its metadata, in the listing).
+        dtypes = None
+        if field == "flush_share":
+            dtypes = {
+                name: layer["info"].get("layer_dtype") for name, layer in run_store.layers().items()
+            }
+        body = timeline.timeline_body(run, digests, field, role, width, ratio, dtypes)
         if body is None:
             raise errors.NotFoundError(
                 f"run {run!r} has no digest (it was written by a tb_gradviz without one)"

@@ -12,12 +12,17 @@ The flags are `health`'s rules, applied at each step to the digest:
 `exploding` (the output gradient's RMS against the reference layer's, the
 layer nearest the output with a finite, non-zero one; nested models and
 the layers after the reference are not judged) and `dead` (dead channels).
+
+The field `flush_share` is the share of the chosen role's finite non-zero
+values that flush to zero (to zero or subnormal: IEEE underflow, as the
+`underflow` flag counts it) in the format the layer computes in, or in
+float16 for a float32 layer, from the digest's precision rows.
 """
 
 import numpy as np
 from tensorboard import errors
 
-from tb_gradviz.board import health
+from tb_gradviz.board import headroom, health
 from tb_gradviz.board.series import column_starts, envelope
 from tb_gradviz.format import digest, records
 
@@ -25,7 +30,7 @@ DEFAULT_WIDTH = 1000
 MAX_WIDTH = 10000
 # What a cell's colour can show: a field of the chosen role's tensors, or the
 # layer's update ratio (its weights' largest).
-FIELDS = ("rms", "max_abs", "zero_share", "update_ratio")
+FIELDS = ("rms", "max_abs", "zero_share", "update_ratio", "flush_share")
 
 
 def digest_layout(rows):
@@ -98,6 +103,25 @@ def _role_values(tensors, role):
     return rms, max_abs, zero_share
 
 
+def flush_format(layer_dtype):
+    """The format a layer's flush share is taken in: the one it computes in, else float16."""
+    return headroom.compute_format(layer_dtype) or "float16"
+
+
+def _flush_share(tensors, role, name):
+    """The `[steps]` share of a layer's `role` tensors' finite non-zero values that flush to zero
+    (to zero or subnormal) in format `name`, all of them pooled: NaN where none is finite and
+    non-zero; None when the layer has no such tensor or one of them has no precision row."""
+    chosen = [n for kind, n in tensors if kind == digest.TENSOR and _of_role(n, role)]
+    found = [tensors.get((digest.PRECISION, n)) for n in chosen]
+    if not found or any(fields is None for fields in found):
+        return None
+    flushed = np.sum([f[f"{name}_to_zero"] + f[f"{name}_subnormal"] for f in found], axis=0)
+    total = np.sum([f["finite_nonzero"] for f in found], axis=0)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(total > 0, flushed / np.where(total > 0, total, 1), np.nan)
+
+
 def _layer_rows(layers, role):
     """Per layer, in model order, its `[steps]` values and flags' inputs."""
     result = []
@@ -148,6 +172,7 @@ def timeline_body(
     role=records.OUTPUT_GRADIENT,
     width=DEFAULT_WIDTH,
     ratio=health.DEFAULT_RATIO,
+    layer_dtypes=None,
 ):
     """The `/timeline` body (docs/API.md), or None when the run has no digest.
 
@@ -158,11 +183,18 @@ def timeline_body(
       role: whose tensors' values they show (`records.ROLES`).
       width: the most columns.
       ratio: the vanishing / exploding ratio.
+      layer_dtypes: `{layer: dtype it computes in}`, which sets each layer's
+        format for `flush_share` (`flush_format`; float16 for a layer not in it).
     """
     steps, layers = layer_columns(digests)
     if not len(steps) or not layers:
         return None
     rows = _layer_rows(layers, role)
+    if field == "flush_share":
+        for row in rows:
+            row["format"] = flush_format((layer_dtypes or {}).get(row["layer"]))
+            share = _flush_share(layers[row["layer"]], role, row["format"])
+            row[field] = np.full(len(steps), np.nan) if share is None else share
     starts = column_starts(len(steps), width)
     ends = np.append(starts[1:], len(steps)) - 1
     vanishing, exploding = _gradient_flags(rows, ratio)
@@ -178,6 +210,7 @@ def timeline_body(
             {
                 "layer": row["layer"],
                 field: envelope(row[field], starts),
+                **({"format": row["format"]} if field == "flush_share" else {}),
                 # The columns where each flag is raised at one of the steps at least.
                 "flags": {
                     name: np.flatnonzero(np.logical_or.reduceat(raised, starts)).tolist()
