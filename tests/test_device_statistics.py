@@ -2,8 +2,9 @@
 
 Run as each backend's pass runs them: jitted on JAX, XLA-compiled on
 TensorFlow (`tf_statistics.compiled`), eagerly on PyTorch. Checked against
-the numpy definition (`format.summaries`) and the host kernel: counts, extrema
-and histogram edges bit for bit, the summed fields (mean, std, sum, the
+the numpy definition (`format.summaries`) and the host kernel: counts, extrema,
+histogram edges and the precision record bit for bit (the precision record
+also against ml_dtypes' casts), the summed fields (mean, std, sum, the
 routing sums) to float64 rounding (`SUM_RTOL`, and `SUM_ATOL` times the sum
 of magnitudes for rows that cancel). Like tests/test_backends.py, this file
 is meant to run under every KERAS_BACKEND.
@@ -17,6 +18,7 @@ import pytest
 
 keras = pytest.importorskip("keras")
 
+from test_precision_record import edge_values, recorded, reference  # noqa: E402
 from values import awkward_rows  # noqa: E402
 
 from tb_gradviz.capture import assemble, device_statistics  # noqa: E402
@@ -30,7 +32,7 @@ SUM_RTOL, SUM_ATOL = 1e-9, 1e-12
 MODES = ("eager",) if BACKEND == "torch" else ("stepped", "fused")
 
 
-def run_statistics(arrays, divisor=None, scaled=None, mode=MODES[0]):
+def run_statistics(arrays, divisor=None, scaled=None, mode=MODES[0], precision=True):
     """Each array's row of device statistics, grouped and computed as the backend's pass does."""
     scaled = [divisor is not None] * len(arrays) if scaled is None else scaled
     keys = [(a.size, a.dtype.name, s) for a, s in zip(arrays, scaled)]
@@ -40,7 +42,9 @@ def run_statistics(arrays, divisor=None, scaled=None, mode=MODES[0]):
         import jax
 
         compiled = jax.jit(
-            functools.partial(device_statistics.chunk_statistics, groups, scaled, mode=mode)
+            functools.partial(
+                device_statistics.chunk_statistics, groups, scaled, mode=mode, precision=precision
+            )
         )
         with jax.enable_x64(True):
             results = jax.device_get(compiled(arrays, np.float64(one)))
@@ -49,20 +53,37 @@ def run_statistics(arrays, divisor=None, scaled=None, mode=MODES[0]):
 
         from tb_gradviz.capture.backends import tf_statistics
 
-        results = tf_statistics.compiled(groups, scaled, mode)(
-            [tf.constant(a) for a in arrays], tf.constant(one, tf.float64)
-        )
+        compiled = tf_statistics.compiled(groups, scaled, mode)
+        if not precision:
+            compiled = tf.function(
+                functools.partial(
+                    device_statistics.chunk_statistics, groups, scaled, mode=mode, precision=False
+                ),
+                jit_compile=True,
+            )
+        results = compiled([tf.constant(a) for a in arrays], tf.constant(one, tf.float64))
     else:
         import torch
 
+        def tensor(a):  # PyTorch takes no ml_dtypes array: bfloat16 goes through float32
+            if a.dtype.name == "bfloat16":
+                return torch.as_tensor(a.astype(np.float32)).to(torch.bfloat16)
+            return torch.as_tensor(a)
+
         results = device_statistics.chunk_statistics(
-            groups, scaled, [torch.as_tensor(a) for a in arrays], one, mode=mode
+            groups, scaled, [tensor(a) for a in arrays], one, mode=mode, precision=precision
         )
     return device_statistics.tensor_rows(groups, results, [a.size for a in arrays])
 
 
-def assert_row_is_the_definition(row, values, err_msg):
-    histogram, stats = assemble.summary_of_row(row)
+def assert_row_is_the_definition(row, values, err_msg, captured=None):
+    """The row's records are those of `values`; its precision record that of `captured` (the
+    values before the loss scale divided them), when given."""
+    histogram, stats, precision = assemble.summary_of_row(row)
+    if captured is not None:
+        np.testing.assert_array_equal(
+            precision, summaries.precision_vector(captured), err_msg=err_msg
+        )
     expected = summaries.stats_vector(values)
     exact = np.ones(records.STATS_LENGTH, bool)
     exact[records.SUMMED_STATS] = False
@@ -100,8 +121,9 @@ def test_device_statistics_equal_the_numpy_definition(dtype, divisor, mode):
     finite_only = [r for r in rows if np.isfinite(r).all()]
     for group in (rows, finite_only):
         for r, (array, row) in enumerate(zip(group, run_statistics(group, divisor, mode=mode))):
-            values = array.astype(np.float64).ravel() / (divisor or 1.0)
-            assert_row_is_the_definition(row, values, f"{dtype} / {divisor}, row {r}")
+            captured = array.astype(np.float64).ravel()
+            values = captured / (divisor or 1.0)
+            assert_row_is_the_definition(row, values, f"{dtype} / {divisor}, row {r}", captured)
 
 
 def test_device_counts_equal_the_host_kernel(mode):
@@ -111,8 +133,9 @@ def test_device_counts_equal_the_host_kernel(mode):
     rng = np.random.default_rng(7)
     rows = awkward_rows(rng, 1000) + [rng.standard_normal(1000).astype(np.float32) * 1e-3]
     for r, (array, row) in enumerate(zip(rows, run_statistics(rows, mode=mode))):
-        histogram, stats = assemble.summary_of_row(row)
-        host_histogram, host_stats = kernels.summary(array)[:2]
+        histogram, stats, precision = assemble.summary_of_row(row)
+        host_histogram, host_stats, host_precision = kernels.summary(array, precision=True)
+        np.testing.assert_array_equal(precision, host_precision, err_msg=f"row {r}")
         exact = np.ones(records.STATS_LENGTH, bool)
         exact[records.SUMMED_STATS] = False
         np.testing.assert_array_equal(stats[exact], host_stats[exact], err_msg=f"row {r}")
@@ -136,9 +159,95 @@ def test_tensors_of_many_sizes_and_dtypes_get_their_own_rows(mode):
     scaled = [False, True, False, True, False, False, True]
     rows = run_statistics(arrays, 4.0, scaled, mode)
     for i, (array, row, divided) in enumerate(zip(arrays, rows, scaled)):
-        values = array.astype(np.float64).ravel() / (4.0 if divided else 1.0)
+        captured = array.astype(np.float64).ravel()
+        values = captured / (4.0 if divided else 1.0)
         assert row["count"] == array.size
-        assert_row_is_the_definition(row, values, f"tensor {i}")
+        assert_row_is_the_definition(row, values, f"tensor {i}", captured)
+
+
+def precision_rows():
+    """float32 rows for the precision record: every format's rounding edges (signed zeros, NaN,
+    Inf), values across float32's range (subnormals included) and exact powers of two, each
+    also scaled by powers of two that move every boundary into another part of the range."""
+    rng = np.random.default_rng(1)
+    spread = np.sign(rng.normal(size=1000)) * 2.0 ** rng.uniform(-149, 127, 1000)
+    powers = 2.0 ** rng.integers(-149, 127, 400)
+    rows = []
+    for base in (edge_values().astype(np.float64), spread, powers):
+        for scale in (1.0, 2.0**-100, 2.0**60, 2.0**-130):
+            with np.errstate(over="ignore", under="ignore"):
+                rows.append((base * scale).astype(np.float32))
+    finite = edge_values()[np.isfinite(edge_values())]
+    rows += [finite, np.zeros(50, np.float32), np.full(50, np.nan, np.float32)]
+    return rows
+
+
+def test_device_precision_records_equal_the_definition_and_ml_dtypes_casts(mode):
+    """Bit for bit, at every format's rounding edges (half the smallest subnormal rounds to zero)
+    and across float32's range, subnormals included: the counts compare bits, which a device that
+    flushes subnormals to zero does not flush."""
+    rows = precision_rows()
+    for r, (array, row) in enumerate(zip(rows, run_statistics(rows, mode=mode))):
+        precision = assemble.summary_of_row(row)[2]
+        np.testing.assert_array_equal(
+            precision, summaries.precision_vector(array), err_msg=f"row {r}"
+        )
+        assert recorded(precision) == reference(array), f"row {r}"
+
+
+def test_device_precision_records_equal_the_host_kernels():
+    pytest.importorskip("numba")
+    from tb_gradviz.capture import kernels
+
+    rows = precision_rows()
+    for r, (array, row) in enumerate(zip(rows, run_statistics(rows))):
+        np.testing.assert_array_equal(
+            assemble.summary_of_row(row)[2],
+            kernels.summary(array, precision=True)[2],
+            err_msg=f"row {r}",
+        )
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float64"])
+def test_device_precision_records_of_other_dtypes_equal_the_definition(dtype, mode):
+    """float16 and bfloat16 (whose subnormals are float32 subnormals) widen exactly; float64 is
+    compared in its own bits."""
+    import ml_dtypes
+
+    as_dtype = ml_dtypes.bfloat16 if dtype == "bfloat16" else np.dtype(dtype)
+    rng = np.random.default_rng(2)
+    with np.errstate(over="ignore", under="ignore"):
+        rows = [
+            edge_values().astype(as_dtype),
+            (np.sign(rng.normal(size=500)) * 2.0 ** rng.uniform(-140, 127, 500)).astype(as_dtype),
+            (rng.standard_normal(500) * 1e-3).astype(as_dtype),
+        ]
+    for r, (array, row) in enumerate(zip(rows, run_statistics(rows, mode=mode))):
+        np.testing.assert_array_equal(
+            assemble.summary_of_row(row)[2],
+            summaries.precision_vector(array.astype(np.float64)),
+            err_msg=f"{dtype} row {r}",
+        )
+
+
+def test_device_precision_records_see_the_values_before_the_loss_scale():
+    """The divisor divides the stats' values, never the precision record's: under mixed_float16
+    the float16 counts are what the scaled backward pass holds."""
+    rows = [edge_values(), np.float32(2.0**-20) * np.arange(1, 65, dtype=np.float32)]
+    for array, row in zip(rows, run_statistics(rows, divisor=2.0**15)):
+        np.testing.assert_array_equal(
+            assemble.summary_of_row(row)[2], summaries.precision_vector(array)
+        )
+
+
+def test_statistics_without_the_precision_record_are_the_same_without_its_counts():
+    arrays = [np.linspace(-3, 3, 64, dtype=np.float32)]
+    (row,) = run_statistics(arrays, precision=False)
+    assert not any(name.startswith("precision") for name in row)
+    (full,) = run_statistics(arrays)
+    assert len(assemble.summary_of_row(row)) == 2
+    for record, expected in zip(assemble.summary_of_row(row), assemble.summary_of_row(full)):
+        np.testing.assert_array_equal(record, expected)
 
 
 def test_groups_hold_at_most_chunk_values_and_one_tensor_at_least(monkeypatch):

@@ -71,8 +71,11 @@ def step_records(plans, summaries, routings, skipped, units, maps=(), map_settin
 
 
 def summary_of_row(row):
-    """`(histogram, stats)` of a tensor from its row of `device_statistics.tensor_rows`."""
-    return summaries.summary_from_sums(
+    """`(histogram, stats, precision)` of a tensor from its row of `device_statistics.tensor_rows`.
+
+    `(histogram, stats)` alone when the row has no precision counts.
+    """
+    histogram, stats = summaries.summary_from_sums(
         n=row["count"],
         zeros=row["zeros"],
         nans=row["nans"],
@@ -86,6 +89,13 @@ def summary_of_row(row):
         magnitude=row["magnitude"].astype(np.float64),
         buckets=len(row["linear"]),
     )
+    if "precision_as_is" not in row:
+        return histogram, stats
+    finite = row["count"] - row["nans"] - row["pos_inf"] - row["neg_inf"]
+    zeros, *as_is = row["precision_as_is"]
+    below = np.concatenate([as_is, row["precision_scaled"]])
+    exponents = row["precision_exponents"]
+    return histogram, stats, summaries.precision_from_below(finite, zeros, below, exponents)
 
 
 def device_records(plans, rows, routing_counts, skipped, units, maps=(), map_settings=None):

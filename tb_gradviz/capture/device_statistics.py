@@ -12,6 +12,10 @@ kernel's.
 - Each group is read twice. The first read takes the extrema, the sums and
   every count of `FIRST_PASS_COUNTS`; the second, which needs the row's
   extrema and mean, the squared deviations and `SECOND_PASS_COUNTS`.
+- The precision record's counts compare each value's magnitude bits with
+  integer keys (`device_precision`): the boundaries as they are in the first
+  read, scaled by each row's `2**-k` (from the first read's largest finite
+  magnitude) in the second. They see the values as captured, not divided.
 - Every count is the reduction of a comparison (`sum(values >= threshold)`,
   `sum(bucket == j)`): no scatter, no sort, no searchsorted. The magnitude
   bins come from cumulative counts against `records.LOG_EDGES`, the linear
@@ -31,8 +35,8 @@ kernel's.
 
 A new per-tensor count (one number, or one per threshold) is one `Count` in
 `FIRST_PASS_COUNTS` (it sees the values) or `SECOND_PASS_COUNTS` (it also
-sees each row's extrema and mean); its result comes back under its name in
-every tensor's row (`tensor_rows`).
+sees each row's extrema, mean and precision keys); its result comes back
+under its name in every tensor's row (`tensor_rows`).
 """
 
 import dataclasses
@@ -41,6 +45,7 @@ import functools
 import keras
 import numpy as np
 
+from tb_gradviz.capture import device_precision
 from tb_gradviz.format import records
 
 ops = keras.ops
@@ -73,10 +78,13 @@ class Rows:
     values: object  # float64, divided by the loss scale where it applies
     finite: object  # bool
     finite_values: object  # float64: the values, 0 where not finite
+    bits: object  # int: `device_precision.magnitude_bits` of the values as captured
+    bits_width: int  # 32 or 64: the width of `bits`
     buckets: int = records.HISTOGRAM_BUCKETS
     low: object = None  # second pass: the finite minimum (+inf without finite values)
     high: object = None  # second pass: the finite maximum (-inf without finite values)
     mean: object = None  # second pass: the mean of the finite values
+    scaled_keys: object = None  # second pass: `device_precision.scaled_keys`, `[R, 12]`
 
     @functools.cached_property
     def linear_bucket(self):
@@ -98,9 +106,10 @@ class Count:
     Attributes:
       name: the key of the count in each tensor's row.
       mask: `(Rows, thresholds) -> bool [R, T, n]` (or `[R, 1, n]` without
-        thresholds); `thresholds` is a float64 `[1, T, 1]` tensor, or None.
-      thresholds: None for one count, or a function of the number of linear
-        buckets that returns a 1-D numpy array: one count per threshold.
+        thresholds); `thresholds` is a `[1, T, 1]` or `[R, T, 1]` tensor, or None.
+      thresholds: None for one count, or a function of the `Rows` that returns
+        a 1-D numpy array (float64: the same thresholds for every row) or a
+        `[1, T]` or `[R, T]` tensor (per row): one count per threshold.
     """
 
     name: str
@@ -108,8 +117,12 @@ class Count:
     thresholds: object = None
 
 
-def _log_edges(buckets):
+def _log_edges(rows):
     return records.LOG_EDGES
+
+
+def _below(rows, keys):
+    return ops.less(rows.bits, keys)
 
 
 FIRST_PASS_COUNTS = (
@@ -122,18 +135,26 @@ FIRST_PASS_COUNTS = (
     Count("positive", lambda r, _: ops.greater(r.finite_values, 0.0)),
     Count("negative_at_least", lambda r, t: ops.less_equal(r.finite_values, -t), _log_edges),
     Count("positive_at_least", lambda r, t: ops.greater_equal(r.finite_values, t), _log_edges),
+    # The zeros, then the values below each precision boundary, as captured.
+    Count("precision_as_is", _below, lambda r: device_precision.as_is_keys(r.bits_width)),
 )
 
 SECOND_PASS_COUNTS = (
     Count(
         "linear",
         lambda r, t: ops.equal(r.linear_bucket, ops.cast(t, "int32")),
-        lambda buckets: np.arange(buckets),
+        lambda r: np.arange(r.buckets),
     ),
+    Count("precision_scaled", _below, lambda r: r.scaled_keys),
 )
 
+# The counts of the precision record, which `precision=False` leaves out.
+PRECISION_COUNTS = ("precision_as_is", "precision_scaled")
 
-def group_statistics(rows, divisor=None, buckets=records.HISTOGRAM_BUCKETS, mode="fused"):
+
+def group_statistics(
+    rows, divisor=None, buckets=records.HISTOGRAM_BUCKETS, mode="fused", precision=True
+):
     """Returns the sums and counts of each of `rows`, as a dict of `[R, ...]` tensors.
 
     Args:
@@ -143,12 +164,15 @@ def group_statistics(rows, divisor=None, buckets=records.HISTOGRAM_BUCKETS, mode
         first (the loss scale).
       buckets: the number of linear histogram buckets.
       mode: one of `MODES`: how the group is walked (see the module docstring).
+      precision: whether to count the precision record (`PRECISION_COUNTS`).
 
     Returns:
       `SUMS` (float64 `[R]`), every count of `FIRST_PASS_COUNTS` and
-      `SECOND_PASS_COUNTS` (int32 `[R]` or `[R, T]`), and `magnitude`, the
+      `SECOND_PASS_COUNTS` (int32 `[R]` or `[R, T]`), `magnitude`, the
       `[R, 2 * MAGNITUDE_BINS]` bins (negative then positive, the zeros in
-      negative bin 0) that `summaries.summary_from_sums` takes.
+      negative bin 0) that `summaries.summary_from_sums` takes, and with
+      `precision`, `precision_exponents` (int64 `[R, 4]`: the scale exponent
+      per format).
 
     Raises:
       ValueError: `mode` is not one of `MODES`.
@@ -160,17 +184,23 @@ def group_statistics(rows, divisor=None, buckets=records.HISTOGRAM_BUCKETS, mode
     thresholds_at_once = EAGER_THRESHOLDS if mode == "eager" else None
     # Stepped, each step stacks its slice of every row: never a copy of the whole group.
     stacked = None if mode == "stepped" else ops.stack(rows)
+    bits_width = device_precision.width(rows[0].dtype)
+    first_counts, second_counts = (
+        tuple(c for c in counts if precision or c.name not in PRECISION_COUNTS)
+        for counts in (FIRST_PASS_COUNTS, SECOND_PASS_COUNTS)
+    )
 
     def rows_of(start, length):
         if stacked is not None:
             block = stacked
         else:
             block = ops.stack([ops.slice(t, [start], [length]) for t in rows])
+        bits = ops.expand_dims(device_precision.magnitude_bits(block, bits_width), 1)
         v = ops.expand_dims(ops.cast(block, "float64"), 1)
         if divisor is not None:
             v = _divide(v, divisor, like=v)
         finite = ops.isfinite(v)
-        return Rows(v, finite, ops.where(finite, v, 0.0), buckets)
+        return Rows(v, finite, ops.where(finite, v, 0.0), bits, bits_width, buckets)
 
     def first_pass(rows):
         v, finite = rows.values, rows.finite
@@ -181,22 +211,31 @@ def group_statistics(rows, divisor=None, buckets=records.HISTOGRAM_BUCKETS, mode
             "raw_sum": ops.sum(v, axis=2),
             "raw_abs_sum": ops.sum(ops.abs(v), axis=2),
         }
-        result.update(_counts(rows, FIRST_PASS_COUNTS, thresholds_at_once))
+        if precision:
+            result["amax_bits"] = device_precision.finite_amax_bits(rows.bits, bits_width, axis=2)
+        result.update(_counts(rows, first_counts, thresholds_at_once))
         return result
 
     result = _walk(rows_of, first_pass, n, step)
     finite_count = n - (result["nans"] + result["pos_inf"] + result["neg_inf"])
     mean = result["total"][:, 0] / ops.cast(ops.maximum(finite_count, 1), "float64")
+    if precision:
+        exponents = device_precision.scale_exponents(result.pop("amax_bits")[:, 0], bits_width)
+        scaled_keys = device_precision.scaled_keys(exponents, bits_width)
 
     def second_pass(rows):
         rows.low, rows.high = result["low"][:, :, None], result["high"][:, :, None]
         rows.mean = mean[:, None, None]
+        if precision:
+            rows.scaled_keys = scaled_keys
         squares = ops.where(rows.finite, ops.square(rows.values - rows.mean), 0.0)
         second = {"squares": ops.sum(squares, axis=2)}
-        second.update(_counts(rows, SECOND_PASS_COUNTS, thresholds_at_once))
+        second.update(_counts(rows, second_counts, thresholds_at_once))
         return second
 
     result.update(_walk(rows_of, second_pass, n, step))
+    if precision:
+        result["precision_exponents"] = exponents
     for name in SUMS:
         result[name] = ops.reshape(result[name], [-1])
     result["magnitude"] = ops.concatenate(
@@ -214,7 +253,7 @@ def mode_for(platform):
     return "stepped" if platform == "cpu" else "fused"
 
 
-_COMBINE = {"low": ops.minimum, "high": ops.maximum}
+_COMBINE = {"low": ops.minimum, "high": ops.maximum, "amax_bits": ops.maximum}
 
 
 def _walk(rows_of, summarise, n, step):
@@ -254,11 +293,14 @@ def _counts(rows, counts, thresholds_at_once=None):
         if count.thresholds is None:
             result[count.name] = _count_true(count.mask(rows, None))[:, 0]
             continue
-        thresholds = np.asarray(count.thresholds(rows.buckets), np.float64)
-        step = thresholds_at_once or len(thresholds)
+        thresholds = count.thresholds(rows)
+        if isinstance(thresholds, np.ndarray):
+            thresholds = ops.convert_to_tensor(thresholds.astype(np.float64)[None, :])
+        total = thresholds.shape[1]
+        step = thresholds_at_once or total
         parts = [
-            _count_true(count.mask(rows, ops.convert_to_tensor(block.reshape(1, -1, 1), "float64")))
-            for block in (thresholds[i : i + step] for i in range(0, len(thresholds), step))
+            _count_true(count.mask(rows, ops.expand_dims(thresholds[:, i : i + step], 2)))
+            for i in range(0, total, step)
         ]
         result[count.name] = parts[0] if len(parts) == 1 else ops.concatenate(parts, axis=1)
     return result
@@ -314,7 +356,7 @@ def chunks(keys):
     return result
 
 
-def chunk_statistics(groups, scaled, tensors, divisor, mode="fused"):
+def chunk_statistics(groups, scaled, tensors, divisor, mode="fused", precision=True):
     """`group_statistics` of each group of `tensors`, in order (a list of dicts).
 
     Args:
@@ -322,13 +364,14 @@ def chunk_statistics(groups, scaled, tensors, divisor, mode="fused"):
       scaled: per tensor, whether `divisor` divides it.
       tensors: the backend's tensors.
       divisor: the loss scale (a float64 scalar); unused where `scaled` is false.
-      mode: as for `group_statistics`.
+      mode, precision: as for `group_statistics`.
     """
     return [
         group_statistics(
             [ops.reshape(tensors[i], [-1]) for i in indices],
             divisor if scaled[indices[0]] else None,
             mode=mode,
+            precision=precision,
         )
         for indices in groups
     ]

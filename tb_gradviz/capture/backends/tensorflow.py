@@ -27,8 +27,7 @@ def default_statistics():
     its own tensors rather than send every value over the bus.
     """
     accelerators = [d for d in tf.config.list_logical_devices() if d.device_type != "CPU"]
-    # Without numba the host statistics fall back to the numpy definition,
-    # which also writes the precision record that device statistics lack.
+    # Without numba the host statistics fall back to the numpy definition.
     return "device" if accelerators else "host"
 
 
