@@ -28,7 +28,7 @@ LAYOUTS = pathlib.Path(__file__).parent / "data" / "layouts"
 LAYOUT_DIRS = sorted(LAYOUTS.glob("layout*"))
 PREFIX = "/data/plugin/gradviz"
 # The first layout that wrote each (docs/FORMAT.md's layout table).
-WEIGHTS_SINCE, DIGEST_SINCE, PRECISION_SINCE = 6, 7, 8
+WEIGHTS_SINCE, DIGEST_SINCE, PRECISION_SINCE, DIGEST_PRECISION_SINCE = 6, 7, 8, 9
 
 
 def number(layout):
@@ -51,6 +51,7 @@ def test_every_layout_has_its_files():
         "layout6-64c3ecc",
         "layout7-0e16de2",
         "layout8-7c73bbe",
+        "layout9-be377b1",
     ]
 
 
@@ -166,6 +167,22 @@ def test_plugin_serves_the_update_records_as_written(layout):
         columns = records.update_columns(np.stack([row for _, row in written]))
         for name in ("weight_norm", "update_norm", "update_ratio", "interval"):
             same(weight[name], columns[name])
+
+
+@pytest.mark.parametrize(
+    "layout",
+    [path for path in LAYOUT_DIRS if number(path) >= DIGEST_SINCE],
+    ids=lambda path: path.name,
+)
+def test_the_digest_of_every_layout_equals_its_full_records(layout):
+    accumulator = eventdata.load(layout / "max")
+    (tag,) = eventdata.digest_tags(accumulator)
+    kinds = {kind for kind, _, _ in eventdata.content(accumulator, tag)["rows"]}
+    # The precision rows came a layout after the precision records.
+    assert ("precision" in kinds) == (number(layout) >= DIGEST_PRECISION_SINCE)
+    if number(layout) == DIGEST_PRECISION_SINCE - 1:
+        return
+    assert eventdata.assert_digest_equals_records(accumulator) == 2
 
 
 def test_timeline_reads_the_digest_of_every_layout_that_has_one():

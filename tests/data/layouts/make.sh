@@ -11,7 +11,8 @@
 #   6 64c3ecc  weights=True: weight tensors and update records, no digest
 #   7 0e16de2  the per-event digest (plugin gradviz_digest), no precision records
 #   8 7c73bbe  the precision record per tensor
-# Layouts 6 to 8 log a conv layer with weights=True too (fit_weights), so
+#   9 be377b1  the digest's precision rows
+# Layouts 6 to 9 log a conv layer with weights=True too (fit_weights), so
 # that what they added is in the files.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -55,7 +56,8 @@ from tb_gradviz import synthetic
 synthetic.write_run(f"{sys.argv[1]}/max", layers=2, steps=2)
 '
 for entry in "1 babdf2f numpy_writer" "2 ea6cf0b fit" "3 394d555 fit" "4 a4aadd0 fit" "5 88cce65 fit" \
-             "6 64c3ecc fit_weights" "7 0e16de2 fit_weights" "8 7c73bbe fit_weights"; do
+             "6 64c3ecc fit_weights" "7 0e16de2 fit_weights" "8 7c73bbe fit_weights" \
+             "9 be377b1 fit_weights"; do
   read -r number commit writer <<<"$entry"
   out="$here/layout$number-$commit"
   [ -e "$out" ] && continue
