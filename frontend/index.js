@@ -3,11 +3,13 @@
 
 import * as captions from './captions.js';
 import * as compare from './compare.js';
+import {CompareSection} from './comparesection.js';
 import * as flow from './flow.js';
 import * as flowmodel from './flowmodel.js';
 import {connectToHost, followHost} from './host.js';
 import * as layout from './layout.js';
 import * as model from './model.js';
+import {OnsetTable} from './onset.js';
 import {RoutingMapView} from './routemap.js';
 import * as precisionview from './precision.js';
 import {fetchRoutingMap} from './routemapmodel.js';
@@ -43,9 +45,6 @@ class App {
     this.tensors = []; // {info, series} of the selected layer's own tensors
     this.weights = []; // per weight of the selected layer (weights=True): weightsview.renderWeights' entries
     this.routing = null;
-    this.compareRun = undefined; // undefined: not chosen yet; null: "(none)" chosen
-    this.compareTensor = null;
-    this.comparison = null; // [{run, series}] of the compared tensor
     this.cache = new Map();
     // Answers that arrive after the selection moved on are dropped.
     this.generation = 0;
@@ -55,24 +54,22 @@ class App {
     this.flowView = null; // what the gradient flow last drew, redrawn when its width changes
     // What TensorBoard's URL asks for (a shared link): used until the first view is shown.
     this.wanted = urlstate.readHostState(window);
+    // The section shown. Only it fetches and draws; the others catch up when shown.
+    this.view = this.wanted.view;
+    this.timeShown = null; // {run, runs} the "Over time" section last showed
   }
 
   async start() {
     const {ui} = this;
+    ui.sections.onChoose = (view) => this.showView(view);
+    ui.sections.show(this.view);
+    this.runComparison = new CompareSection(ui, (run, layer, tensor) => this.series(run, layer, tensor),
+      (error) => this.fail(error));
     ui.runSelect.addEventListener('change', () => this.selectRun(ui.runSelect.value));
     ui.layerSelect.addEventListener('change', () => this.selectLayer(ui.layerSelect.value));
     ui.stepSlider.addEventListener('input', () => this.selectStep(this.steps[Number(ui.stepSlider.value)]));
-    ui.logToggle.addEventListener('change', () => this.renderLayer());
+    ui.logToggle.addEventListener('change', () => this.view === 'layer' && this.renderLayer());
     ui.reloadButton.addEventListener('click', () => this.reload());
-    ui.compareTensorSelect.addEventListener('change', () => {
-      this.compareTensor = ui.compareTensorSelect.value;
-      this.setCompareOptions(); // the runs offered are those that logged this tensor
-      this.loadComparison();
-    });
-    ui.compareRunSelect.addEventListener('change', () => {
-      this.compareRun = ui.compareRunSelect.value || null;
-      this.loadComparison();
-    });
     ui.flowRunSelect.addEventListener('change', () => {
       this.flowRun = ui.flowRunSelect.value || null;
       this.loadFlow();
@@ -83,13 +80,11 @@ class App {
     new ResizeObserver(() => this.renderFlow()).observe(ui.flow);
     this.routeMap = new RoutingMapView(ui.routeMap, (run, layer, step) =>
       this.cached(['routing_map', run, layer, step], () => fetchRoutingMap(run, layer, step)));
-    // Layers over time, above the layer view: a click opens a layer at a step there.
-    this.timeline = new TimelineSection((key, fetch) => this.cached(key, fetch), (layer, step) =>
-      this.selectLayer(layer).then(() => {
-        this.selectStep(this.steps[Math.max(0, model.latestIndexAtOrBefore(this.steps, step))]);
-        ui.layerSection.scrollIntoView({block: 'start'});
-      }));
-    ui.layerSection.before(this.timeline.element);
+    // Over time: where each flag began, then layers over time; a click there opens a layer at a step.
+    const openLayerAt = (layer, step) => this.openLayerAt(layer, step);
+    this.onset = new OnsetTable((key, fetch) => this.cached(key, fetch), openLayerAt);
+    this.timeline = new TimelineSection((key, fetch) => this.cached(key, fetch), openLayerAt);
+    ui.sections.panel('timeline').append(this.onset.element, this.timeline.element);
     if (this.host) {
       this.hostRuns = await followHost(this.host, {
         onRuns: (runs) => {
@@ -104,6 +99,7 @@ class App {
 
   reload() {
     this.cache.clear();
+    this.timeShown = null;
     this.routeMap?.forget();
     return this.loadRuns();
   }
@@ -160,7 +156,6 @@ class App {
     this.run = run;
     this.ui.runSelect.value = run;
     this.setFlowOptions();
-    this.timeline.show(run, this.runs);
     const layers = this.runs.find((entry) => entry.run === run)?.layers ?? [];
     layout.setOptions(this.ui.layerSelect,
       layers.map((layer) => ({value: layer.layer, label: `${layer.layer} (${layer.layer_class ?? '?'})`})),
@@ -172,7 +167,16 @@ class App {
     if (keep ?? asked ?? fallback) await this.selectLayer((keep ?? asked ?? fallback).layer);
   }
 
-  async selectLayer(name) {
+  /** Shows "The layer" section at `layer` and the latest logged step at or before `step`. */
+  openLayerAt(layer, step) {
+    this.view = 'layer';
+    this.ui.sections.show('layer');
+    this.ui.sections.tabList.scrollIntoView({block: 'start'});
+    return this.selectLayer(layer, step);
+  }
+
+  /** Selects a layer of the run; at `step` when given, else the step the slider had (or the last). */
+  async selectLayer(name, step = null) {
     const generation = ++this.generation;
     const layer = this.runs.find((entry) => entry.run === this.run)?.layers.find((entry) => entry.layer === name);
     if (!layer) return;
@@ -200,8 +204,9 @@ class App {
     const weightSeries = weights.flatMap(({values, gradient}) => [values, gradient]).filter(Boolean);
     this.steps = model.unionSteps([...tensors, ...weightSeries].map(({series}) => series.steps));
     this.timeline.noteLayerSteps(name, this.steps);
-    if (this.wanted.step !== null) {
-      this.step = this.wanted.step;
+    const asked = step ?? this.wanted.step;
+    if (asked !== null) {
+      this.step = asked;
       this.followLatest = false;
     }
     const index = this.followLatest
@@ -209,10 +214,8 @@ class App {
       : Math.max(0, model.latestIndexAtOrBefore(this.steps, this.step));
     this.ui.stepSlider.max = String(Math.max(0, this.steps.length - 1));
     this.ui.stepSlider.disabled = this.steps.length < 2;
-    this.comparison = null;
-    this.setCompareOptions();
+    this.runComparison.setLayer(this.run, this.runs, layer);
     this.selectStep(this.steps[index]);
-    this.loadComparison();
   }
 
   /** The weights of a layer (weights=True) with their series and update records; [] for a layer without. */
@@ -240,16 +243,47 @@ class App {
     this.ui.stepSlider.setAttribute('aria-valuetext', `step ${step}`);
     this.ui.stepOutput.textContent = `${step} (${index + 1} of ${this.steps.length})`;
     this.ui.keepStepButton.textContent = `Keep step ${step}`;
-    this.renderLayer();
-    this.renderComparison();
-    this.wanted = {run: null, layer: null, step: null};
-    urlstate.writeHostState(window, {run: this.run, layer: this.layer?.layer, step});
+    this.wanted = {run: null, layer: null, step: null, view: this.view};
+    this.writeUrl();
+    this.refreshView();
+  }
+
+  /** Shows a section (the user chose it): the URL says so, and the section draws what it lacks. */
+  showView(view) {
+    this.view = view;
+    this.ui.sections.show(view);
+    this.writeUrl();
+    this.refreshView();
+  }
+
+  writeUrl() {
+    urlstate.writeHostState(window, {run: this.run, layer: this.layer?.layer, step: this.step, view: this.view});
+  }
+
+  /**
+   * Fetches (through the cache) and draws the shown section at the current
+   * run, layer and step; the hidden ones wait until they are shown.
+   */
+  refreshView() {
+    const {run, step} = this;
     clearTimeout(this.stepTimer);
-    // The flow first: both wait for the same /step answer, and the grid takes longer to draw.
-    this.stepTimer = setTimeout(() => {
-      this.loadFlow();
-      this.loadGrid();
-    }, STEP_VIEWS_DELAY_MS);
+    if (run === null || step === null || !this.layer) return;
+    if (this.view === 'layer') {
+      this.renderLayer();
+    } else if (this.view === 'layers') {
+      // The flow first: both wait for the same /step answer, and the grid takes longer to draw.
+      this.stepTimer = setTimeout(() => {
+        this.loadFlow();
+        this.loadGrid();
+      }, STEP_VIEWS_DELAY_MS);
+    } else if (this.view === 'timeline') {
+      if (this.timeShown?.run === run && this.timeShown.runs === this.runs) return;
+      this.timeShown = {run, runs: this.runs};
+      this.timeline.show(run, this.runs);
+      this.onset.show(run);
+    } else if (this.view === 'compare') {
+      this.runComparison.load(step);
+    }
   }
 
   renderLayer() {
@@ -301,7 +335,7 @@ class App {
     compare.renderLayerGrid(this.ui.grid, this.ui.gridTitle, snapshot, {
       currentLayer: this.layer?.layer,
       layerOf: (name) => layers.find((layer) => layer.layer === name),
-      onSelect: (name) => this.selectLayer(name).then(() => this.ui.layerSelect.focus()),
+      onSelect: (name) => this.openLayerAt(name, this.step),
     });
   }
 
@@ -343,10 +377,7 @@ class App {
       lines,
       roles: flowmodel.flowRoles(shown),
       updates: flowmodel.hasUpdates(shown),
-      onSelect: (name) => this.selectLayer(name).then(() => {
-        this.ui.layerSection.scrollIntoView({block: 'start'});
-        this.ui.layerSelect.focus({preventScroll: true});
-      }),
+      onSelect: (name) => this.openLayerAt(name, this.step),
     };
     this.ui.flowSummary.textContent = lines.filter(({pin}) => pin === 0)
       .map(({snapshot}) => captions.flagSummary(snapshot)).join(' ');
@@ -356,55 +387,8 @@ class App {
   /** Draws the gradient flow at the width of its box; without `force`, only when that width changed. */
   renderFlow(force = false) {
     const width = this.ui.flow.clientWidth;
-    if (!this.flowView || (!force && Math.abs(width - this.flowView.width) < 1)) return;
+    if (!this.flowView || this.view !== 'layers' || (!force && Math.abs(width - this.flowView.width) < 1)) return;
     this.flowView.width = width;
     flow.renderFlow(this.ui.flow, {...this.flowView, width: width || 1200, currentLayer: this.layer?.layer});
-  }
-
-  /**
-   * The tensors of the run comparison (the layer's own, then its weights'),
-   * and the runs that logged the chosen one at this layer.
-   */
-  setCompareOptions() {
-    const {ui, layer} = this;
-    const tensors = model.comparableTensors(layer.tensors);
-    if (!tensors.some(({value}) => value === this.compareTensor)) {
-      // The layer's own tensors are compared unless a weight's is asked for.
-      const own = model.layerTensors(layer.tensors);
-      const first = own.find(({role}) => role === 'input_gradient') ?? own[0] ?? layer.tensors[0];
-      this.compareTensor = first?.tensor ?? null;
-    }
-    layout.setOptions(ui.compareTensorSelect, tensors, this.compareTensor);
-    const others = this.runs.filter(({run, layers}) => run !== this.run && layers.some((entry) =>
-      entry.layer === layer.layer && entry.tensors.some(({tensor}) => tensor === this.compareTensor)));
-    const offered = others.some(({run}) => run === this.compareRun);
-    if (this.compareRun === undefined || (this.compareRun !== null && !offered)) {
-      this.compareRun = others[0]?.run ?? undefined;
-    }
-    layout.setOptions(ui.compareRunSelect,
-      [{value: '', label: '(none)'}, ...others.map(({run}) => ({value: run}))], this.compareRun ?? '');
-  }
-
-  async loadComparison() {
-    const {run, compareRun, compareTensor} = this;
-    const layer = this.layer?.layer;
-    if (!layer || !compareTensor) return;
-    const runs = compareRun ? [run, compareRun] : [run];
-    try {
-      const series = await Promise.all(runs.map((name) => this.series(name, layer, compareTensor)));
-      const current = run === this.run && layer === this.layer?.layer
-        && compareRun === this.compareRun && compareTensor === this.compareTensor;
-      if (!current) return;
-      this.comparison = runs.map((name, i) => ({run: name, series: series[i]}));
-    } catch (error) {
-      this.fail(error);
-      return;
-    }
-    this.renderComparison();
-  }
-
-  renderComparison() {
-    if (!this.comparison) return;
-    compare.renderRunComparison(this.ui.compareCharts, this.comparison, this.step);
   }
 }

@@ -1,8 +1,10 @@
 // The GradViz tab's page: its stylesheets, TensorBoard's theme, the controls
-// and the containers every view draws into. DOM only; the views fill the
-// containers (views.js, weightsview.js, flow.js, compare.js, routemap.js).
+// shared by every section (run, layer, step), the tab bar of the sections
+// (sections.js) and the containers every view draws into. DOM only; the views
+// fill the containers (views.js, weightsview.js, flow.js, compare.js, routemap.js).
 
 import {hintedSection, html, labelled} from './dom.js';
+import {Sections} from './sections.js';
 
 // One stylesheet per part of the page, in cascade order.
 const STYLESHEETS = ['style.css', 'charts.css', 'compare.css', 'flow.css', 'routemap.css'];
@@ -98,14 +100,14 @@ export function createLayout(root) {
     ]),
   ]);
 
-  const page = html('main', {className: 'gradviz'}, [
-    controls,
-    status,
+  const sections = new Sections();
+  sections.panel('layer').append(layerSection);
+  sections.panel('layers').append(
     hintedSection('flow-section', 'Gradient flow across layers',
       'Every logged layer in model order, input on the left. Per tensor, on a log axis: the RMS (solid) and '
       + 'the largest magnitude (dashed) of its values; below, the share of exact zeros. One line per step: '
       + 'the slider\'s, and the ones kept. Badges mark the training-health flags (hover for the rule). '
-      + 'Click a layer to open it below.', [
+      + 'Click a layer to open it in "The layer".', [
       html('div', {className: 'toolbar'}, [
         labelled('Overlay run', flowRunSelect),
         keepStepButton,
@@ -114,8 +116,9 @@ export function createLayout(root) {
       flowSummary,
       flow,
     ]),
-    layerSection,
     html('section', {}, [gridTitle, grid]),
+  );
+  sections.panel('compare').append(
     html('section', {}, [
       html('h2', {text: 'Compare runs'}),
       html('div', {className: 'toolbar'}, [
@@ -124,13 +127,20 @@ export function createLayout(root) {
       ]),
       compareCharts,
     ]),
+  );
+  // The "Over time" panel is filled by the tab (the onset table and the depth x time view).
+  const page = html('main', {className: 'gradviz'}, [
+    controls,
+    status,
+    sections.tabList,
+    ...sections.panels.values(),
   ]);
   root.replaceChildren(page);
   return {
     runSelect, layerSelect, stepSlider, stepOutput, logToggle, reloadButton,
     compareTensorSelect, compareRunSelect, flowRunSelect, keepStepButton,
     status, keptSteps, flowSummary, flow, layerSection, layerTitle, panels, precision, weights, routeMap, aside, heatmaps, gridTitle, grid,
-    compareCharts,
+    compareCharts, sections,
   };
 }
 

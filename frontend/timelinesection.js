@@ -116,7 +116,7 @@ export class TimelineSection {
     const {logged, layerSteps} = this;
     const sampled = logged && layerSteps && layerSteps.steps.length > 0 && layerSteps.steps.length < logged.count;
     this.sampleNote.textContent = sampled
-      ? `The histograms of ${layerSteps.layer} below are a sample: ${layerSteps.steps.length} of the run's `
+      ? `The histograms of ${layerSteps.layer} in "The layer" are a sample: ${layerSteps.steps.length} of the run's `
         + `${logged.count} logged steps, from step ${layerSteps.steps[0]} to ${layerSteps.steps.at(-1)} `
         + `(TensorBoard keeps a sample of each series: --samples_per_plugin). This view reads every step `
         + `(${logged.first} to ${logged.last}).`

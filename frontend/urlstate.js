@@ -1,18 +1,34 @@
-// The tab's choice (run, layer, step) in TensorBoard's own URL, after the
-// plugin's name: `#gradviz&run=R&layer=L&step=S`, so that a link opens the
-// same view. TensorBoard keeps `&`-separated parameters after the tab name.
+// The tab's choice (run, layer, step, view) in TensorBoard's own URL, after
+// the plugin's name: `#gradviz&run=R&layer=L&step=S&view=V`, so that a link
+// opens the same view. TensorBoard keeps `&`-separated parameters after the
+// tab name.
 
-const KEYS = ['run', 'layer', 'step'];
+const KEYS = ['run', 'layer', 'step', 'view'];
 
-/** The state a URL fragment asks for: `{run, layer, step}`, null where it names none. */
+/**
+ * The tab's sections, as `view=` names them: the layer (its side-by-side view),
+ * across layers (gradient flow, grid, flags), over time, and the run comparison.
+ */
+export const VIEWS = ['layer', 'layers', 'timeline', 'compare'];
+
+/** The section a URL without a (known) `view=` opens. */
+export const DEFAULT_VIEW = 'layer';
+
+/**
+ * The state a URL fragment asks for: `{run, layer, step, view}`, null where
+ * it names no run, layer or step. `view` is always one of VIEWS: a missing or
+ * unknown one is DEFAULT_VIEW.
+ */
 export function parseState(hash) {
   const [, ...rest] = String(hash ?? '').replace(/^#/, '').split('&');
   const params = new URLSearchParams(rest.join('&'));
   const step = params.get('step');
+  const view = params.get('view');
   return {
     run: params.get('run'),
     layer: params.get('layer'),
     step: step !== null && /^-?\d+$/.test(step) ? Number(step) : null,
+    view: VIEWS.includes(view) ? view : DEFAULT_VIEW,
   };
 }
 
@@ -42,7 +58,11 @@ export function readHostState(window) {
   return parseState(hostWindow(window)?.location.hash ?? '');
 }
 
-/** Puts the state into TensorBoard's URL (replacing the entry: no history step per slider move). */
+/**
+ * Puts the state into TensorBoard's URL. The entry is replaced, never pushed:
+ * a slider move or a section switch adds no history step, so Back leaves the
+ * tab as it leaves TensorBoard's other tabs.
+ */
 export function writeHostState(window, state) {
   const host = hostWindow(window);
   if (!host) return;

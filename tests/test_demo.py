@@ -268,5 +268,5 @@ def test_the_demo_url_opens_resnet50s_pool1_pool():
         "cnn_maxpool": ["conv1", "pool1"],
         "resnet50": ["resnet50/conv1_conv", "resnet50/pool1_pool", "resnet50/avg_pool"],
     }
-    assert demo.focus(runs) == "&run=resnet50&layer=resnet50%2Fpool1_pool"
+    assert demo.focus(runs) == "&run=resnet50&layer=resnet50%2Fpool1_pool&view=layer"
     assert demo.focus({"cnn_maxpool": ["pool1"]}) == ""

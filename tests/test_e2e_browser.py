@@ -122,9 +122,10 @@ def _artifacts_dir():
 
 
 @contextlib.contextmanager
-def gradviz_page(browser, url, width=1600, height=1000):
+def gradviz_page(browser, url, width=1600, height=1000, fragment="gradviz"):
     """A new page on the GradViz tab of the TensorBoard at `url`, closed on leaving.
 
+    `fragment` is the URL's (`gradviz&view=layers` opens "Across layers").
     Leaving the block normally asserts that no error, failed request or
     dialog happened on the page (`PageProblems`).
     """
@@ -132,7 +133,7 @@ def gradviz_page(browser, url, width=1600, height=1000):
     page.set_default_timeout(UI_TIMEOUT_MS)
     problems = PageProblems(page)
     try:
-        page.goto(f"{url}/#gradviz")
+        page.goto(f"{url}/#{fragment}")
         yield page
         assert problems.errors == []
         assert problems.dialogs == []
@@ -311,7 +312,11 @@ def test_layer_view_of_a_trained_cnn(browser, trained_logs):
             in (frame.locator(".explanation").text_content())
         )
 
-        frame.locator("table.layer-grid").wait_for()
+        # The tab opens on "The layer": the other sections are hidden and not yet fetched.
+        expect(frame.get_by_role("tab", name="The layer")).to_have_attribute(
+            "aria-selected", "true"
+        )
+        expect(frame.locator("table.layer-grid")).to_have_count(0)
         page.screenshot(path=str(_artifacts_dir() / "gradviz_layer_view.png"))
 
         histogram = input_gradient.locator("svg.histogram")
@@ -355,18 +360,24 @@ def test_layer_view_of_a_trained_cnn(browser, trained_logs):
         assert activation.locator(".produced-by").text_content() == "AvgPool output (forward pass)"
         assert "AvgPoolGrad" in frame.locator(".explanation").text_content()
 
-        # The grid of all layers at this step, and its way back to the max pool.
+        # The grid of all layers at this step ("Across layers"), and its way back to the max pool
+        # in "The layer".
+        frame.get_by_role("tab", name="Across layers").click()
         grid = frame.locator("table.layer-grid")
-        expect(grid.locator("tbody tr")).to_have_count(2)
+        expect(grid.locator("tbody tr")).to_have_count(2, timeout=UI_TIMEOUT_MS)
         grid.get_by_role("button", name="pool", exact=True).click()
         frame.locator(".layer-name", has_text="pool").wait_for()
         assert frame.get_by_label("Layer", exact=True).input_value() == "pool"
 
-        # The overlay of the two runs.
+        # The overlay of the two runs ("Compare runs").
+        frame.get_by_role("tab", name="Compare runs").click()
         assert frame.get_by_label("Against run", exact=True).input_value() == "cnn_b"
-        expect(frame.locator(".run-legend li")).to_have_text(["cnn_a", "cnn_b"])
+        expect(frame.locator(".run-legend li")).to_have_text(
+            ["cnn_a", "cnn_b"], timeout=UI_TIMEOUT_MS
+        )
         expect(frame.locator(".compare-charts path.line")).to_have_count(2)
 
+        frame.get_by_role("tab", name="The layer").click()
         slider.press("End")
         expect(activation).to_have_attribute("data-step", str(steps[-1]))
 
@@ -451,6 +462,7 @@ def test_hostile_names_render_as_text(browser, tmp_path):
     ):
         frame = page.frame_locator(PLUGIN_FRAME)
         frame.locator('.panel[data-tensor="input_gradient"]').wait_for()
+        frame.get_by_role("tab", name="Across layers").click()
         frame.locator("table.layer-grid").wait_for()
         assert frame.locator(".layer-name").text_content() == PAYLOAD_LAYER
         assert frame.get_by_label("Layer", exact=True).input_value() == PAYLOAD_LAYER

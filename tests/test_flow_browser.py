@@ -109,7 +109,8 @@ def tensorboard(tmp_path_factory):
 @pytest.fixture
 def page(browser, tensorboard):  # noqa: F811
     url = tensorboard[0]
-    with gradviz_page(browser, url) as page:
+    # The gradient flow and the grid are the "Across layers" section.
+    with gradviz_page(browser, url, fragment="gradviz&view=layers") as page:
         yield page
 
 
@@ -317,11 +318,12 @@ def test_gradient_flow_of_176_layers(page, tensorboard):
       return frame.querySelector('.flow-chart').getBoundingClientRect().width < 1100;
     }""")
 
-    # A click on a layer's column opens it in the layer view.
+    # A click on a layer's column opens it in "The layer"; back in "Across layers", it is the current one.
     name = snapshot["layers"][BIG_LAYERS // 2]["layer"]
     frame.locator(f'.flow-hit[data-layer="{name}"]').click()
     frame.locator(".layer-name", has_text=name).wait_for()
     assert frame.get_by_label("Layer", exact=True).input_value() == name
+    frame.get_by_role("tab", name="Across layers").click()
     frame.locator(f'.flow-hit.current[data-layer="{name}"]').wait_for()
 
 
@@ -406,9 +408,11 @@ def test_gradient_flow_of_a_vanishing_plain_cnn(page, tensorboard):
     )
     keep_screenshot(frame.locator(".flow-section"), root / "gradient_flow_plain_cnn.png")
 
-    # A click on a layer opens it, and TensorBoard's dark mode reaches the chart.
+    # A click on a layer opens it in "The layer", and TensorBoard's dark mode reaches the chart.
     frame.locator('.flow-hit[data-layer="conv03"]').click()
     frame.locator(".layer-name", has_text="conv03").wait_for()
+    frame.get_by_role("tab", name="Across layers").click()
+    frame.locator('.flow-hit.current[data-layer="conv03"]').wait_for()
     page.get_by_role("button", name="Menu for changing light or dark theme").click()
     page.get_by_role("menuitem", name="Dark").click()
     frame.locator("html.dark-mode").wait_for(state="attached")

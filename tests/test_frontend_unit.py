@@ -4,7 +4,7 @@ The JS tests read no hand-written JSON (issue 11, defect 1: they once used
 'avg', a pooling type the server never sends). This test trains a tiny model
 with the real callback, serves its logs with the real plugin over TensorBoard's
 own data provider, writes the bodies of /runs, /series, /routing, /step,
-/routing_map and /updates into a folder, and hands that folder to node in
+/routing_map, /updates, /timeline and /onset into a folder, and hands that folder to node in
 GRADVIZ_FIXTURES. A third model has the problems the training-health flags of
 /step catch; a fourth has the pools whose routing maps show ties; a fifth is
 logged with weights=True (each weight, its gradient and its updates).
@@ -200,6 +200,7 @@ def _dump_answers(client, folder):
     for run in runs:
         get("step", run=run["run"])
         get("timeline", run=run["run"])
+        get("onset", run=run["run"])
         for layer in run["layers"]:
             for tensor in layer["tensors"]:
                 get("series", run=run["run"], layer=layer["layer"], tensor=tensor["tensor"])

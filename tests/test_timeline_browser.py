@@ -66,9 +66,8 @@ def test_the_tab_says_when_the_histograms_are_a_sample(browser, long_run, tmp_pa
         running_tensorboard(
             root / "logs", tmp_path / "tensorboard.log", _all_loaded, sampled, timeout=300
         ) as url,
-        _tab(browser, url, "gradviz") as (_, frame),
+        _tab(browser, url, "gradviz&view=timeline") as (_, frame),
     ):
-        frame.locator(f'.panel[data-tensor="input_gradient"][data-step="{STEPS}"]').wait_for()
         note = frame.locator(".timeline-sample")
         note.filter(has_text="a sample").wait_for()
         kept = int(
@@ -85,6 +84,7 @@ def _check_long_run(browser, url, names, tmp_path):  # noqa: F811
     """The page at every step kept: no error, the layer view, the time view and a click on it."""
     with _tab(browser, url, "gradviz", screenshot=tmp_path / "timeline.png") as (_, frame):
         frame.locator(f'.panel[data-tensor="input_gradient"][data-step="{STEPS}"]').wait_for()
+        frame.get_by_role("tab", name="Over time").click()
         canvas = frame.locator("canvas.timeline-canvas")
         canvas.wait_for()
         assert int(canvas.get_attribute("data-rows")) == LAYERS
@@ -96,16 +96,18 @@ def _check_long_run(browser, url, names, tmp_path):  # noqa: F811
         assert re.search(
             f"{LAYERS} layers, {STEPS} logged steps in {columns} columns", status.inner_text()
         )
-        # The middle row, a third of the way along: that layer, at that column's last step.
+        # The middle row, a third of the way along: that layer, at that column's last step,
+        # opened in "The layer".
+        canvas.hover(position={"x": box["width"] / 3, "y": box["height"] / 2})
+        tip = frame.locator(".timeline-tip")
+        assert tip.inner_text().startswith(f"{names[1]}, steps ")
         canvas.click(position={"x": box["width"] / 3, "y": box["height"] / 2})
         layer = frame.get_by_label("Layer", exact=True)
         frame.locator(".layer-name", has_text=names[1]).wait_for()
         assert layer.input_value() == names[1]
         step = int(frame.locator(".step-value").inner_text().split()[0])
         assert 0.3 * STEPS < step < 0.37 * STEPS, step
-        canvas.hover(position={"x": box["width"] / 3, "y": box["height"] / 2})
-        tip = frame.locator(".timeline-tip")
-        assert tip.inner_text().startswith(f"{names[1]}, steps ")
+        frame.locator(f'.panel[data-tensor="input_gradient"][data-step="{step}"]').wait_for()
 
 
 def test_a_link_opens_its_run_layer_and_step_and_the_url_follows(browser, long_run, tmp_path):  # noqa: F811
@@ -120,4 +122,6 @@ def test_a_link_opens_its_run_layer_and_step_and_the_url_follows(browser, long_r
             # Moving on writes the new choice into TensorBoard's URL.
             frame.get_by_label("Layer", exact=True).select_option(names[0])
             frame.locator(".layer-name", has_text=names[0]).wait_for()
-            page.wait_for_url(re.compile(r"#gradviz&run=long&layer=block0%2Fpool&step=1234$"))
+            page.wait_for_url(
+                re.compile(r"#gradviz&run=long&layer=block0%2Fpool&step=1234&view=layer$")
+            )

@@ -125,7 +125,7 @@ def test_weights_row_shows_the_recorded_weights_and_updates(browser, tensorboard
     # Tall enough that the tab's frame holds the weights row whole, for its screenshot.
     with gradviz_page(browser, url, 1600, 2200) as page:
         frame = page.frame_locator(PLUGIN_FRAME)
-        frame.locator(".flow-chart").wait_for()
+        frame.locator(".layer-name").wait_for()
         for layer, weights in WEIGHTS.items():
             _open(frame, WEIGHTS_RUN, layer)
             frame.locator(f'.update-panel[data-step="{STEPS[-1]}"]').first.wait_for()
@@ -201,6 +201,7 @@ def test_weights_row_shows_the_recorded_weights_and_updates(browser, tensorboard
 
         # The comparison keeps to the layer's own tensors; the weights' are offered apart.
         _open(frame, WEIGHTS_RUN, "conv")
+        frame.get_by_role("tab", name="Compare runs").click()
         assert frame.get_by_label("Tensor", exact=True).input_value() == "input_gradient"
         picker = frame.get_by_label("Tensor", exact=True)
         assert picker.locator(":scope > option").all_text_contents() == [
@@ -226,6 +227,7 @@ def test_weights_row_shows_the_recorded_weights_and_updates(browser, tensorboard
         assert frame.locator(".run-legend li").all_text_contents() == [WEIGHTS_RUN, PLAIN_RUN]
 
         # The grid's columns stay the three roles, with each layer's update ratio beside them.
+        frame.get_by_role("tab", name="Across layers").click()
         grid = frame.locator("table.layer-grid")
         expect(grid.locator("thead th").last).to_have_text("Update ratio")
         headers = grid.locator("thead th").all_text_contents()
@@ -243,7 +245,7 @@ def test_weights_row_shows_the_recorded_weights_and_updates(browser, tensorboard
 
 def test_gradient_flow_shows_weight_gradients_and_update_ratios(browser, tensorboard):
     url, root, _ = tensorboard
-    with gradviz_page(browser, url, 1600, 1400) as page:
+    with gradviz_page(browser, url, 1600, 1400, fragment="gradviz&view=layers") as page:
         frame = page.frame_locator(PLUGIN_FRAME)
         frame.locator(".flow-chart").wait_for()
         frame.get_by_label("Run", exact=True).select_option(WEIGHTS_RUN)
@@ -312,12 +314,15 @@ def test_a_run_without_weights_looks_as_before(browser, tensorboard):
     )
     with gradviz_page(browser, url) as page:
         frame = page.frame_locator(PLUGIN_FRAME)
-        frame.locator(".flow-chart").wait_for()
+        frame.locator(".layer-name").wait_for()
         _open(frame, PLAIN_RUN, "conv")
-        frame.locator(f'.flow-point[data-run="{PLAIN_RUN}"]').first.wait_for()
         assert frame.locator(".panels .panel").count() == 3
         assert frame.locator(".weights-section").is_hidden()
         assert frame.locator(".weight-row, .update-panel, .update-chart").count() == 0
+        assert frame.locator(".heatmap-figure").count() == 3
+
+        frame.get_by_role("tab", name="Across layers").click()
+        frame.locator(f'.flow-point[data-run="{PLAIN_RUN}"]').first.wait_for()
         chart = _read_chart(page, PLAIN_RUN)
         assert [panel["role"] for panel in chart["panels"]] == [
             "output_gradient",
@@ -326,6 +331,10 @@ def test_a_run_without_weights_looks_as_before(browser, tensorboard):
         ]
         _check_points(chart, _step(url, PLAIN_RUN), PLAIN_RUN)
         assert frame.locator(".flow-update-note").count() == 0
+        frame.locator("h2", has_text=f"All layers of {PLAIN_RUN} at step {STEPS[-1]}").wait_for()
+        assert "Update ratio" not in frame.locator("table.layer-grid thead").text_content()
+
+        frame.get_by_role("tab", name="Compare runs").click()
         picker = frame.get_by_label("Tensor", exact=True)
         assert picker.locator("option").all_text_contents() == [
             "activation",
@@ -333,6 +342,3 @@ def test_a_run_without_weights_looks_as_before(browser, tensorboard):
             "output_gradient",
         ]
         assert picker.locator("optgroup").count() == 0
-        frame.locator("h2", has_text=f"All layers of {PLAIN_RUN} at step {STEPS[-1]}").wait_for()
-        assert "Update ratio" not in frame.locator("table.layer-grid thead").text_content()
-        assert frame.locator(".heatmap-figure").count() == 3

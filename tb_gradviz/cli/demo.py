@@ -86,7 +86,7 @@ def run_demo(args):
 
 
 def focus(runs):
-    """The URL fragment's parameters that open ResNet50's `pool1_pool` in the tab, or ''.
+    """The URL fragment's parameters that open ResNet50's `pool1_pool` in "The layer", or ''.
 
     Args:
       runs: `{run: [layer paths]}`, as `demos.run_demo` returns it.
@@ -94,7 +94,7 @@ def focus(runs):
     for run, layers in runs.items():
         for layer in layers:
             if layer.rsplit("/", 1)[-1] == "pool1_pool":
-                return "&" + urllib.parse.urlencode({"run": run, "layer": layer})
+                return "&" + urllib.parse.urlencode({"run": run, "layer": layer, "view": "layer"})
     return ""
 
 
@@ -103,7 +103,7 @@ def serve(logdir, host, port=None, seconds=None, fragment=""):
 
     `port` None is TensorBoard's own default, `DEFAULT_PORT`, or a free port
     (said on stdout) when that one is busy; an explicit busy port fails. The
-    printed URL ends `#gradviz` and `fragment` (the tab's run and layer).
+    printed URL ends `#gradviz` and `fragment` (the tab's run, layer and view).
     """
     from tensorboard import program
 

@@ -1,0 +1,95 @@
+// Where each training-health flag began in a run (`/onset`): a compact table
+// of each raised flag's first step, first layer in model order, the tensor
+// its rule read, and whether it persists. Clicking a row's layer opens that
+// layer at that step. The rows and texts are pure functions (run under node);
+// OnsetTable puts them in the DOM.
+
+import {FLAG_TITLES} from './captions.js';
+import {html} from './dom.js';
+import {fetchJson} from './model.js';
+
+const COLUMNS = ['Flag', 'First step', 'First layer', 'Tensor', 'Persists'];
+
+export function fetchOnset(run, fetchImpl) {
+  return fetchJson('onset', {run}, fetchImpl);
+}
+
+/** One row per onset of a `/onset` body, in its order: the cells' texts and where a click goes. */
+export function onsetRows(body) {
+  return body.onsets.map((onset) => ({
+    flag: onset.flag,
+    title: FLAG_TITLES[onset.flag] ?? onset.flag,
+    step: onset.step,
+    layer: onset.layer,
+    tensor: onset.tensor,
+    persists: onset.persists
+      ? `yes, through step ${body.last_step}`
+      : `no: raised at ${onset.raised_steps} of ${body.steps} steps, last at step ${onset.last_raised_step}`,
+    detail: onset.detail,
+  }));
+}
+
+/** The line above the table: which steps were judged, or that no flag was raised at any. */
+export function onsetSummary(body) {
+  const steps = body.steps === 1 ? '1 logged step' : `${body.steps} logged steps`;
+  const span = body.steps === 1 ? `step ${body.first_step}` : `steps ${body.first_step} to ${body.last_step}`;
+  if (body.onsets.length === 0) return `${body.run}: no flag was raised at any of its ${steps} (${span}).`;
+  const flags = body.onsets.length === 1 ? '1 flag' : `${body.onsets.length} flags`;
+  return `${body.run}: ${flags} raised in ${steps} (${span}). Where each began:`;
+}
+
+export class OnsetTable {
+  /**
+   * @param {function(Array, function(): Promise): Promise} cached the tab's fetch-once cache
+   * @param {function(string, number): void} onSelect opens a layer at a step
+   */
+  constructor(cached, onSelect) {
+    this.cached = cached;
+    this.onSelect = onSelect;
+    this.run = null;
+    this.summary = html('p', {className: 'onset-summary', attrs: {role: 'status'}});
+    this.table = html('table', {className: 'onset-table', attrs: {hidden: ''}});
+    this.element = html('section', {className: 'onset-section'}, [
+      html('h2', {text: 'Where each flag began'}),
+      this.summary,
+      this.table,
+    ]);
+  }
+
+  /** Fetches (once per run) and shows the onset of `run`. */
+  async show(run) {
+    this.run = run;
+    if (run === null) return;
+    let body;
+    try {
+      body = await this.cached(['onset', run], () => fetchOnset(run));
+    } catch (error) {
+      if (run !== this.run) return;
+      this.table.hidden = true;
+      this.summary.textContent = error.status === 404
+        ? `${run} has no logged step to judge.`
+        : `Could not load where the flags began: ${error.message}`;
+      return;
+    }
+    if (run !== this.run) return;
+    this.summary.textContent = onsetSummary(body);
+    const rows = onsetRows(body);
+    this.table.hidden = rows.length === 0;
+    this.table.replaceChildren(
+      html('thead', {}, [html('tr', {}, COLUMNS.map((text) => html('th', {text, attrs: {scope: 'col'}})))]),
+      html('tbody', {}, rows.map((row) => this.row(row))));
+  }
+
+  row({flag, title, step, layer, tensor, persists, detail}) {
+    const open = html('button', {className: 'onset-open', text: layer, attrs: {
+      type: 'button', title: `Open ${layer} at step ${step}`, 'data-layer': layer, 'data-step': step}});
+    open.addEventListener('click', () => this.onSelect(layer, step));
+    return html('tr', {attrs: {'data-flag': flag, title: detail}}, [
+      html('th', {text: title, attrs: {scope: 'row'}}),
+      html('td', {className: 'onset-step', text: String(step)}),
+      html('td', {}, [open]),
+      html('td', {text: tensor}),
+      html('td', {text: persists}),
+    ]);
+  }
+}
