@@ -15,8 +15,8 @@ export const WEIGHT_GRADIENT = 'weight_gradient';
 /** The statistics of /step's `flow` drawn on each panel's log axis. */
 export const LOG_STATS = ['rms', 'max_abs'];
 
-/** The flags /step raises, in its order (docs/API.md). */
-export const FLAGS = ['nonfinite', 'vanishing', 'exploding', 'dead'];
+/** The flags /step raises, in its order (docs/API.md): a row of badges each. */
+export const FLAGS = ['nonfinite', 'vanishing', 'exploding', 'dead', 'underflow', 'overflow'];
 
 // ------------------------------------------------------------ layer names
 

@@ -101,6 +101,7 @@ _READ_FLUSH = """chart => ({
     panel.dataset.role, panel.querySelector('.strip-title')?.textContent ?? null])),
   hovers: Object.fromEntries([...chart.querySelectorAll('.flow-hit')].map((hit) => [
     hit.dataset.layer, hit.querySelector('title').textContent])),
+  badges: [...chart.querySelectorAll('.flag-badge')].map(({dataset: d}) => [d.run, d.layer, d.flag]),
 })"""
 
 
@@ -149,6 +150,14 @@ def test_flush_share_of_each_gradient_is_the_served_precision_record(browser, te
         # Unscaled float16 gradients: a large share of every layer's flushes.
         assert {name for _, name, _, _ in shares.values()} == {"float16"}
         assert max(share for share, _, _, _ in shares.values()) > 0.5
+        # A badge for each flag /step raises, the underflow flag of its gradients among them.
+        raised = {
+            (MIXED, layer["layer"], f["flag"])
+            for layer in snapshot["layers"]
+            for f in layer["flags"]
+        }
+        assert {tuple(badge) for badge in chart["badges"]} == raised
+        assert {flag for _, _, flag in raised} >= {"underflow"}
         keep_screenshot(
             page.frame_locator(PLUGIN_FRAME).locator(".flow-section"), root / "flush_share.png"
         )

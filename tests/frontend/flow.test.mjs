@@ -198,6 +198,12 @@ test('a layer computing in bfloat16 is judged in bfloat16; without a record the 
     '0.52 % would flush in float16 (2 of 384)');
 });
 
+test('the flow has a row of badges for every flag /step raises, the precision flags included', () => {
+  assert.deepEqual(flowmodel.FLAGS, ['nonfinite', 'vanishing', 'exploding', 'dead', 'underflow', 'overflow']);
+  const snapshot = latest('vanishing');
+  assert.deepEqual(Object.keys(snapshot.health.rules), flowmodel.FLAGS);
+});
+
 test('a flush line has the gradient roles only, a share per slot, null where the run lacks the layer', () => {
   const snapshot = latest('clean');
   const slots = flowmodel.alignLayers(layerNames('clean'), ['conv', 'conv_bn', 'pool']);
