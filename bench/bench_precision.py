@@ -11,9 +11,17 @@ event's time minus that difference). Wall time and the process's CPU time
 not the second). Medians over `--repeats` and the figures of the minima;
 the load average before and after.
 
+`--statistics device` measures the device statistics instead
+(`device_statistics`, on the Keras backend of KERAS_BACKEND, here on the
+CPU): two probe passes of the same layers, one whose statistics count the
+precision record and one whose do not (`precision=False`), each run whole
+(`LayerCapture.run`: the pass, the statistics, the records), interleaved in
+alternating order; the extra is the ratio of the two, less one.
+
 Examples:
   python bench/bench_precision.py --model resnet50 --layers pool --repeats 9
   python bench/bench_precision.py --model resnet50 --layers all --repeats 7
+  KERAS_BACKEND=jax python bench/bench_precision.py --statistics device --layers all --repeats 5
 """
 
 import functools
@@ -28,7 +36,7 @@ import numpy as np  # noqa: E402
 from bench_log_event import layer_spec  # noqa: E402
 
 import tb_gradviz  # noqa: E402
-from tb_gradviz.capture import kernels  # noqa: E402
+from tb_gradviz.capture import device_statistics, kernels, probe, selection  # noqa: E402
 
 
 def measure(args):
@@ -105,6 +113,59 @@ def timed(fn):
     return time.perf_counter() - wall, time.process_time() - cpu
 
 
+def measure_device(args):
+    """The device statistics' cost of the record: two probe passes, with and without it."""
+    import keras
+
+    model = common.build_model(args.model, args.image_size, args.seed)
+    x, y = common.batch(args.batch, args.image_size, args.seed)
+    model.train_on_batch(x, y)
+    layers, n_layers = layer_spec(model, args.layers)
+    chosen = selection.select_layers(model, layers)
+    original = device_statistics.chunk_statistics
+    without_record = functools.partial(original, precision=False)
+
+    def run(capture, precision):
+        # Looked up when each backend traces (JAX, TensorFlow) or calls (PyTorch) it.
+        device_statistics.chunk_statistics = original if precision else without_record
+        try:
+            return capture.run(x, y)
+        finally:
+            device_statistics.chunk_statistics = original
+
+    captures = {
+        precision: probe.new_capture(model, chosen, statistics="device") for precision in (1, 0)
+    }
+    for precision, capture in captures.items():
+        records, _ = run(capture, precision)  # traces
+        kinds = [tag.rsplit("/", 1)[1] for tag, _, _ in records]
+        assert ("precision" in kinds) == bool(precision), kinds
+    load_before = os.getloadavg()
+    rows = []
+    for repeat in range(args.repeats):
+        order = (1, 0) if repeat % 2 == 0 else (0, 1)
+        times = {p: timed(functools.partial(run, captures[p], p)) for p in order}
+        rows.append((*times[1], *times[0]))
+    with_, with_cpu, without, without_cpu = (np.array(column) for column in zip(*rows))
+    return {
+        "backend": keras.backend.backend(),
+        "statistics": "device",
+        "model": args.model,
+        "layers": args.layers,
+        "n_layers": n_layers,
+        "tensors": sum(len(plan.tensors) for plan in captures[1].plans),
+        "pass_with_s": float(np.median(with_)),
+        "pass_without_s": float(np.median(without)),
+        "min_pass_with_s": float(with_.min()),
+        "min_pass_without_s": float(without.min()),
+        "extra_per_event": float(np.median(with_ / without - 1)),
+        "extra_per_event_of_minima": float(with_.min() / without.min() - 1),
+        "extra_per_event_cpu": float(np.median(with_cpu / without_cpu - 1)),
+        "load_before": [round(v, 2) for v in load_before],
+        "load_after": [round(v, 2) for v in os.getloadavg()],
+    }
+
+
 def main():
     p = common.parser(__doc__.split("\n")[0])
     p.add_argument("--model", choices=["cnn", "resnet50"], default="resnet50")
@@ -114,10 +175,16 @@ def main():
         "--layers", default="pool", help="pool, all, or a number of evenly spaced layers"
     )
     p.add_argument("--repeats", type=int, default=7)
+    p.add_argument(
+        "--statistics",
+        choices=["host", "device"],
+        default="host",
+        help="host: the host kernels' cost of the record; device: the device statistics'",
+    )
     args = p.parse_args()
     if args.smoke:
         args.model, args.image_size, args.batch, args.layers, args.repeats = "cnn", 16, 4, "all", 2
-    row = measure(args)
+    row = (measure_device if args.statistics == "device" else measure)(args)
     print("RESULT", {k: (round(v, 4) if isinstance(v, float) else v) for k, v in row.items()})
     common.write_json(args.json, {"script": "bench_precision", "args": vars(args), "rows": [row]})
 
