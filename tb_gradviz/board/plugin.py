@@ -294,6 +294,19 @@ class GradVizPlugin(base_plugin.TBPlugin):
         body = self._caches.bodies.get(key, current)
         if body is not None:
             return body
+        # One body of a run at a time: the tab asks for several widths at once,
+        # and a body holds arrays of every layer over every step while it is built.
+        with self._caches.reading([("timeline", experiment, run)]):
+            body = self._caches.bodies.get(key, current)
+            if body is None:
+                body = self._timeline_body(run_store, found, field, role, width, ratio)
+                body["budget"] = self.budget_impl(ctx, experiment, run)
+                self._caches.bodies.put(key, current, body)
+        return body
+
+    def _timeline_body(self, run_store, found, field, role, width, ratio):
+        """Builds the `/timeline` body from the run's digest series `found` (`RunStore.digests`)."""
+        run = run_store.run
         digests = [
             (rows, run_store.read({tag: ts}, timeline.digest_layout(rows), digest.PLUGIN_NAME)[tag])
             for tag, (rows, ts) in found.items()
@@ -309,8 +322,6 @@ class GradVizPlugin(base_plugin.TBPlugin):
             raise errors.NotFoundError(
                 f"run {run!r} has no digest (it was written by a tb_gradviz without one)"
             )
-        body["budget"] = self.budget_impl(ctx, experiment, run)
-        self._caches.bodies.put(key, current, body)
         return body
 
     def budget_impl(self, ctx, experiment, run):
