@@ -40,7 +40,8 @@ _MAGNITUDE_BINS = records.MAGNITUDE_BINS
 _SUM = {"reassoc", "nsz", "contract"}  # fastmath flags for the loops that only add
 
 
-# Magnitude bins without a logarithm. A binary octave [2^e, 2^(e+1)) holds at
+# The one-value kernel's magnitude bins without a logarithm (the float32 kernel's are
+# refined_bins'). A binary octave [2^e, 2^(e+1)) holds at
 # most one half-decade edge (sqrt(10) > 2), so for |v| in that octave
 #   searchsorted(LOG_EDGES, |v|, side="right") == OCTAVE_BIN[e] + (|v| >= OCTAVE_EDGE[e]),
 # where e is the biased exponent field (0 for zero and subnormals) and
