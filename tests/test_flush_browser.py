@@ -8,6 +8,7 @@ run written without precision records, which shows no share at all.
 """
 
 import math
+import re
 import urllib.parse
 
 import eventdata
@@ -172,3 +173,40 @@ def test_flush_share_of_each_gradient_is_the_served_precision_record(browser, te
         assert [p for p in chart["points"] if p["run"] == OLD] == []
         assert {title for role, title in chart["strips"].items()} == {"exact zeros"}
         assert not any("flush" in hover for hover in chart["hovers"].values())
+
+
+def test_the_depth_by_time_view_colours_by_the_share_that_flushes(browser, tensorboard):  # noqa: F811
+    url, _ = tensorboard
+    query = urllib.parse.urlencode({"run": MIXED, "field": "flush_share"})
+    body = get_json(f"{url}/data/plugin/gradviz/timeline?{query}")
+    snapshot = get_json(f"{url}/data/plugin/gradviz/step?{urllib.parse.urlencode({'run': MIXED})}")
+    from_records = expected_shares(snapshot)
+    with gradviz_page(browser, url) as page:
+        frame = page.frame_locator(PLUGIN_FRAME)
+        frame.get_by_label("Run", exact=True).select_option(MIXED)
+        field = frame.locator('select[name="timeline-field"]')
+        field.wait_for(state="attached")
+        # Where the tab has sections, the depth x time view is in "Over time".
+        over_time = frame.get_by_role("tab", name="Over time")
+        if over_time.count():
+            over_time.click()
+        field.select_option("flush_share/output_gradient")
+        rows = len(body["layers"])
+        canvas = frame.locator(
+            f'canvas.timeline-canvas[aria-label^="share that flushes to zero of {rows} layers"]'
+        )
+        canvas.wait_for()
+        box = canvas.bounding_box()
+        tip = frame.locator(".timeline-tip")
+        for r, layer in enumerate(body["layers"]):
+            assert layer["format"] == "float16"  # the layers compute in float16
+            share = layer["flush_share"]["max"][-1]
+            # The digest's share is the full precision records' at the same step.
+            assert share == pytest.approx(from_records[(layer["layer"], "output_gradient")][0])
+            canvas.hover(position={"x": box["width"] - 2, "y": (r + 0.5) * box["height"] / rows})
+            pattern = (
+                rf"^{layer['layer']}, step 5: flush_share in float16 ([0-9.e+-]+)(; flags: .*)?$"
+            )
+            expect(tip).to_have_text(re.compile(pattern))
+            shown = float(re.match(pattern, tip.inner_text())[1])
+            assert shown == pytest.approx(share, rel=5e-3), (layer["layer"], shown, share)
