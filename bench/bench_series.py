@@ -17,8 +17,6 @@ kept (`tests/synthetic.write_large_run`, with a one-step spike), served by
     python bench/bench_series.py --json bench/results/series.json
 """
 
-import argparse
-import json
 import os
 import sys
 import tempfile
@@ -30,6 +28,7 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "tests"))
 
 import bench_plugin  # noqa: E402
+import common  # noqa: E402
 import synthetic  # noqa: E402
 import tbserver  # noqa: E402
 
@@ -119,11 +118,12 @@ def measure_browser(url, names, steps):
 
 
 def main():
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = common.parser(__doc__.splitlines()[0])
     p.add_argument("--layers", type=int, default=3)
     p.add_argument("--steps", type=int, default=10_000)
-    p.add_argument("--json", help="write the figures here")
     args = p.parse_args()
+    if args.smoke:
+        args.layers, args.steps = 2, 1200
     with tempfile.TemporaryDirectory() as root:
         logs = os.path.join(root, "logs")
         names, _ = synthetic.write_large_run(
@@ -140,18 +140,15 @@ def main():
             )
 
         log = os.path.join(root, "tensorboard.log")
+        load_before = os.getloadavg()[0]
         with tbserver.running_tensorboard(logs, log, loaded, SAMPLES, timeout=600) as url:
-            result = {
-                "layers": args.layers,
-                "steps": args.steps,
-                "load_average": os.getloadavg(),
-                "series": measure_routes(url, names[-1]),
-                "browser": measure_browser(url, names, args.steps),
-            }
-    print(json.dumps(result, indent=1))
-    if args.json:
-        with open(args.json, "w") as out:
-            json.dump(result, out, indent=1)
+            row = {"layers": args.layers, "steps": args.steps}
+            for tensor, times in measure_routes(url, names[-1]).items():
+                row.update({f"series_{tensor}_{key}": value for key, value in times.items()})
+            row.update(measure_browser(url, names, args.steps))
+        row.update(load_average_before=load_before, load_average_after=os.getloadavg()[0])
+    print("RESULT", {k: (round(v, 4) if isinstance(v, float) else v) for k, v in row.items()})
+    common.write_json(args.json, {"rows": [row]})
 
 
 if __name__ == "__main__":

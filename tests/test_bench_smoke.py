@@ -175,3 +175,13 @@ def test_tab_browser_bench_times_the_first_render_and_a_step_change(tmp_path):
     (row,) = run_smoke(tmp_path, "bench_tab_browser.py")
     assert row["steps"] == 50 and row["step_changes"] == 2 and row["time_view_columns"] == 50
     assert 0 < row["step_change_median_s"] <= row["step_change_max_s"] < row["first_render_s"] + 60
+
+
+@pytest.mark.browser
+def test_series_bench_times_the_downsampled_route_and_the_layer_view(tmp_path):
+    (row,) = run_smoke(tmp_path, "bench_series.py")
+    assert row["steps"] == 1200 and row["page_errors"] == []
+    # 1,200 steps in at most 300 columns: downsampled, and far smaller than every step.
+    assert 0 < row["spread_columns"] <= 300
+    assert row["series_input_gradient_bytes"] < row["series_input_gradient_whole_bytes"] / 2
+    assert row["warm_layer_change_s"] > 0 and row["first_render_s"] > 0
