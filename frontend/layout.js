@@ -92,8 +92,11 @@ export function createLayout(root) {
         routeMap,
         html('h2', {text: 'Distribution over steps'}),
         html('p', {className: 'hint', text:
-          'Each column is one logged step; rows are magnitude bins, positive values above the '
-          + 'middle row of exact zeros, negative below. Darker means a larger share of the elements.'}),
+          'Each column is one logged step, or on a long run a group of consecutive steps with the '
+          + 'largest share among them; rows are magnitude bins, positive values above the middle row '
+          + 'of exact zeros, negative below. Darker means a larger share of the elements. Under it, '
+          + 'the spread (std) over steps, each column from its smallest to its largest value: hover '
+          + 'to read its steps, click to open the last.'}),
         heatmaps,
       ]),
       aside,
