@@ -123,12 +123,17 @@ def test_export_of_a_layout_without_precision_records_leaves_them_blank(tmp_path
     assert series and all(s["precision"] == [None] * len(s["steps"]) for s in series)
 
 
-def test_precision_impl_names_an_unknown_layer(logdir):
+def test_precision_impl_reads_a_runs_records_and_names_an_unknown_run(logdir):
     from tensorboard import errors
 
     gradviz, ctx, experiment = cli.open_logdir(str(logdir))
-    body = gradviz.precision_impl(ctx, experiment, "cnn", "pool")
-    assert sorted(body["tensors"]) == sorted(records.TENSOR_ROLES)
-    assert body["tensors"]["activation"]["steps"] == [2, 4]
-    with pytest.raises(errors.NotFoundError, match="no layer 'dense' in run 'cnn'"):
-        gradviz.precision_impl(ctx, experiment, "cnn", "dense")
+    body = gradviz.precision_impl(ctx, experiment, "cnn")
+    assert list(body["layers"]) == ["pool"]
+    assert sorted(body["layers"]["pool"]) == sorted(records.TENSOR_ROLES)
+    activation = body["layers"]["pool"]["activation"]
+    assert activation["steps"] == [2, 4]
+    assert activation["precision"] == [
+        written_records(logdir, "pool", "activation")[s] for s in (2, 4)
+    ]
+    with pytest.raises(errors.NotFoundError, match="'other'"):
+        gradviz.precision_impl(ctx, experiment, "other")

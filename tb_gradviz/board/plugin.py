@@ -364,33 +364,40 @@ class GradVizPlugin(base_plugin.TBPlugin):
             run, layer, {weight: by_tag[tag] for weight, (tag, _, _) in found.items()}
         )
 
-    def precision_impl(self, ctx, experiment, run, layer):
-        """Returns every precision record of a layer's tensors, decoded (`export` reads it).
+    def precision_impl(self, ctx, experiment, run):
+        """Returns every precision record of a run, decoded (`export` reads it).
 
         Args:
           ctx: the request's `tensorboard.context.RequestContext`.
           experiment: the experiment id.
-          run, layer: names as `/runs` gives them.
+          run: a run name.
 
         Returns:
-          `{"run", "layer", "tensors": {tensor: {"steps", "precision"}}}`:
-          per tensor with records, its steps and at each the record as `/step`
-          serves it (`records.decode_precision`); `{}` for a layer without
-          records (a run written before them).
+          `{"run", "layers": {layer: {tensor: {"steps", "precision"}}}}`: per
+          layer and tensor with records, its steps and at each the record as
+          `/step` serves it (`records.decode_precision`). A layer without
+          records (a run written before them) is left out.
 
         Raises:
-          NotFoundError: no such run or layer.
+          NotFoundError: no such run.
         """
         run_store = self._store(ctx, experiment, run)
-        found = run_store.layers().get(layer)
-        if found is None:
-            raise errors.NotFoundError(f"no layer {layer!r} in run {run!r}")
+        layers = run_store.layers()
         by_tag = run_store.read(
-            {tag: time_series for tag, _, time_series in found["precision"].values()},
+            {
+                tag: time_series
+                for layer in layers.values()
+                for tag, _, time_series in layer["precision"].values()
+            },
             records.PRECISION,
         )
         return responses.precision_body(
-            run, layer, {tensor: by_tag[tag] for tensor, (tag, _, _) in found["precision"].items()}
+            run,
+            {
+                name: {tensor: by_tag[tag] for tensor, (tag, _, _) in layer["precision"].items()}
+                for name, layer in layers.items()
+                if layer["precision"]
+            },
         )
 
     def routing_map_impl(self, ctx, experiment, run, layer, step=None):

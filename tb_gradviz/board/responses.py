@@ -174,17 +174,19 @@ def updates_body(run, layer, series_by_weight):
     return {"run": run, "layer": layer, "weights": weights}
 
 
-def precision_body(run, layer, series_by_tensor):
-    """A layer's precision records over steps: `{tensor: series.Series}` decoded per step."""
+def precision_body(run, series_by_layer):
+    """A run's precision records over steps: `{layer: {tensor: series.Series}}` decoded per step."""
     return {
         "run": run,
-        "layer": layer,
-        "tensors": {
-            tensor: {
-                "steps": series.steps.tolist(),
-                "precision": [records.decode_precision(row) for row in series.values],
+        "layers": {
+            layer: {
+                tensor: {
+                    "steps": series.steps.tolist(),
+                    "precision": [records.decode_precision(row) for row in series.values],
+                }
+                for tensor, series in by_tensor.items()
             }
-            for tensor, series in series_by_tensor.items()
+            for layer, by_tensor in series_by_layer.items()
         },
     }
 

@@ -90,9 +90,10 @@ def export_series(gradviz, ctx, experiment, runs):
     before the record).
     """
     for run in runs:
+        recorded = gradviz.precision_impl(ctx, experiment, run["run"])["layers"]
         for layer in run["layers"]:
             routing = _found(gradviz.routing_impl, ctx, experiment, run["run"], layer["layer"])
-            recorded = gradviz.precision_impl(ctx, experiment, run["run"], layer["layer"])
+            tensors = recorded.get(layer["layer"], {})
             for tensor in layer["tensors"]:
                 data = gradviz.series_impl(
                     ctx, experiment, run["run"], layer["layer"], tensor["tensor"], width=None
@@ -100,7 +101,7 @@ def export_series(gradviz, ctx, experiment, runs):
                 data["layer_class"] = layer["layer_class"]
                 data["routing"] = routing
                 data["precision"] = _precision_at_steps(
-                    recorded["tensors"].get(tensor["tensor"]), data["steps"]
+                    tensors.get(tensor["tensor"]), data["steps"]
                 )
                 if "weight" in tensor:
                     data["weight"] = tensor["weight"]
