@@ -81,6 +81,23 @@ def test_keys_that_share_a_cell_with_another_edge_are_counted_exactly():
         assert recorded(kernels.summary(values, precision=True)[2]) == reference(values)
 
 
+def test_loss_scaled_and_non_finite_float32_values_take_the_refined_bins_too():
+    """The record ignores the divisor: float32 values with one, or with NaN or Inf, are counted
+    by their refined bins in a pass of their own, on every key and its neighbours."""
+    specials = np.float32([np.nan, np.inf, -np.inf])
+    for amax in AMAXES[::3]:
+        values = key_neighbours(amax)
+        with_specials = np.concatenate([values, specials])
+        for v, divisor in ((values, 1024.0), (with_specials, None), (with_specials, 3.0)):
+            vector = kernels.summary(v, divisor, precision=True)[2]
+            np.testing.assert_array_equal(vector, summaries.precision_vector(v))
+    assert recorded(kernels.summary(with_specials, 2.0**15, precision=True)[2]) == reference(
+        with_specials
+    )
+    only_specials = kernels.summary(specials, precision=True)[2]
+    np.testing.assert_array_equal(only_specials, summaries.precision_vector(specials))
+
+
 @pytest.mark.parametrize("record", [False, True])
 def test_magnitude_bins_on_every_edge_and_its_neighbours(record):
     edges = records.LOG_EDGES.astype(np.float32)
@@ -95,20 +112,37 @@ def test_magnitude_bins_on_every_edge_and_its_neighbours(record):
     assert np.all(stats[records.NEGATIVE_BINS.start :] > 0)
 
 
-def test_the_precision_record_costs_the_float32_kernel_little_cpu_time():
-    """The record's counts come from the increment the kernel makes anyway: with it the kernel
-    takes at most a fifth more CPU time, where a second histogram per value would take about half
-    more. CPU time of this thread, interleaved, best of seven: a busy machine slows both alike."""
-    rng = np.random.default_rng(0)
-    size = 1 << 20
-    values = (rng.standard_normal(size) * 2.0 ** rng.uniform(-30, 0, size)).astype(np.float32)
-    kernels.summary(values, precision=True)
+def cpu_times(function, values, divisor):
+    """Best of seven CPU times of this thread, without the record and with it, interleaved: a busy
+    machine slows both alike."""
+    function(values, divisor, precision=True)
     with_record, without = [], []
     for _ in range(7):
         start = time.thread_time()
-        kernels.summary(values)
+        function(values, divisor)
         middle = time.thread_time()
-        kernels.summary(values, precision=True)
+        function(values, divisor, precision=True)
         with_record.append(time.thread_time() - middle)
         without.append(middle - start)
-    assert min(with_record) <= 1.2 * min(without), (min(with_record), min(without))
+    return min(without), min(with_record)
+
+
+def gradient_like(size=1 << 20):
+    rng = np.random.default_rng(0)
+    return (rng.standard_normal(size) * 2.0 ** rng.uniform(-30, 0, size)).astype(np.float32)
+
+
+def test_the_precision_record_costs_the_float32_kernel_little_cpu_time():
+    """The record's counts come from the increment the kernel makes anyway: with it the kernel
+    takes at most a fifth more CPU time, where a second histogram per value would take about half
+    more."""
+    without, with_record = cpu_times(kernels.summary, gradient_like(), None)
+    assert with_record <= 1.2 * without, (with_record, without)
+
+
+def test_the_precision_record_of_loss_scaled_values_costs_one_pass_of_refined_bins():
+    """Loss-scaled float32 values (mixed precision's gradients) take the one-value kernel; their
+    record, one pass of refined bins, adds at most half its CPU time, where comparing each value
+    with every boundary would more than double it."""
+    without, with_record = cpu_times(kernels.summary, gradient_like(), 2.0**15)
+    assert with_record <= 1.5 * without, (with_record, without)

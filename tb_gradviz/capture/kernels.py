@@ -320,7 +320,13 @@ def summary(values, divisor=None, buckets=records.HISTOGRAM_BUCKETS, precision=F
     )
     if not precision:
         return result
-    return (*result, precision_counts.precision_direct(flat))
+    if flat.dtype != np.float32:
+        return (*result, precision_counts.precision_direct(flat))
+    cells = _borrow_cells()
+    try:
+        return (*result, precision_counts.float32_record(flat, cells))
+    finally:
+        _SPARE_CELLS.put(cells)
 
 
 _NO_CELLS = np.zeros(0, np.int64)

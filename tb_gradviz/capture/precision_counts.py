@@ -6,8 +6,10 @@ below it. For float32 values that is the number of magnitude bit patterns
 below a key (`float32_keys`), which the float32 kernel counts in the
 histogram it already fills (kernels.py: the keys are edges of its refined
 magnitude bins) or, for a key it could not place, by an exact pass
-(`count_below`). Values of any other dtype, or with a divisor, or holding
-NaN or Inf, are compared with the boundaries directly (`precision_direct`).
+(`count_below`). Float32 values with a divisor (which the record ignores), or
+holding NaN or Inf, take the same refined bins in a pass of their own
+(`float32_record`); float64 values are compared with the boundaries
+directly (`precision_direct`).
 """
 
 import math
@@ -15,6 +17,7 @@ import math
 import numba
 import numpy as np
 
+from tb_gradviz.capture import refined_bins
 from tb_gradviz.format import precision, summaries
 
 # The boundaries as flat arrays (format, then `BOUNDARY_NAMES`), and each format's largest value.
@@ -85,6 +88,54 @@ def float32_keys(amax):
     for i in range(bounds.size):
         keys[i] = _float32_key(bounds[i], sides[i])
     return keys, exponents
+
+
+_NO_KEYS = np.zeros(0, np.int64)
+
+
+@numba.njit(nogil=True, cache=True)
+def _float32_record(values, cells):
+    bits = values.view(np.int32)
+    top = finite = zeros = 0  # top: the bits of the largest finite magnitude
+    for i in range(bits.size):
+        a = bits[i] & 0x7FFFFFFF
+        is_finite = a < 0x7F800000
+        top = max(top, a if is_finite else 0)
+        finite += is_finite
+        zeros += a == 0
+    keys, exponents = float32_keys(np.float64(np.int32(top).view(np.float32)))
+    above_all = top + 1
+    edges, placed = refined_bins.refined_edges(keys, above_all, _NO_KEYS)
+    # NaN and Inf lie above every edge: their cells are filled when there are any.
+    last = top >> refined_bins.CELL_SHIFT if finite == bits.size else refined_bins.CELLS - 1
+    refined_bins.fill_cells(edges, last, cells)
+    counts = np.zeros((2, edges.size + 1), np.int64)
+    for i in range(bits.size):
+        a = bits[i] & 0x7FFFFFFF
+        entry = cells[a >> refined_bins.CELL_SHIFT]
+        counts[i & 1, (entry >> 32) + (a >= (entry & 0xFFFFFFFF))] += 1
+    refined = counts[0] + counts[1]
+    below = np.empty(keys.size, np.int64)
+    for i in range(keys.size):
+        if keys[i] >= above_all:
+            below[i] = finite
+        elif keys[i] <= 1:
+            below[i] = zeros
+        elif placed[i]:
+            below[i] = refined[: np.searchsorted(edges, keys[i]) + 1].sum()
+        else:
+            below[i] = count_below(bits, keys[i])
+    return from_below(finite, zeros, below, exponents)
+
+
+def float32_record(values, cells):
+    """The precision record of `values` (a flat float32 array, any values) by its refined bins.
+
+    Args:
+      values: the values as captured.
+      cells: scratch of `refined_bins.CELLS` int64 values.
+    """
+    return _float32_record(values, cells)
 
 
 @numba.njit(nogil=True, cache=True)
