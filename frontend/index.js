@@ -167,11 +167,15 @@ class App {
     if (keep ?? asked ?? fallback) await this.selectLayer((keep ?? asked ?? fallback).layer);
   }
 
-  /** Shows "The layer" section at `layer` and the latest logged step at or before `step`. */
+  /**
+   * Shows "The layer" section at `layer` and the latest logged step at or
+   * before `step`. The keyboard goes to the layer control: what was clicked is hidden now.
+   */
   openLayerAt(layer, step) {
     this.view = 'layer';
     this.ui.sections.show('layer');
     this.ui.sections.tabList.scrollIntoView({block: 'start'});
+    this.ui.layerSelect.focus({preventScroll: true});
     return this.selectLayer(layer, step);
   }
 

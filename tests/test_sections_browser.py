@@ -103,6 +103,8 @@ def test_a_url_with_view_timeline_opens_over_time_and_the_onset_of_the_nan(brows
         frame.locator(f'.panel[data-tensor="activation"][data-step="{FAULT_STEP}"]').wait_for()
         assert frame.locator(".layer-name").text_content() == "scale"
         assert frame.get_by_label("Layer", exact=True).input_value() == "scale"
+        # The keyboard is not left on the hidden row: it is on the layer control.
+        expect(frame.get_by_label("Layer", exact=True)).to_be_focused()
         expect(frame.locator(".step-value")).to_have_text(re.compile(f"^{FAULT_STEP} "))
         page.wait_for_url(
             re.compile(rf"#gradviz&run=nan&layer=scale&step={FAULT_STEP}&view=layer$")
