@@ -261,6 +261,34 @@ export function fieldOverSteps(series, field) {
   return {first: series.steps, last: series.steps, low: series.stats[field], high: series.stats[field]};
 }
 
+/**
+ * Groups `values` (one per step) into at most `count` columns of consecutive
+ * steps in equal numbers, as the server groups a downsampled series, and
+ * keeps each column's smallest and largest value among those `keep` takes
+ * (NaN where it takes none).
+ *
+ * @returns {{starts: number[], low: number[], high: number[]}} `starts[k]`: the index of column k's first step.
+ */
+export function columnExtremes(values, count, keep = Number.isFinite) {
+  const n = values.length;
+  const columns = Math.min(n, count);
+  const starts = Array.from({length: columns}, (_, k) => Math.floor((k * n) / columns));
+  const low = [];
+  const high = [];
+  starts.forEach((start, k) => {
+    let smallest = Infinity;
+    let largest = -Infinity;
+    for (let i = start; i < (starts[k + 1] ?? n); i++) {
+      if (!keep(values[i])) continue;
+      if (values[i] < smallest) smallest = values[i];
+      if (values[i] > largest) largest = values[i];
+    }
+    low.push(smallest <= largest ? smallest : NaN);
+    high.push(smallest <= largest ? largest : NaN);
+  });
+  return {starts, low, high};
+}
+
 /** The routing record of the latest step `<= step`, as an object, or null. */
 export function routingAt(routing, step) {
   const index = latestIndexAtOrBefore(routing.steps, step);

@@ -86,6 +86,22 @@ function updateChart(entry, currentStep) {
   chart.dataset.logHigh = range.high;
   charts.logAxis(chart, box, {range, yOf, zeroY: UPDATE_CHART.baseline, zeros, maxTicks: 5});
   charts.updateRatioGuide(chart, box, yOf);
+  chart.dataset.steps = entry.steps.length;
+  if (entry.steps.length > box.plotWidth) {
+    // More steps than units of width: a band from each column's smallest to its largest
+    // non-zero ratio, one path, so that one step's jump stays visible.
+    const {starts, low, high} = model.columnExtremes(values, Math.floor(box.plotWidth),
+      (value) => value > 0 && Number.isFinite(value));
+    chart.dataset.columns = starts.length;
+    charts.drawBand(chart, {
+      count: starts.length, className: 'band update-band',
+      xOf: (k) => xOf(entry.steps[k < starts.length ? starts[k] : entry.steps.length - 1]),
+      lowY: (k) => yOf(low[k]), highY: (k) => yOf(high[k]),
+    });
+    charts.stepAxis(chart, UPDATE_CHART, {first, last,
+      currentX: currentStep === null ? null : xOf(currentStep), currentStep});
+    return chart;
+  }
   for (const run of flowmodel.drawableRuns(values, flowmodel.drawableOnLogPanel)) {
     if (run.length > 1) {
       const d = run.map((k, n) => `${n ? 'L' : 'M'}${round(xOf(entry.steps[k]))},${round(yOf(values[k]))}`).join('');

@@ -51,3 +51,13 @@ test('the panels of a downsampled series wait for the record of their step, then
   assert.deepEqual(model.snapshotAt(down, 3), model.snapshotAt(full, 2));
   assert.equal(await model.loadRecord(full, 4, recordedFetch), null);
 });
+
+test('columnExtremes groups steps as the server does and keeps a one-step jump', () => {
+  const values = Array.from({length: 10}, (_, i) => (i === 6 ? 5 : 1e-3 * (i + 1)));
+  values[2] = 0; // left out by `keep`, as a weight that did not move is on a log axis
+  const {starts, low, high} = model.columnExtremes(values, 4, (value) => value > 0);
+  assert.deepEqual(starts, [0, 2, 5, 7]); // series.column_starts(10, 4)
+  assert.deepEqual(low, [1e-3, 4e-3, 6e-3, 8e-3]);
+  assert.deepEqual(high, [2e-3, 5e-3, 5, 1e-2]);
+  assert.deepEqual(model.columnExtremes([0, 0], 4, (value) => value > 0), {starts: [0, 1], low: [NaN, NaN], high: [NaN, NaN]});
+});
