@@ -21,6 +21,7 @@ alternating order; the extra is the ratio of the two, less one.
 Examples:
   python bench/bench_precision.py --model resnet50 --layers pool --repeats 9
   python bench/bench_precision.py --model resnet50 --layers all --repeats 7
+  python bench/bench_precision.py --layers all --dtype-policy mixed_float16 --repeats 5
   KERAS_BACKEND=jax python bench/bench_precision.py --statistics device --layers all --repeats 5
 """
 
@@ -40,6 +41,11 @@ from tb_gradviz.capture import device_statistics, kernels, probe, selection  # n
 
 
 def measure(args):
+    import keras
+
+    # Under mixed_float16 compile wraps the optimizer in a LossScaleOptimizer: the gradients are
+    # float16, summarised divided by the loss scale, as a mixed precision run's are.
+    keras.config.set_dtype_policy(args.dtype_policy)
     model = common.build_model(args.model, args.image_size, args.seed)
     x, y = common.batch(args.batch, args.image_size, args.seed)
     model.train_on_batch(x, y)
@@ -80,6 +86,7 @@ def measure(args):
         "layers": args.layers,
         "n_layers": n_layers,
         "tensors": len(items),
+        "tensors_divided": sum(divisor is not None for _, divisor in items),
         "values": int(sum(np.size(v) for v, _ in items)),
         "load_before": [round(x, 2) for x in load_before],
         "load_after": [round(x, 2) for x in os.getloadavg()],
@@ -175,6 +182,12 @@ def main():
         "--layers", default="pool", help="pool, all, or a number of evenly spaced layers"
     )
     p.add_argument("--repeats", type=int, default=7)
+    p.add_argument(
+        "--dtype-policy",
+        choices=["float32", "mixed_float16"],
+        default="float32",
+        help="the Keras dtype policy of the model (host statistics)",
+    )
     p.add_argument(
         "--statistics",
         choices=["host", "device"],
