@@ -12,6 +12,7 @@ import pytest
 from tbserver import get_json, running_tensorboard
 from test_e2e_browser import (  # noqa: F401 (fixture)
     PLUGIN_FRAME,
+    _artifacts_dir,
     _runs_loaded,
     _write_run_with_layer_name,
     browser,
@@ -97,6 +98,7 @@ def test_a_url_with_view_timeline_opens_over_time_and_the_onset_of_the_nan(brows
         expect(frame.locator(".onset-summary")).to_have_text(
             re.compile(rf"^nan: \d flags? raised in {STEPS} logged steps \(steps 1 to {STEPS}\)")
         )
+        page.screenshot(path=str(_artifacts_dir() / "gradviz_over_time.png"))
         # A click opens that layer at that step, in "The layer"; the URL follows.
         row.get_by_role("button", name="scale").click()
         _selected(frame, "layer")
