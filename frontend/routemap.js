@@ -170,13 +170,14 @@ export class RoutingMapView {
   }
 
   drawIfResized() {
-    if (!this.routing || this.container.hidden) return;
+    // Not while a new layer's map is on its way (no answer yet), nor while a hidden section holds it.
+    if (!this.routing || !this.answer || this.container.hidden || this.container.clientWidth === 0) return;
     const sizes = this.cellSizes();
     if (sizes.cell !== this.sizes?.cell || sizes.windowCell !== this.sizes?.windowCell) this.drawMaps();
   }
 
   drawMaps() {
-    if (!this.routing || this.container.hidden) return;
+    if (!this.routing || !this.answer || this.container.hidden) return;
     const {ui, answer, layout, routing} = this;
     const inks = draw.resolveInks(this.container);
     this.inks = inks;
