@@ -44,7 +44,6 @@ class App {
     this.followLatest = true;
     this.tensors = []; // {info, series} of the selected layer's own tensors
     this.weights = []; // per weight of the selected layer (weights=True): weightsview.renderWeights' entries
-    this.routing = null;
     this.cache = new Map();
     // Answers that arrive after the selection moved on are dropped.
     this.generation = 0;
@@ -188,12 +187,10 @@ class App {
     const withSeries = async (info) => info && {info, series: await this.series(this.run, name, info.tensor)};
     let tensors;
     let weights;
-    let routing;
     try {
-      [tensors, weights, routing] = await Promise.all([
+      [tensors, weights] = await Promise.all([
         Promise.all(model.layerTensors(layer.tensors).map(withSeries)),
         this.loadWeights(layer),
-        layer.pooling ? this.cached(['routing', this.run, name], () => model.fetchRouting(this.run, name)) : null,
       ]);
     } catch (error) {
       if (generation === this.generation) this.fail(error);
@@ -204,7 +201,6 @@ class App {
     this.layer = layer;
     this.tensors = tensors;
     this.weights = weights;
-    this.routing = routing;
     const weightSeries = weights.flatMap(({values, gradient}) => [values, gradient]).filter(Boolean);
     this.steps = model.unionSteps([...tensors, ...weightSeries].map(({series}) => series.steps));
     this.timeline.noteLayerSteps(name, this.steps);
@@ -296,12 +292,30 @@ class App {
     views.renderLayerTitle(ui.layerTitle, this.layer, step);
     views.renderPanels(ui.panels, this.layer, this.tensors, {step, logarithmic: ui.logToggle.checked});
     weightsview.renderWeights(ui.weights, this.layer, this.weights, {step, logarithmic: ui.logToggle.checked});
-    const routing = this.routing && model.routingAt(this.routing, step);
-    views.renderAside(ui.aside, this.layer, routing);
+    this.renderAside();
     views.renderHeatmaps(ui.heatmaps, this.layer, this.tensors, step,
       (chosen) => this.selectStep(this.steps[Math.max(0, model.latestIndexAtOrBefore(this.steps, chosen))]));
     this.routeMap.update(this.run, this.layer, step);
     this.renderPrecision();
+  }
+
+  /**
+   * The routing card (a pooling layer's /routing at the slider's step alone)
+   * and the explanation, beside the panels.
+   */
+  async renderAside() {
+    const {run, step, layer} = this;
+    let routing = null;
+    if (layer.pooling && step !== null) {
+      try {
+        routing = await this.cached(['routing', run, layer.layer, step],
+          () => model.fetchRouting(run, layer.layer, undefined, {step}));
+      } catch {
+        routing = null; // no routing record at or before this step: no card
+      }
+    }
+    if (run !== this.run || step !== this.step || layer !== this.layer) return;
+    views.renderAside(this.ui.aside, layer, routing && model.routingAt(routing, step));
   }
 
   /** The precision panel of the selected layer, from the run's /step at the slider's step. */

@@ -103,8 +103,9 @@ export function fetchSeries(run, layer, tensor, fetchImpl, {width} = {}) {
   return fetchJson('series', {run, layer, tensor, width}, fetchImpl);
 }
 
-export function fetchRouting(run, layer, fetchImpl) {
-  return fetchJson('routing', {run, layer}, fetchImpl);
+/** A pooling layer's /routing: every step, or with `step` the latest step at or before it alone. */
+export function fetchRouting(run, layer, fetchImpl, {step} = {}) {
+  return fetchJson('routing', {run, layer, step}, fetchImpl);
 }
 
 export function fetchStep(run, step, fetchImpl) {

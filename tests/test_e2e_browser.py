@@ -302,8 +302,9 @@ def test_layer_view_of_a_trained_cnn(browser, trained_logs):
         assert activation.locator(".zero-fraction").text_content() == _expected_zeros(
             log, "pool", "activation", steps[-1]
         )
+        # The card is fetched for the step shown (/routing?step=), after the panels.
         routing = frame.locator(".card.routing")
-        assert "25.0 % of input positions" in routing.text_content()
+        expect(routing).to_contain_text("25.0 % of input positions")
         assert "mass conserved" in routing.text_content()
         assert "MaxPoolGrad" in frame.locator(".explanation").text_content()
         # The tie rule, with the backend and device that wrote the run.
@@ -358,7 +359,7 @@ def test_layer_view_of_a_trained_cnn(browser, trained_logs):
             == "AvgPoolGrad output (backward pass)"
         )
         assert activation.locator(".produced-by").text_content() == "AvgPool output (forward pass)"
-        assert "AvgPoolGrad" in frame.locator(".explanation").text_content()
+        expect(frame.locator(".explanation")).to_contain_text("AvgPoolGrad")
 
         # The grid of all layers at this step ("Across layers"), and its way back to the max pool
         # in "The layer".

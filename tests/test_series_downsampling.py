@@ -164,3 +164,28 @@ def test_widths_through_a_real_tensorboard(logdir, tmp_path):
         message = raised.value.read().decode()
         assert f"width must be a whole number from 1 to {timeline.MAX_WIDTH}" in message
         assert "received '0'" in message
+
+
+def test_routing_at_a_step_is_the_latest_record_at_or_before_it(tmp_path):
+    synthetic.write_run(tmp_path / "run", layers=1, steps=5)
+    client = make_app(tmp_path)[0]
+
+    def routing(**query):
+        response = client.get(
+            PREFIX + "/routing", query_string=dict(run="run", layer="block0/pool", **query)
+        )
+        text = response.get_data(as_text=True)
+        status = response.status_code
+        return status, json.loads(text, parse_constant=float) if status == 200 else text
+
+    status, whole = routing()
+    assert status == 200 and whole["steps"] == [1, 2, 3, 4, 5]
+    status, one = routing(step="3")
+    assert status == 200 and one["steps"] == [3]
+    for field in ("input_positions", "routed_positions", "input_gradient_sum"):
+        assert one[field] == [whole[field][2]]
+    assert one["mass"] == {key: [values[2]] for key, values in whole["mass"].items()}
+    assert routing(step="99")[1]["steps"] == [5]
+    status, text = routing(step="0")
+    assert status == 404 and "no routing record at a step <= 0" in text
+    assert routing(step="x")[0] == 400

@@ -69,7 +69,7 @@ class GradVizPlugin(base_plugin.TBPlugin):
         return {
             "/runs": json_route(self.runs_impl),
             "/series": json_route(self.series_impl, ("run", "layer", "tensor"), ("width", "step")),
-            "/routing": json_route(self.routing_impl, ("run", "layer")),
+            "/routing": json_route(self.routing_impl, ("run", "layer"), ("step",)),
             "/step": json_route(self.step_impl, ("run",), ("step", "ratio")),
             "/routing_map": json_route(self.routing_map_impl, ("run", "layer"), ("step",)),
             "/updates": json_route(self.updates_impl, ("run", "layer")),
@@ -155,26 +155,32 @@ class GradVizPlugin(base_plugin.TBPlugin):
             run, content, stats, histograms.result()[histogram_tag] if histograms else None, width
         )
 
-    def routing_impl(self, ctx, experiment, run, layer):
+    def routing_impl(self, ctx, experiment, run, layer, step=None):
         """Returns the `/routing` body: the routing records of a pooling layer.
 
         Args:
           ctx: the request's `tensorboard.context.RequestContext`.
           experiment: the experiment id.
           run, layer: names as `/runs` gives them.
+          step: when given, only the latest step `<= step`.
 
         Returns:
           A dict as described in docs/API.md.
 
         Raises:
-          NotFoundError: no such run or layer, or the layer is not a pooling layer.
+          NotFoundError: no such run or layer, the layer is not a pooling layer,
+            or it has no step `<= step`.
         """
         run_store = self._store(ctx, experiment, run)
         content, time_series = run_store.routing(layer)
         tag = records.routing_tag(layer)
-        return responses.routing_body(
-            run, content, run_store.read({tag: time_series}, records.ROUTING)[tag]
-        )
+        routing = run_store.read({tag: time_series}, records.ROUTING)[tag]
+        if step is not None:
+            row = routing.index_at_or_before(step)
+            if row is None:
+                raise errors.NotFoundError(f"{layer!r} has no routing record at a step <= {step}")
+            routing = routing.row(row)
+        return responses.routing_body(run, content, routing)
 
     def step_impl(self, ctx, experiment, run, step=None, ratio=health.DEFAULT_RATIO):
         """Returns the `/step` body: every layer of a run at its latest step `<= step`, flagged.
