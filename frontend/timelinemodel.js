@@ -15,6 +15,20 @@ export const FLAGS = ['nonfinite', 'exploding', 'vanishing', 'dead'];
 // Fields shown on a log scale; the zero and flush shares are plain fractions.
 const LOG_FIELDS = new Set(['rms', 'max_abs', 'update_ratio']);
 
+/** Requested widths are multiples of this many columns (below it, the drawing's own width). */
+export const WIDTH_STEP = 50;
+
+/**
+ * How many columns to ask /timeline for to draw `pixels` CSS pixels: the largest multiple of
+ * `WIDTH_STEP` not above them, so never more columns than pixels, and a layout that moves by a
+ * few pixels asks for the body the server already built. 0 when there is nothing to draw.
+ */
+export function columnsFor(pixels) {
+  const width = Math.floor(pixels);
+  if (!(width > 0)) return 0;
+  return width < WIDTH_STEP ? width : Math.floor(width / WIDTH_STEP) * WIDTH_STEP;
+}
+
 /**
  * Fetches /timeline: every layer of a run over its logged steps, at most
  * `width` columns (about one per pixel of the drawing).

@@ -5,6 +5,9 @@ import {hintedSection, html, labelled} from './dom.js';
 import {renderTimeline} from './timeline.js';
 import * as timelinemodel from './timelinemodel.js';
 
+// How long the chart's size must hold still before the view asks for another width.
+const SETTLE_MS = 150;
+
 const CHOICES = [
   {value: 'rms/output_gradient', label: 'RMS of the output gradient', field: 'rms', role: 'output_gradient'},
   {value: 'rms/input_gradient', label: 'RMS of the input gradient', field: 'rms', role: 'input_gradient'},
@@ -53,9 +56,15 @@ export class TimelineSection {
     this.fieldSelect.addEventListener('change', () => this.load());
     this.againstSelect.addEventListener('change', () => this.load());
     this.width = 0;
+    // A layout that settles resizes the chart several times in a row: ask once it holds still,
+    // and only when the width to ask for (`columnsFor`) differs from the one shown.
+    let settling = null;
     new ResizeObserver(() => {
-      const width = Math.floor(this.chart.clientWidth);
-      if (width > 0 && Math.abs(width - this.width) >= 8) this.load();
+      clearTimeout(settling);
+      settling = setTimeout(() => {
+        const width = timelinemodel.columnsFor(this.chart.clientWidth);
+        if (width > 0 && width !== this.width) this.load();
+      }, SETTLE_MS);
     }).observe(this.chart);
   }
 
@@ -76,7 +85,7 @@ export class TimelineSection {
     if (run === null) return;
     const choice = CHOICES.find(({value}) => value === this.fieldSelect.value) ?? CHOICES[0];
     const against = this.againstSelect.value || null;
-    this.width = Math.floor(this.chart.clientWidth) || 1000;
+    this.width = timelinemodel.columnsFor(this.chart.clientWidth) || 1000;
     const width = this.width;
     const fetchOf = (name) => this.cached(['timeline', name, choice.field, choice.role, width],
       () => timelinemodel.fetchTimeline(name, {field: choice.field, role: choice.role, width}));

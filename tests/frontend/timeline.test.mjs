@@ -113,3 +113,12 @@ test('the flush share of each layer is its /step precision record\'s, in float16
   assert.match(timelinemodel.describeCell(matrix, {row: 0, column: 0}),
     /^conv, step \d+: flush_share in float16 \d/);
 });
+
+test('the view asks for a multiple of WIDTH_STEP columns, never more than its pixels', () => {
+  const {columnsFor, WIDTH_STEP} = timelinemodel;
+  assert.equal(WIDTH_STEP, 50);
+  // A layout that settles by a few pixels asks for the same width.
+  assert.deepEqual([1203, 1210, 1249.9, 1250].map(columnsFor), [1200, 1200, 1200, 1250]);
+  // Below one step the drawing's own width; nothing to draw is 0.
+  assert.deepEqual([49.7, 1, 0.4, 0, -5, NaN].map(columnsFor), [49, 1, 0, 0, 0, 0]);
+});
