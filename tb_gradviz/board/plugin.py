@@ -44,6 +44,20 @@ def _series_by_kind(layers, read):
     }
 
 
+def _at_or_before(found, step, missing):
+    """`found` (a `series.Series`) whole when `step` is None, else its latest row at `<= step`.
+
+    Raises:
+      NotFoundError: `f"{missing} <= {step}"`, when it has no such row.
+    """
+    if step is None:
+        return found
+    row = found.index_at_or_before(step)
+    if row is None:
+        raise errors.NotFoundError(f"{missing} <= {step}")
+    return found.row(row)
+
+
 class GradVizPlugin(base_plugin.TBPlugin):
     """Serves the GradViz tab: per-layer activations and gradients over steps."""
 
@@ -146,11 +160,7 @@ class GradVizPlugin(base_plugin.TBPlugin):
             )
         tag = records.stats_tag(layer, tensor)
         stats = run_store.read({tag: stats_series}, records.STATS)[tag]
-        if step is not None:
-            row = stats.index_at_or_before(step)
-            if row is None:
-                raise errors.NotFoundError(f"{layer!r} {tensor!r} has no step <= {step}")
-            stats = stats.row(row)
+        stats = _at_or_before(stats, step, f"{layer!r} {tensor!r} has no step")
         return responses.series_body(
             run, content, stats, histograms.result()[histogram_tag] if histograms else None, width
         )
@@ -175,11 +185,7 @@ class GradVizPlugin(base_plugin.TBPlugin):
         content, time_series = run_store.routing(layer)
         tag = records.routing_tag(layer)
         routing = run_store.read({tag: time_series}, records.ROUTING)[tag]
-        if step is not None:
-            row = routing.index_at_or_before(step)
-            if row is None:
-                raise errors.NotFoundError(f"{layer!r} has no routing record at a step <= {step}")
-            routing = routing.row(row)
+        routing = _at_or_before(routing, step, f"{layer!r} has no routing record at a step")
         return responses.routing_body(run, content, routing)
 
     def step_impl(self, ctx, experiment, run, step=None, ratio=health.DEFAULT_RATIO):
