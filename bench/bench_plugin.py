@@ -45,17 +45,6 @@ import common  # noqa: E402
 import synthetic  # noqa: E402
 
 RUN = "synthetic"
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
-PLUGIN_FRAME = 'iframe[src*="plugin_entry.html?name=gradviz"]'
 TENSORS = ("activation", "input_gradient", "output_gradient")
 
 
@@ -221,29 +210,19 @@ def all_loaded(base, layers, steps):
 def browser_view(base, steps, timeout_s):
     """Seconds from page.goto to the layer view rendered, and to the layer grid (its section
     opened once the layer view is drawn) rendered."""
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(
-            executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS
-        )
-        try:
-            page = browser.new_page(viewport={"width": 1600, "height": 1000})
-            page.set_default_timeout(timeout_s * 1000)
-            start = time.perf_counter()
-            page.goto(f"{base}/#gradviz")
-            frame = page.frame_locator(PLUGIN_FRAME)
-            for tensor in TENSORS:
-                frame.locator(
-                    f'.panel[data-tensor="{tensor}"][data-step="{steps}"] svg.histogram rect.bar'
-                ).first.wait_for()
-            view = time.perf_counter() - start
-            # The grid is in the tab's "Across layers" section, which loads when shown.
-            frame.get_by_role("tab", name="Across layers").click()
-            frame.locator("table.layer-grid tbody tr").first.wait_for()
-            grid = time.perf_counter() - start
-        finally:
-            browser.close()
+    with common.chromium_page(1600, 1000, timeout_s) as (page, _):
+        start = time.perf_counter()
+        page.goto(f"{base}/#gradviz")
+        frame = page.frame_locator(common.PLUGIN_FRAME)
+        for tensor in TENSORS:
+            frame.locator(
+                f'.panel[data-tensor="{tensor}"][data-step="{steps}"] svg.histogram rect.bar'
+            ).first.wait_for()
+        view = time.perf_counter() - start
+        # The grid is in the tab's "Across layers" section, which loads when shown.
+        frame.get_by_role("tab", name="Across layers").click()
+        frame.locator("table.layer-grid tbody tr").first.wait_for()
+        grid = time.perf_counter() - start
     return view, grid
 
 

@@ -27,7 +27,6 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "tests"))
 
-import bench_plugin  # noqa: E402
 import common  # noqa: E402
 import synthetic  # noqa: E402
 import tbserver  # noqa: E402
@@ -61,52 +60,38 @@ def measure_routes(url, layer):
 
 
 def measure_browser(url, names, steps):
-    from playwright.sync_api import sync_playwright
-
     def drawn(frame, layer):
         frame.locator(".layer-name", has_text=layer).wait_for()
         for tensor in TENSORS:
             frame.locator(f'.panel[data-tensor="{tensor}"][data-step="{steps}"]').wait_for()
             frame.locator(f'.heatmap-figure[data-tensor="{tensor}"] svg.spread').wait_for()
 
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(
-            executable_path=bench_plugin.CHROMIUM,
-            headless=True,
-            args=bench_plugin.CHROMIUM_ARGS,
+    with common.chromium_page(1400, 1000, 300) as (page, errors):
+        begin = time.perf_counter()
+        page.goto(f"{url}/#gradviz")
+        frame = page.frame_locator(common.PLUGIN_FRAME)
+        drawn(frame, names[0])
+        first_render = time.perf_counter() - begin
+        begin = time.perf_counter()
+        frame.get_by_label("Layer", exact=True).select_option(names[1])
+        drawn(frame, names[1])
+        layer_change = time.perf_counter() - begin
+        # Again with the server's caches warm: the page reloaded (the tab's own cache
+        # empty), which opens the layer its URL names, then back to the first.
+        begin = time.perf_counter()
+        page.reload()
+        frame = page.frame_locator(common.PLUGIN_FRAME)
+        drawn(frame, names[1])
+        warm_first_render = time.perf_counter() - begin
+        begin = time.perf_counter()
+        frame.get_by_label("Layer", exact=True).select_option(names[0])
+        drawn(frame, names[0])
+        warm_layer_change = time.perf_counter() - begin
+        columns = int(
+            frame.locator(
+                '.heatmap-figure[data-tensor="output_gradient"] svg.spread'
+            ).get_attribute("data-columns")
         )
-        try:
-            page = browser.new_page(viewport={"width": 1400, "height": 1000})
-            page.set_default_timeout(300_000)
-            errors = []
-            page.on("pageerror", lambda error: errors.append(str(error)))
-            begin = time.perf_counter()
-            page.goto(f"{url}/#gradviz")
-            frame = page.frame_locator(bench_plugin.PLUGIN_FRAME)
-            drawn(frame, names[0])
-            first_render = time.perf_counter() - begin
-            begin = time.perf_counter()
-            frame.get_by_label("Layer", exact=True).select_option(names[1])
-            drawn(frame, names[1])
-            layer_change = time.perf_counter() - begin
-            # Again with the server's caches warm: the page reloaded (the tab's own cache
-            # empty), which opens the layer its URL names, then back to the first.
-            begin = time.perf_counter()
-            page.reload()
-            frame = page.frame_locator(bench_plugin.PLUGIN_FRAME)
-            drawn(frame, names[1])
-            warm_first_render = time.perf_counter() - begin
-            begin = time.perf_counter()
-            frame.get_by_label("Layer", exact=True).select_option(names[0])
-            drawn(frame, names[0])
-            warm_layer_change = time.perf_counter() - begin
-            columns = int(
-                frame.locator(
-                    '.heatmap-figure[data-tensor="output_gradient"] svg.spread'
-                ).get_attribute("data-columns")
-            )
-        finally:
-            browser.close()
     return {
         "first_render_s": first_render,
         "layer_change_s": layer_change,

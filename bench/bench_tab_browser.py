@@ -28,70 +28,46 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench_long_run  # noqa: E402
 import common  # noqa: E402
 
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
-PLUGIN_FRAME = 'iframe[src*="plugin_entry.html?name=gradviz"]'
-
 
 def _panel(frame, step):
     return frame.locator(f'.panel[data-tensor="input_gradient"][data-step="{step}"]')
 
 
 def measure(base, last_full, repeats):
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(
-            executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS
-        )
-        try:
-            page = browser.new_page(viewport={"width": 1400, "height": 1000})
-            page.set_default_timeout(180_000)
-            errors = []
-            page.on("pageerror", lambda error: errors.append(str(error)))
+    with common.chromium_page(1400, 1000, 180) as (page, errors):
+        begin = time.perf_counter()
+        page.goto(f"{base}/#gradviz&run=long")
+        frame = page.frame_locator(common.PLUGIN_FRAME)
+        _panel(frame, last_full).wait_for()
+        first_render = time.perf_counter() - begin
+        slider = frame.get_by_label("Step", exact=True)
+        changes = []
+        for _ in range(repeats):
+            before = frame.locator(".step-value").inner_text()
             begin = time.perf_counter()
-            page.goto(f"{base}/#gradviz&run=long")
-            frame = page.frame_locator(PLUGIN_FRAME)
-            _panel(frame, last_full).wait_for()
-            first_render = time.perf_counter() - begin
-            slider = frame.get_by_label("Step", exact=True)
-            changes = []
-            for _ in range(repeats):
-                before = frame.locator(".step-value").inner_text()
-                begin = time.perf_counter()
-                slider.press("ArrowLeft")
-                step_text = frame.locator(".step-value")
-                while step_text.inner_text() == before:
-                    time.sleep(0.001)
-                step = int(step_text.inner_text().split()[0])
-                _panel(frame, step).wait_for()
-                changes.append(time.perf_counter() - begin)
-            times = {}
-            for name in ("cold", "warm"):
-                begin = time.perf_counter()
-                if name == "warm":
-                    # The page again, from its URL, which now opens the time view.
-                    page.reload()
-                    frame = page.frame_locator(PLUGIN_FRAME)
-                    frame.locator("canvas.timeline-canvas").wait_for(state="attached")
-                # The section's tab, where the page has sections (the view is on the page if not).
-                section = frame.get_by_role("tab", name="Over time")
-                if section.count() and section.get_attribute("aria-selected") != "true":
-                    section.click()
-                frame.locator("canvas.timeline-canvas[data-columns]").wait_for()
-                times[name] = time.perf_counter() - begin
-            columns = int(frame.locator("canvas.timeline-canvas").get_attribute("data-columns"))
-            assert errors == [], errors
-        finally:
-            browser.close()
+            slider.press("ArrowLeft")
+            step_text = frame.locator(".step-value")
+            while step_text.inner_text() == before:
+                time.sleep(0.001)
+            step = int(step_text.inner_text().split()[0])
+            _panel(frame, step).wait_for()
+            changes.append(time.perf_counter() - begin)
+        times = {}
+        for name in ("cold", "warm"):
+            begin = time.perf_counter()
+            if name == "warm":
+                # The page again, from its URL, which now opens the time view.
+                page.reload()
+                frame = page.frame_locator(common.PLUGIN_FRAME)
+                frame.locator("canvas.timeline-canvas").wait_for(state="attached")
+            # The section's tab, where the page has sections (the view is on the page if not).
+            section = frame.get_by_role("tab", name="Over time")
+            if section.count() and section.get_attribute("aria-selected") != "true":
+                section.click()
+            frame.locator("canvas.timeline-canvas[data-columns]").wait_for()
+            times[name] = time.perf_counter() - begin
+        columns = int(frame.locator("canvas.timeline-canvas").get_attribute("data-columns"))
+        assert errors == [], errors
     return {
         "first_render_s": first_render,
         "step_change_median_s": common.median(changes),

@@ -1,4 +1,4 @@
-"""Shared helpers of the bench scripts: models, timing, tables, JSON.
+"""Shared helpers of the bench scripts: models, timing, tables, JSON, the browser.
 
 Timings are wall clock on a shared machine, so every script measures the
 things it compares inside one loop, interleaved (A, B, A, B, ...), and
@@ -7,6 +7,7 @@ then slows both sides of each ratio alike.
 """
 
 import argparse
+import contextlib
 import importlib.metadata
 import json
 import os
@@ -192,3 +193,37 @@ def child_command(script, args, options=CHILD_OPTIONS):
     for name in options:
         command += ["--" + name.replace("_", "-"), str(getattr(args, name))]
     return command
+
+
+CHROMIUM = "/usr/bin/chromium"  # Debian's: playwright's own download needs the network
+# Headless as root, with nothing that reaches for the network.
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+PLUGIN_FRAME = 'iframe[src*="plugin_entry.html?name=gradviz"]'
+
+
+@contextlib.contextmanager
+def chromium_page(width, height, timeout_s):
+    """A page of headless Chromium (`width` x `height`, `timeout_s` for each wait) and the list
+    its uncaught page errors are appended to; the browser is closed on leaving."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(
+            executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS
+        )
+        try:
+            page = browser.new_page(viewport={"width": width, "height": height})
+            page.set_default_timeout(timeout_s * 1000)
+            errors = []
+            page.on("pageerror", lambda error: errors.append(str(error)))
+            yield page, errors
+        finally:
+            browser.close()
