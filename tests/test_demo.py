@@ -8,6 +8,7 @@ import subprocess
 import sys
 import threading
 import time
+import types
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -66,6 +67,87 @@ def test_demo_serves_on_6006_and_falls_back_to_a_free_port_when_it_is_busy(tmp_p
         )
     assert status == 0, err
     assert "Port 6006 is busy" in out and "serving on a free port instead" in out
+    url = re.search(r"GradViz tab: http://127\.0\.0\.1:(\d+)/#gradviz", out)
+    assert url and url.group(1) != "6006", out
+
+
+@pytest.fixture
+def no_training(monkeypatch):
+    """`tb-gradviz demo` trains nothing: its models are replaced by a stub that records each call.
+
+    For the tests of serving, which need TensorBoard, not the demo's logs.
+    """
+    calls = []
+
+    def run_demo(logdir, **options):
+        calls.append(logdir)
+        os.makedirs(logdir, exist_ok=True)
+        return {}
+
+    monkeypatch.setitem(sys.modules, "tb_gradviz.demos", types.SimpleNamespace(run_demo=run_demo))
+    return calls
+
+
+def demo_serving(tmp_path, *options):
+    return run_cli("demo", "--logdir", tmp_path / "logs", "--serve-seconds", "1", *options)
+
+
+def test_demo_on_a_host_that_cannot_be_resolved_exits_4_naming_it_before_training(
+    tmp_path, no_training
+):
+    status, out, err = demo_serving(tmp_path, "--host", "no.such.host.invalid")
+    assert status == cli.EXIT_SERVE == 4, (status, out, err)
+    assert err.startswith(
+        "error: cannot serve TensorBoard on no.such.host.invalid: "
+        "the host 'no.such.host.invalid' cannot be resolved ("
+    ), err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert no_training == [] and "Port 6006 is busy" not in out
+
+
+def test_serving_on_a_host_that_cannot_be_resolved_raises_the_serve_status_not_system_exit(
+    tmp_path,
+):
+    # The check before training aside, serve() itself says what failed.
+    with pytest.raises(cli.CommandError) as raised:
+        cli.serve(str(tmp_path), "no.such.host.invalid", None, 1)
+    assert raised.value.code == cli.EXIT_SERVE
+    assert "the host 'no.such.host.invalid' cannot be resolved" in str(raised.value)
+
+
+def test_demo_onto_a_busy_port_that_is_not_listening_exits_4_naming_the_port(tmp_path, no_training):
+    # Bound and not listening: TensorBoard's own check (a connect) passes, werkzeug's bind fails.
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        port = busy.getsockname()[1]
+        status, out, err = demo_serving(tmp_path, "--port", port)
+    assert status == cli.EXIT_SERVE == 4, (status, out, err)
+    assert err == (
+        f"error: cannot serve TensorBoard on 127.0.0.1:{port}: port {port} is already in use\n"
+    )
+    assert no_training == [str(tmp_path / "logs")] and "Port 6006 is busy" not in out
+
+
+def test_demo_on_an_address_of_another_machine_exits_4_naming_the_address(tmp_path, no_training):
+    # 192.0.2.1 (TEST-NET-1, RFC 5737) resolves, and is no address of this machine.
+    status, out, err = demo_serving(tmp_path, "--host", "192.0.2.1", "--port", "0")
+    assert status == cli.EXIT_SERVE == 4, (status, out, err)
+    assert err == (
+        "error: cannot serve TensorBoard on 192.0.2.1: "
+        "'192.0.2.1' is not an address of this machine\n"
+    )
+    assert "Port 6006 is busy" not in out
+
+
+def test_demo_falls_back_to_a_free_port_when_6006_is_bound_but_not_listening(tmp_path, no_training):
+    with socket.socket() as busy:
+        try:
+            busy.bind(("127.0.0.1", 6006))
+        except OSError:
+            pytest.skip("port 6006 is taken by another program on this machine")
+        status, out, err = demo_serving(tmp_path)
+    assert status == 0, (out, err)
+    assert "Port 6006 is busy (port 6006 is already in use); serving on a free port instead." in out
     url = re.search(r"GradViz tab: http://127\.0\.0\.1:(\d+)/#gradviz", out)
     assert url and url.group(1) != "6006", out
 

@@ -1,8 +1,12 @@
 """`tb-gradviz demo`: train the demo models with the callback, then serve TensorBoard."""
 
+import contextlib
+import errno
 import importlib
+import io
 import os
 import re
+import socket
 import sys
 import tempfile
 import time
@@ -54,6 +58,8 @@ def run_demo(args):
         raise CommandError(
             f"--logdir must be a directory; received {args.logdir!r}, which is a file"
         )
+    if not args.no_serve:
+        check_host(args.host)
     for name, value in QUIET_TENSORFLOW.items():
         if not os.environ.get(name):
             os.environ[name] = value
@@ -85,6 +91,20 @@ def run_demo(args):
     return serve(args.logdir, args.host, args.port, args.serve_seconds, focus(runs))
 
 
+def check_host(host):
+    """Raises `CommandError` (`EXIT_SERVE`) when `host` cannot be resolved, before any training.
+
+    `serve` finds the same failure when TensorBoard starts; checking first
+    saves a user who mistyped the host the minutes of training before it.
+    """
+    try:
+        socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
+    except socket.gaierror as e:
+        raise CommandError(
+            f"cannot serve TensorBoard on {host}: {_socket_failure(e, host, None)}", EXIT_SERVE
+        ) from None
+
+
 def focus(runs):
     """The URL fragment's parameters that open ResNet50's `pool1_pool` in "The layer", or ''.
 
@@ -104,38 +124,24 @@ def serve(logdir, host, port=None, seconds=None, fragment=""):
     `port` None is TensorBoard's own default, `DEFAULT_PORT`, or a free port
     (said on stdout) when that one is busy; an explicit busy port fails. The
     printed URL ends `#gradviz` and `fragment` (the tab's run, layer and view).
+
+    Raises:
+      CommandError: with status `EXIT_SERVE` and what failed (the host that
+        cannot be resolved, the port that is busy, ...), whenever TensorBoard
+        cannot serve.
     """
-    from tensorboard import program
-
-    def launch(port):
-        board = program.TensorBoard()
-        board.configure(
-            argv=[
-                None,
-                "--logdir",
-                logdir,
-                "--host",
-                host,
-                "--port",
-                str(port),
-                "--samples_per_plugin",
-                "gradviz=0,histograms=0",
-            ]
-        )
-        return board.launch()
-
     try:
-        url = launch(DEFAULT_PORT if port is None else port)
-    except program.TensorBoardServerException as e:
+        url = _launch(logdir, host, DEFAULT_PORT if port is None else port)
+    except _PortBusy as e:
         if port is not None:
             raise CommandError(
-                f"cannot serve TensorBoard on {host}:{port}: {e.msg}", EXIT_SERVE
+                f"cannot serve TensorBoard on {host}:{port}: {e}", EXIT_SERVE
             ) from None
-        print(f"Port {DEFAULT_PORT} is busy ({e.msg}); serving on a free port instead.", flush=True)
+        print(f"Port {DEFAULT_PORT} is busy ({e}); serving on a free port instead.", flush=True)
         try:
-            url = launch(0)
-        except program.TensorBoardServerException as e:
-            raise CommandError(f"cannot serve TensorBoard on {host}: {e.msg}", EXIT_SERVE) from None
+            url = _launch(logdir, host, 0)
+        except _PortBusy as e:
+            raise CommandError(f"cannot serve TensorBoard on {host}: {e}", EXIT_SERVE) from None
     print(f"GradViz tab: {url}#gradviz{fragment}", flush=True)
     print("Press Ctrl-C to stop.", flush=True)
     deadline = None if seconds is None else time.monotonic() + seconds
@@ -145,3 +151,66 @@ def serve(logdir, host, port=None, seconds=None, fragment=""):
     except KeyboardInterrupt:
         pass
     return EXIT_OK
+
+
+class _PortBusy(Exception):
+    """The port is taken, where another port may serve: its text says what was tried."""
+
+
+def _launch(logdir, host, port):
+    """Starts TensorBoard on `host:port` in a thread and returns its URL.
+
+    Every way TensorBoard's start can fail becomes an exception that says
+    what failed: werkzeug, under TensorBoard, prints a socket error to stderr
+    and calls `sys.exit(1)`, so what it printed is held back (and shown only
+    when the start succeeds) and the socket error is read from the exit's
+    context.
+
+    Raises:
+      _PortBusy: the port is taken.
+      CommandError: with status `EXIT_SERVE`, for every other failure.
+    """
+    from tensorboard import program
+
+    where = f"{host}:{port}" if port else host
+    board = program.TensorBoard()
+    board.configure(
+        argv=[None, "--logdir", logdir, "--host", host, "--port", str(port)]
+        + ["--samples_per_plugin", "gradviz=0,histograms=0"]
+    )
+    held = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(held):
+            url = board.launch()
+    except program.TensorBoardPortInUseError as e:
+        raise _PortBusy(e.msg) from None
+    except program.TensorBoardServerException as e:
+        raise CommandError(f"cannot serve TensorBoard on {where}: {e.msg}", EXIT_SERVE) from None
+    except SystemExit as e:
+        error = e.__context__
+        if isinstance(error, OSError) and error.errno == errno.EADDRINUSE:
+            raise _PortBusy(f"port {port} is already in use") from None
+        raise CommandError(
+            f"cannot serve TensorBoard on {where}: {_socket_failure(error, host, port, e.code)}",
+            EXIT_SERVE,
+        ) from None
+    except OSError as e:
+        raise CommandError(
+            f"cannot serve TensorBoard on {where}: {_socket_failure(e, host, port)}", EXIT_SERVE
+        ) from None
+    sys.stderr.write(held.getvalue())
+    return url
+
+
+def _socket_failure(error, host, port, exit_status=None):
+    """What a failed start of the server means, in words, from its socket error (or none)."""
+    if isinstance(error, socket.gaierror):
+        return f"the host {host!r} cannot be resolved ({error.strerror})"
+    if not isinstance(error, OSError):
+        return f"TensorBoard exited with status {exit_status} while starting"
+    reasons = {
+        errno.EADDRINUSE: f"port {port} is already in use",
+        errno.EADDRNOTAVAIL: f"{host!r} is not an address of this machine",
+        errno.EACCES: f"no permission to bind port {port}",
+    }
+    return reasons.get(error.errno, error.strerror or str(error))

@@ -10,7 +10,8 @@ a typo or a full disk (docs/CLI.md lists them):
   tb_gradviz data, an unknown `--run`, no step `<= --step`.
 * `EXIT_OUTPUT` 3: `export --output` cannot be written (a folder, a missing
   parent folder, no permission).
-* `EXIT_SERVE` 4: `demo` cannot serve TensorBoard (the port is taken).
+* `EXIT_SERVE` 4: `demo` cannot serve TensorBoard (a host that cannot be
+  resolved or is not this machine's, a port that is taken, ...).
 * `EXIT_INTERRUPTED` 130: stopped with Ctrl-C.
 """
 
@@ -28,7 +29,7 @@ EXIT_CODES_HELP = """exit status:
   2    bad arguments, or no data: missing or unreadable logdir, no tb_gradviz data,
        unknown --run, no step <= --step
   3    export: --output cannot be written (a folder, a missing folder, no permission)
-  4    demo: TensorBoard cannot serve (the port is taken)
+  4    demo: TensorBoard cannot serve (a host that cannot be resolved, a taken port, ...)
   130  interrupted"""
 
 
