@@ -60,7 +60,11 @@ def reference(values, name):
         magnitude = np.abs(part.astype(np.float64))
         amax = float(magnitude.max(initial=0.0))
         nonzero = magnitude[magnitude > 0]
-        if nonzero.size and amax / nonzero.min() > largest / tiny:
+        span = math.floor(math.log2(largest)) - math.floor(math.log2(tiny))
+        if (
+            nonzero.size
+            and math.floor(math.log2(amax)) - math.floor(math.log2(nonzero.min())) > span
+        ):
             counts["wide_blocks"] += 1
         if spec.scaling == "mx":
             exponent = math.floor(math.log2(amax)) - emax if amax > 0 else -127
@@ -195,3 +199,17 @@ def test_gradient_like_tensors(name):
 def test_an_unknown_format_names_the_known_ones():
     with pytest.raises(ValueError, match=r"Unknown block format 'mxfp5'.*mxfp4_e2m1"):
         blocks.block_record(np.ones(4), "mxfp5")
+
+
+@pytest.mark.parametrize("name", sorted(blocks.FORMATS))
+def test_a_block_is_wide_once_its_binades_exceed_the_elements_span(name):
+    element = blocks.ELEMENTS[blocks.FORMATS[name].element]
+    size = blocks.FORMATS[name].block_size
+    rows = []
+    for extra in (0, 1):  # spanning exactly the element's binades, then one more
+        row = np.zeros(size, F32)
+        row[0] = F32(1.75)
+        row[1] = F32(np.ldexp(1.99, -(element.span + extra)))
+        rows.append(row)
+    record = assert_record(np.stack(rows), name)
+    assert record["wide_blocks"] == 1

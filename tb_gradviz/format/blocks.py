@@ -44,9 +44,12 @@ Counts per format (`COUNTS`), over the tensor:
 * `subnormal`: values that quantize to a non-zero subnormal of the element;
 * `saturated`: values whose scaled magnitude is past the element's largest
   finite value, clamped to it;
-* `wide_blocks`: blocks whose own dynamic range, largest over smallest
-  non-zero magnitude, exceeds the element format's (largest finite over
-  smallest subnormal): no single scale keeps both ends of such a block;
+* `wide_blocks`: blocks whose own dynamic range exceeds the element
+  format's, in binades: `floor(log2(amax)) - floor(log2(amin))`, amin the
+  smallest non-zero magnitude, is more than the element's span from its
+  smallest subnormal to its largest normal (`Element.span`). No scale keeps
+  both ends of such a block: its smallest values fall below the smallest
+  subnormal. Exponents alone decide it, so every path computes it exactly;
 * `blocks`, `nonfinite_blocks`: the number of blocks, and of those holding
   NaN or Inf;
 * `squared_error`, `squared_sum`: the sums of `(q - v)**2` and of `v**2`
@@ -74,6 +77,11 @@ class Element(NamedTuple):
     @property
     def smallest_subnormal(self):
         return float(np.ldexp(1.0, self.min_exponent - self.mantissa))
+
+    @property
+    def span(self):
+        """Binades from the smallest subnormal's to the largest normal's exponent."""
+        return self.max_exponent - (self.min_exponent - self.mantissa)
 
 
 ELEMENTS = {
@@ -125,6 +133,11 @@ def quantize(values, element):
     quantum = np.ldexp(1.0, (exponent - element.mantissa).astype(np.int64))
     rounded = np.round(magnitude / quantum) * quantum  # numpy rounds half to even
     return np.copysign(np.minimum(rounded, element.largest), values)
+
+
+def _binade(magnitude):
+    """`floor(log2(m))` of positive magnitudes, exactly (frexp, not a rounded log)."""
+    return np.frexp(magnitude)[1] - 1
 
 
 def _blocks(values, block_size):
@@ -187,8 +200,8 @@ def block_record(values, name):
     amax = magnitude.max(axis=1)
     nonzero = magnitude > 0
     amin = np.where(nonzero, magnitude, np.inf).min(axis=1)
-    element_range = element.largest / element.smallest_subnormal
-    wide = ~nonfinite_block & np.any(nonzero, axis=1) & (amax > element_range * amin)
+    wide = ~nonfinite_block & np.any(nonzero, axis=1)
+    wide &= _binade(amax) - _binade(np.where(wide, amin, 1.0)) > element.span
 
     if spec.scaling == "mx":
         scale = _mx_scales(amax, element)[:, None]
