@@ -13,7 +13,17 @@ from tensorboard import errors
 from tensorboard.plugins import base_plugin
 from tensorboard.plugins.histogram import metadata as histogram_metadata
 
-from tb_gradviz.board import health, onset, responses, routes, series, snapshot, store, timeline
+from tb_gradviz.board import (
+    health,
+    onset,
+    query,
+    responses,
+    routes,
+    series,
+    snapshot,
+    store,
+    timeline,
+)
 from tb_gradviz.format import digest, metadata, records
 
 
@@ -207,7 +217,7 @@ class GradVizPlugin(base_plugin.TBPlugin):
         """
         run_store = self._store(ctx, experiment, run)
         layers = run_store.layers()
-        limit = routes.INT64_MAX if step is None else step
+        limit = query.INT64_MAX if step is None else step
         series_by_kind = _series_by_kind(
             layers, lambda found, layout: run_store.read_at(found, layout, limit)
         )
@@ -430,7 +440,7 @@ class GradVizPlugin(base_plugin.TBPlugin):
         run_store = self._store(ctx, experiment, run)
         content, time_series = run_store.routing_map(layer)
         tag = records.routing_map_tag(layer)
-        limit = routes.INT64_MAX if step is None else step
+        limit = query.INT64_MAX if step is None else step
         body = responses.routing_map_body(
             run, content, run_store.read({tag: time_series}, records.ROUTING_MAP)[tag], limit
         )

@@ -1,6 +1,6 @@
 """The plugin's HTTP side: reading query arguments, answering JSON, serving the static files.
 
-Routes are thin: `json_route` reads a request's arguments, calls an `*_impl`
+Routes are thin: `json_route` reads a request's arguments (`query`), calls an `*_impl`
 of the plugin and answers its plain data as JSON through TensorBoard's
 `http_util.Respond`; errors are raised as TensorBoard's public errors (400,
 404, 405). `static_route` serves the tab's files behind a path guard.
@@ -11,14 +11,13 @@ import gzip
 import importlib.resources
 import json
 import os
-import re
 import threading
 
 from tensorboard import errors, plugin_util
 from tensorboard.backend import http_util, json_util
 from werkzeug import wrappers
 
-from tb_gradviz.board import timeline
+from tb_gradviz.board import query
 from tb_gradviz.format import metadata
 
 _JSON = "application/json"
@@ -32,11 +31,6 @@ _STATIC_TYPES = {
 }
 STATIC_ROUTE = "/static"
 _STATIC_URL_PREFIX = f"/data/plugin/{metadata.PLUGIN_NAME}{STATIC_ROUTE}/"
-
-# A step in a query: ASCII digits only (int() also takes "1_0", " 1" and
-# other scripts' digits), and short enough that parsing it is cheap.
-_STEP_PATTERN = re.compile(r"-?[0-9]{1,30}")
-INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 
 
 class _MethodNotAllowedError(errors.PublicError):
@@ -92,61 +86,6 @@ def _check_method(request):
         raise _MethodNotAllowedError(request.method)
 
 
-def _single_arg(request, name, required=True):
-    """Returns a query argument given at most once.
-
-    Raises:
-      InvalidArgumentError: the argument is missing (when required) or repeated.
-    """
-    values = request.args.getlist(name)
-    if len(values) > 1:
-        raise errors.InvalidArgumentError(
-            f"query argument {name!r} given {len(values)} times; give it once"
-        )
-    if not values:
-        if required:
-            raise errors.InvalidArgumentError(f"missing query argument {name!r}")
-        return None
-    return values[0]
-
-
-def _parse_step(text):
-    """Parses a step argument, clamped to int64 (steps are int64).
-
-    Raises:
-      InvalidArgumentError: `text` is not a decimal integer.
-    """
-    if not _STEP_PATTERN.fullmatch(text):
-        raise errors.InvalidArgumentError(f"step must be a decimal integer; received {text[:40]!r}")
-    return min(max(int(text), INT64_MIN), INT64_MAX)
-
-
-def _parse_ratio(text):
-    """Parses the flags' ratio: a finite number above 1.
-
-    Raises:
-      InvalidArgumentError: anything else.
-    """
-    try:
-        ratio = float(text[:40])
-    except ValueError:
-        ratio = float("nan")
-    if not 1 < ratio < float("inf"):
-        raise errors.InvalidArgumentError(
-            f"ratio must be a finite number above 1; received {text[:40]!r}"
-        )
-    return ratio
-
-
-OPTIONAL_ARGS = {
-    "step": _parse_step,
-    "ratio": _parse_ratio,
-    "width": timeline.parse_width,
-    "field": timeline.parse_field,
-    "role": timeline.parse_role,
-}
-
-
 class Encodings:
     """The gzipped JSON of the bodies a route answered last, reused for the same body object.
 
@@ -183,8 +122,9 @@ def json_route(impl, required=(), optional=(), encodings=None):
     """A route that reads query arguments and answers `impl`'s data as JSON.
 
     Calls `impl(ctx, experiment, *required, **optional)` with the
-    `required` and `optional` query arguments; optional ones are parsed by
-    `OPTIONAL_ARGS` and left to the impl's defaults when absent. With
+    `required` and `optional` query arguments, each parsed by its parser in
+    `query.PARSERS`; optional ones are left to the impl's defaults when
+    absent. With
     `encodings` (an `Encodings`), the JSON of a body the impl returns again
     is reused; a client that does not accept gzip gets it unzipped.
     """
@@ -192,12 +132,7 @@ def json_route(impl, required=(), optional=(), encodings=None):
     @wrappers.Request.application
     def serve(request):
         _check_method(request)
-        args = [_single_arg(request, name) for name in required]
-        kwargs = {}
-        for name in optional:
-            text = _single_arg(request, name, required=False)
-            if text is not None:
-                kwargs[name] = OPTIONAL_ARGS[name](text)
+        args, kwargs = query.arguments(request.args, required, optional)
         ctx = plugin_util.context(request.environ)
         experiment = plugin_util.experiment_id(request.environ)
         body = impl(ctx, experiment, *args, **kwargs)

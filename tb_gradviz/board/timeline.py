@@ -20,7 +20,6 @@ float16 for a float32 layer, from the digest's precision rows.
 """
 
 import numpy as np
-from tensorboard import errors
 
 from tb_gradviz.board import headroom, health
 from tb_gradviz.board.series import column_starts, envelope
@@ -243,42 +242,3 @@ def budget_body(fields, series):
         return None
     last = dict(zip(fields, series.values[-1].tolist()))
     return dict(last, step=int(series.steps[-1]))
-
-
-def parse_width(text):
-    """Parses `width`: a whole number of columns from 1 to `MAX_WIDTH`.
-
-    Raises:
-      InvalidArgumentError: anything else.
-    """
-    if not text.isdigit() or not 1 <= int(text) <= MAX_WIDTH:
-        raise errors.InvalidArgumentError(
-            f"width must be a whole number from 1 to {MAX_WIDTH}; received {text[:40]!r}"
-        )
-    return int(text)
-
-
-def parse_field(text):
-    """Parses `field`, one of `FIELDS`.
-
-    Raises:
-      InvalidArgumentError: anything else.
-    """
-    if text not in FIELDS:
-        raise errors.InvalidArgumentError(
-            f"field must be one of {', '.join(FIELDS)}; received {text[:40]!r}"
-        )
-    return text
-
-
-def parse_role(text):
-    """Parses `role`, one of `records.ROLES`.
-
-    Raises:
-      InvalidArgumentError: anything else.
-    """
-    if text not in records.ROLES:
-        raise errors.InvalidArgumentError(
-            f"role must be one of {', '.join(records.ROLES)}; received {text[:40]!r}"
-        )
-    return text
