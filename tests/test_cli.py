@@ -528,3 +528,12 @@ def test_the_reader_checksums_records_in_c_and_still_refuses_a_corrupt_one(logdi
     event_file.write_bytes(bytes(content))
     status, out, _ = run_cli("summary", tmp_path)
     assert status == 0 and "run max  (step 2)" in out  # the corrupt step-4 event is refused
+
+
+def test_cli_md_lists_the_flags_check_judges_and_fails_on_by_default_as_the_code_does():
+    check = (REPO / "docs" / "CLI.md").read_text().split("## `check`", 1)[1]
+    listed = re.search(r"\(\[health\.md\]\(health\.md\);\s*(.*?)\)", check, re.S).group(1)
+    assert re.findall(r"`(\w+)`", listed) == list(health.FLAGS)
+    example = json.loads(re.search(r"```json\n(.*?)```", check, re.S).group(1))
+    default = cli.build_parser().parse_args(["check", "logs"]).fail_on
+    assert example["fail_on"] == default == list(health.FLAGS)
