@@ -1,5 +1,7 @@
 """The precision record against ml_dtypes' casts: every count, each format's rounding edges."""
 
+import importlib.util
+
 import ml_dtypes
 import numpy as np
 import pytest
@@ -185,3 +187,19 @@ def test_host_kernel_on_one_bin_that_holds_a_key():
     record = records.decode_precision(kernel_precision(values))
     assert record["formats"]["float8_e4m3fn"]["as_is"]["overflow"] == 2
     np.testing.assert_array_equal(kernel_precision(values), summaries.precision_vector(values))
+
+
+def test_a_tensor_with_no_finite_non_zero_value_has_scale_exponent_0_and_no_count():
+    # FORMAT.md: `k` has no largest value then, and is written as 0.
+    for values in (np.zeros(6), np.array([0.0, np.nan, np.inf, -np.inf]), np.full(3, np.nan)):
+        vectors = [summaries.precision_vector(values)]
+        if importlib.util.find_spec("numba"):
+            vectors += [kernel_precision(values.astype(np.float32)), kernel_precision(values)]
+        for vector in vectors:
+            record = records.decode_precision(vector)
+            assert record["finite_nonzero"] == 0
+            for name in precision.FORMATS:
+                entry = record["formats"][name]
+                assert entry["scale_exponent"] == 0
+                for setting in precision.SETTINGS:
+                    assert set(entry[setting].values()) == {0}, (values, name, setting)
