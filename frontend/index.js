@@ -12,6 +12,7 @@ import * as model from './model.js';
 import {OnsetTable} from './onset.js';
 import {RoutingMapView} from './routemap.js';
 import * as precisionview from './precision.js';
+import {AnswerCache} from './requests.js';
 import {fetchRoutingMap} from './routemapmodel.js';
 import {TimelineSection} from './timelinesection.js';
 import * as urlstate from './urlstate.js';
@@ -44,7 +45,7 @@ class App {
     this.followLatest = true;
     this.tensors = []; // {info, series} of the selected layer's own tensors
     this.weights = []; // per weight of the selected layer (weights=True): weightsview.renderWeights' entries
-    this.cache = new Map();
+    this.cache = new AnswerCache();
     // Answers that arrive after the selection moved on are dropped.
     this.generation = 0;
     this.stepTimer = null;
@@ -103,16 +104,9 @@ class App {
     return this.loadRuns();
   }
 
-  /** Fetches once per key; a failed fetch is forgotten so that it is retried. */
+  /** Fetches once per key while the bounded cache keeps it; a failed fetch is forgotten so that it is retried. */
   cached(key, fetch) {
-    const id = JSON.stringify(key);
-    if (!this.cache.has(id)) {
-      this.cache.set(id, fetch().catch((error) => {
-        this.cache.delete(id);
-        throw error;
-      }));
-    }
-    return this.cache.get(id);
+    return this.cache.get(key, fetch);
   }
 
   /** A tensor's /series, downsampled by the server to about one column per pixel of the charts over steps. */
