@@ -58,6 +58,7 @@ function draw(canvas, matrix, rowHeight) {
   const columns = matrix.columns.first_step.length;
   const image = context.createImageData(width, height);
   const rows = matrix.rows.length;
+  if (rows === 0) return; // nothing to colour (timelinemodel.timelineView says why)
   // Each pixel takes the cell under it: one pass over the pixels, whatever the number of steps.
   const columnOfX = Array.from({length: width}, (_, x) => Math.min(columns - 1, Math.floor((x / width) * columns)));
   for (let y = 0; y < height; y++) {

@@ -106,6 +106,26 @@ export function differenceMatrix(a, b) {
   return withRange({rows, columns: a.columns, field: a.field, diverging: true});
 }
 
+/**
+ * What the view shows of a run's /timeline `body`, minus another run's `other`
+ * (or null): `{matrix, status}`, the matrix to draw and the line above it.
+ * Two runs that share no layer have no difference to draw: `matrix` is then
+ * null and `status` says so.
+ */
+export function timelineView(body, other = null) {
+  const own = timelineMatrix(body);
+  const matrix = other ? differenceMatrix(own, timelineMatrix(other)) : own;
+  if (matrix.rows.length === 0 && other) {
+    return {matrix: null, status: `No shared layers between run ${body.run} and run ${other.run}: nothing to `
+      + 'subtract. Choose another run under "Minus run", or (none).'};
+  }
+  const columns = body.columns.first_step.length;
+  const status = `${body.layers.length} layers, ${body.steps} logged steps`
+    + (columns < body.steps ? ` in ${columns} columns` : '') + (other ? `, minus ${other.run}` : '') + '.'
+    + budgetText(body.budget);
+  return {matrix, status};
+}
+
 /** The index of the column whose step range holds `step`, or null (binary search). */
 export function columnHolding(columns, step) {
   const first = columns.first_step;

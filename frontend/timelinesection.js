@@ -2,6 +2,7 @@
 // subtract) and the depth x time canvas, fetched at one column per pixel.
 
 import {hintedSection, html, labelled} from './dom.js';
+import {LatestRequest} from './requests.js';
 import {renderTimeline} from './timeline.js';
 import * as timelinemodel from './timelinemodel.js';
 
@@ -56,6 +57,7 @@ export class TimelineSection {
     this.fieldSelect.addEventListener('change', () => this.load());
     this.againstSelect.addEventListener('change', () => this.load());
     this.width = 0;
+    this.requests = new LatestRequest();
     // A layout that settles resizes the chart several times in a row: ask once it holds still,
     // and only when the width to ask for (`columnsFor`) differs from the one shown.
     let settling = null;
@@ -80,6 +82,12 @@ export class TimelineSection {
     return this.load();
   }
 
+  /** What the view asks /timeline for: the run, the colour, the run subtracted and the width. */
+  state() {
+    return {run: this.run, colour: this.fieldSelect.value, against: this.againstSelect.value || null,
+      width: this.width};
+  }
+
   async load() {
     const {run} = this;
     if (run === null) return;
@@ -87,13 +95,16 @@ export class TimelineSection {
     const against = this.againstSelect.value || null;
     this.width = timelinemodel.columnsFor(this.chart.clientWidth) || 1000;
     const width = this.width;
+    // An answer draws only while the view still wants what it asked for: a slower answer
+    // to an earlier colour, run or width never draws over a later one.
+    const ticket = this.requests.start(this.state());
     const fetchOf = (name) => this.cached(['timeline', name, choice.field, choice.role, width],
       () => timelinemodel.fetchTimeline(name, {field: choice.field, role: choice.role, width}));
     let bodies;
     try {
       bodies = await Promise.all((against ? [run, against] : [run]).map(fetchOf));
     } catch (error) {
-      if (run === this.run) {
+      if (this.requests.isCurrent(ticket, this.state())) {
         this.chart.replaceChildren();
         this.status.textContent = error.status === 404
           ? 'This run has no digest (written by an older tb_gradviz): the time view needs one.'
@@ -101,16 +112,12 @@ export class TimelineSection {
       }
       return;
     }
-    if (run !== this.run || (this.againstSelect.value || null) !== against) return;
+    if (!this.requests.isCurrent(ticket, this.state())) return;
     const [body, other] = bodies;
-    const matrix = other
-      ? timelinemodel.differenceMatrix(timelinemodel.timelineMatrix(body), timelinemodel.timelineMatrix(other))
-      : timelinemodel.timelineMatrix(body);
-    const columns = body.columns.first_step.length;
-    this.status.textContent = `${body.layers.length} layers, ${body.steps} logged steps`
-      + (columns < body.steps ? ` in ${columns} columns` : '') + (other ? `, minus ${against}` : '') + '.'
-      + timelinemodel.budgetText(body.budget);
-    renderTimeline(this.chart, matrix, {width, onSelect: this.onSelect});
+    const {matrix, status} = timelinemodel.timelineView(body, other ?? null);
+    this.status.textContent = status;
+    if (matrix) renderTimeline(this.chart, matrix, {width, onSelect: this.onSelect});
+    else this.chart.replaceChildren();
     this.logged = {count: body.steps, first: body.columns.first_step[0], last: body.columns.last_step.at(-1)};
     this.renderSampleNote();
   }

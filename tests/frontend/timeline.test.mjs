@@ -57,6 +57,23 @@ test('a run against itself differs by zero, against another where both have valu
   assert.equal(other.rows[0].values[0], clean.rows[0].values[0] - nan.rows[0].values[0]);
 });
 
+test('minus a run that shares no layer says so instead of throwing', () => {
+  const clean = answer('timeline', {run: 'clean'});
+  const vanishing = answer('timeline', {run: 'vanishing'});
+  assert.deepEqual(vanishing.layers.filter(({layer}) => clean.layers.some((c) => c.layer === layer)), []);
+  assert.deepEqual(timelinemodel.timelineView(clean, vanishing), {matrix: null, status:
+    'No shared layers between run clean and run vanishing: nothing to subtract. '
+    + 'Choose another run under "Minus run", or (none).'});
+  // Runs with the same layers: the difference, and the line above it.
+  const nan = answer('timeline', {run: 'nan'});
+  const {matrix, status} = timelinemodel.timelineView(clean, nan);
+  assert.deepEqual(matrix, timelinemodel.differenceMatrix(timelinemodel.timelineMatrix(clean),
+    timelinemodel.timelineMatrix(nan)));
+  assert.equal(status, `4 layers, ${clean.steps} logged steps, minus nan.`);
+  assert.deepEqual(timelinemodel.timelineView(clean),
+    {matrix: timelinemodel.timelineMatrix(clean), status: `4 layers, ${clean.steps} logged steps.`});
+});
+
 test('the column holding a step, the cell under a point, and what hovering it says', () => {
   const columns = {first_step: [1, 13, 25], last_step: [12, 24, 30]};
   assert.equal(timelinemodel.columnHolding(columns, 0), null);
