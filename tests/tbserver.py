@@ -12,6 +12,8 @@ import urllib.request
 
 STARTUP_TIMEOUT_S = 120
 
+KEEP_EVERY_STEP = ("--samples_per_plugin", "gradviz=0,histograms=0")
+
 
 def free_port():
     with socket.socket() as s:
@@ -26,13 +28,19 @@ def get_json(url):
 
 @contextlib.contextmanager
 def running_tensorboard(
-    logdir, log_path, ready=lambda url: True, extra_args=(), timeout=STARTUP_TIMEOUT_S
+    logdir,
+    log_path,
+    ready=lambda url: True,
+    extra_args=(),
+    timeout=STARTUP_TIMEOUT_S,
+    samples=KEEP_EVERY_STEP,
 ):
     """Starts `tensorboard` on logdir and yields its URL once GradViz is enabled and `ready(url)`.
 
-    Every step is kept (`--samples_per_plugin=gradviz=0,histograms=0`); the
-    process is stopped on exit, and its log is in the assertion message of
-    any failure to start.
+    Every step is kept (`samples`, by default `KEEP_EVERY_STEP`; `()` starts
+    it with no `--samples_per_plugin`, as a plain `tensorboard --logdir`);
+    the process is stopped on exit, and its log is in the assertion message
+    of any failure to start.
     """
     port = free_port()
     url = f"http://127.0.0.1:{port}"
@@ -46,8 +54,7 @@ def running_tensorboard(
         "127.0.0.1",
         "--port",
         str(port),
-        "--samples_per_plugin",
-        "gradviz=0,histograms=0",
+        *samples,
         *extra_args,
     ]
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")

@@ -230,12 +230,16 @@ def test_plugin_import_loads_neither_tensorflow_nor_keras():
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
 
 
-def test_entry_point_names_the_plugin_class():
+def test_entry_point_names_the_loader_which_loads_the_plugin_class():
     from importlib import metadata as importlib_metadata
+
+    from tb_gradviz.board import loader
 
     entry_points = importlib_metadata.entry_points(group="tensorboard_plugins")
     (entry,) = [ep for ep in entry_points if ep.name == "gradviz"]
-    assert entry.load() is plugin.GradVizPlugin
+    assert entry.load() is loader.GradVizLoader
+    context = base_plugin.TBContext(data_provider=None)
+    assert type(loader.GradVizLoader().load(context)) is plugin.GradVizPlugin
 
 
 # /runs

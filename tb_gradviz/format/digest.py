@@ -5,8 +5,8 @@ TensorBoard to hold whole, so a reader may be given a sample of them. The
 digest holds what the gradient-flow view, the layer grid, the flags and the
 time views need, for every chosen layer at every logged step, in a few tens
 of bytes per tensor, under its own plugin name (`PLUGIN_NAME`) so that
-`--samples_per_plugin=gradviz_digest=0` keeps it whole while `gradviz`
-keeps a sample.
+TensorBoard keeps it whole while `gradviz` keeps a sample: the plugin's
+loader (`board/loader.py`) sets `--samples_per_plugin` for it.
 
 It is computed from the records themselves (`digest_records`), never from
 the tensors, so it equals the full records wherever both exist, whatever the
