@@ -96,7 +96,10 @@ def check_host(host):
 
     `serve` finds the same failure when TensorBoard starts; checking first
     saves a user who mistyped the host the minutes of training before it.
+    An empty host (every interface, to a socket's bind) needs no resolving.
     """
+    if not host:
+        return
     try:
         socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
     except socket.gaierror as e:
