@@ -5,6 +5,7 @@
 import * as compare from './compare.js';
 import * as layout from './layout.js';
 import * as model from './model.js';
+import {LatestRequest} from './requests.js';
 
 export class CompareSection {
   /**
@@ -23,6 +24,7 @@ export class CompareSection {
     this.compareRun = undefined; // undefined: not chosen yet; null: "(none)" chosen
     this.compareTensor = null;
     this.comparison = null; // [{run, series}] of the compared tensor
+    this.requests = new LatestRequest();
     ui.compareTensorSelect.addEventListener('change', () => {
       this.compareTensor = ui.compareTensorSelect.value;
       this.setOptions(); // the runs offered are those that logged this tensor
@@ -67,6 +69,11 @@ export class CompareSection {
       [{value: '', label: '(none)'}, ...others.map(({run}) => ({value: run}))], this.compareRun ?? '');
   }
 
+  /** What the section compares: the run, layer and tensor, and the run compared with. */
+  state() {
+    return {run: this.run, layer: this.layer?.layer ?? null, tensor: this.compareTensor, against: this.compareRun ?? null};
+  }
+
   /** Fetches (through the tab's cache) the compared series and draws them at `step`. */
   async load(step = this.step) {
     this.step = step;
@@ -74,14 +81,13 @@ export class CompareSection {
     const layer = this.layer?.layer;
     if (!layer || !compareTensor) return;
     const runs = compareRun ? [run, compareRun] : [run];
+    const ticket = this.requests.start(this.state());
     try {
       const series = await Promise.all(runs.map((name) => this.series(name, layer, compareTensor)));
-      const current = run === this.run && layer === this.layer?.layer
-        && compareRun === this.compareRun && compareTensor === this.compareTensor;
-      if (!current) return;
+      if (!this.requests.isCurrent(ticket, this.state())) return;
       this.comparison = runs.map((name, i) => ({run: name, series: series[i]}));
     } catch (error) {
-      this.fail(error);
+      if (this.requests.isCurrent(ticket, this.state())) this.fail(error);
       return;
     }
     this.render();

@@ -12,7 +12,7 @@ import * as model from './model.js';
 import {OnsetTable} from './onset.js';
 import {RoutingMapView} from './routemap.js';
 import * as precisionview from './precision.js';
-import {AnswerCache} from './requests.js';
+import {AnswerCache, LatestRequest} from './requests.js';
 import {fetchRoutingMap} from './routemapmodel.js';
 import {TimelineSection} from './timelinesection.js';
 import * as urlstate from './urlstate.js';
@@ -46,6 +46,9 @@ class App {
     this.tensors = []; // {info, series} of the selected layer's own tensors
     this.weights = []; // per weight of the selected layer (weights=True): weightsview.renderWeights' entries
     this.cache = new AnswerCache();
+    // Each view that fetches draws only its latest request's answer, and only for the state it still shows.
+    this.requests = {aside: new LatestRequest(), precision: new LatestRequest(), grid: new LatestRequest(),
+      flow: new LatestRequest()};
     // Answers that arrive after the selection moved on are dropped.
     this.generation = 0;
     this.stepTimer = null;
@@ -297,8 +300,14 @@ class App {
    * The routing card (a pooling layer's /routing at the slider's step alone)
    * and the explanation, beside the panels.
    */
+  /** The state the layer view shows: its run, layer and step. */
+  layerState() {
+    return {run: this.run, layer: this.layer?.layer ?? null, step: this.step};
+  }
+
   async renderAside() {
     const {run, step, layer} = this;
+    const ticket = this.requests.aside.start(this.layerState());
     let routing = null;
     if (layer.pooling && step !== null) {
       try {
@@ -308,20 +317,21 @@ class App {
         routing = null; // no routing record at or before this step: no card
       }
     }
-    if (run !== this.run || step !== this.step || layer !== this.layer) return;
+    if (!this.requests.aside.isCurrent(ticket, this.layerState())) return;
     views.renderAside(this.ui.aside, layer, routing && model.routingAt(routing, step));
   }
 
   /** The precision panel of the selected layer, from the run's /step at the slider's step. */
   async renderPrecision() {
     const {run, step, layer} = this;
+    const ticket = this.requests.precision.start(this.layerState());
     let snapshot = null;
     try {
       snapshot = await this.snapshot(run, step);
     } catch {
       snapshot = null; // no step at or before this one: the panel says there is no record
     }
-    if (run !== this.run || step !== this.step || layer !== this.layer) return;
+    if (!this.requests.precision.isCurrent(ticket, this.layerState())) return;
     const entry = snapshot?.layers.find((candidate) => candidate.layer === layer.layer);
     precisionview.renderPrecision(this.ui.precision, entry);
   }
@@ -334,14 +344,16 @@ class App {
   async loadGrid() {
     const {run, step} = this;
     if (run === null || step === null) return;
+    const ticket = this.requests.grid.start({run, step});
+    const current = () => this.requests.grid.isCurrent(ticket, {run: this.run, step: this.step});
     let snapshot;
     try {
       snapshot = await this.snapshot(run, step);
     } catch (error) {
-      this.fail(error);
+      if (current()) this.fail(error);
       return;
     }
-    if (run !== this.run || step !== this.step) return;
+    if (!current()) return;
     // Choosing a layer in the grid brings the keyboard (and the view) back up to its panels.
     const layers = this.runs.find((entry) => entry.run === run)?.layers ?? [];
     compare.renderLayerGrid(this.ui.grid, this.ui.gridTitle, snapshot, {
@@ -369,6 +381,8 @@ class App {
   async loadFlow() {
     const {run, step, flowRun, keptSteps} = this;
     if (run === null || step === null) return;
+    const state = () => ({run: this.run, step: this.step, against: this.flowRun, kept: this.keptSteps});
+    const ticket = this.requests.flow.start(state());
     const wanted = flowmodel.wantedLines(run, flowRun, step, keptSteps);
     let snapshots;
     try {
@@ -376,10 +390,10 @@ class App {
       snapshots = await Promise.all(wanted.map(({run: name, requested}) =>
         this.snapshot(name, requested).catch((error) => (error.status === 404 ? null : Promise.reject(error)))));
     } catch (error) {
-      this.fail(error);
+      if (this.requests.flow.isCurrent(ticket, state())) this.fail(error);
       return;
     }
-    if (run !== this.run || step !== this.step || flowRun !== this.flowRun || keptSteps !== this.keptSteps) return;
+    if (!this.requests.flow.isCurrent(ticket, state())) return;
     const lines = flowmodel.distinctLines(wanted, snapshots);
     const entryOf = (name) => this.runs.find((entry) => entry.run === name);
     const names = (name) => entryOf(name)?.layers.map(({layer}) => layer) ?? [];

@@ -7,6 +7,7 @@
 import {FLAG_TITLES} from './captions.js';
 import {html} from './dom.js';
 import {fetchJson} from './model.js';
+import {LatestRequest} from './requests.js';
 
 const COLUMNS = ['Flag', 'First step', 'First layer', 'Tensor', 'Persists'];
 
@@ -47,6 +48,7 @@ export class OnsetTable {
     this.cached = cached;
     this.onSelect = onSelect;
     this.run = null;
+    this.requests = new LatestRequest();
     this.summary = html('p', {className: 'onset-summary', attrs: {role: 'status'}});
     this.table = html('table', {className: 'onset-table', attrs: {hidden: ''}});
     this.element = html('section', {className: 'onset-section'}, [
@@ -60,18 +62,19 @@ export class OnsetTable {
   async show(run) {
     this.run = run;
     if (run === null) return;
+    const ticket = this.requests.start({run});
     let body;
     try {
       body = await this.cached(['onset', run], () => fetchOnset(run));
     } catch (error) {
-      if (run !== this.run) return;
+      if (!this.requests.isCurrent(ticket, {run: this.run})) return;
       this.table.hidden = true;
       this.summary.textContent = error.status === 404
         ? `${run} has no logged step to judge.`
         : `Could not load where the flags began: ${error.message}`;
       return;
     }
-    if (run !== this.run) return;
+    if (!this.requests.isCurrent(ticket, {run: this.run})) return;
     this.summary.textContent = onsetSummary(body);
     const rows = onsetRows(body);
     this.table.hidden = rows.length === 0;
