@@ -3,6 +3,7 @@
 // DOM is layout.js's; the charts are compare.js's.
 
 import * as compare from './compare.js';
+import {markDrawn} from './drawn.js';
 import * as layout from './layout.js';
 import * as model from './model.js';
 import {LatestRequest} from './requests.js';
@@ -86,6 +87,7 @@ export class CompareSection {
       const series = await Promise.all(runs.map((name) => this.series(name, layer, compareTensor)));
       if (!this.requests.isCurrent(ticket, this.state())) return;
       this.comparison = runs.map((name, i) => ({run: name, series: series[i]}));
+      this.drawn = {run, layer, tensor: compareTensor, against: compareRun ?? null};
     } catch (error) {
       if (this.requests.isCurrent(ticket, this.state())) this.fail(error);
       return;
@@ -96,5 +98,6 @@ export class CompareSection {
   render() {
     if (!this.comparison) return;
     compare.renderRunComparison(this.ui.compareCharts, this.comparison, this.step);
+    markDrawn(this.ui.compareCharts, {...this.drawn, step: this.step});
   }
 }

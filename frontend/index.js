@@ -4,6 +4,7 @@
 import * as captions from './captions.js';
 import * as compare from './compare.js';
 import {CompareSection} from './comparesection.js';
+import {markDrawn} from './drawn.js';
 import * as flow from './flow.js';
 import * as flowmodel from './flowmodel.js';
 import {connectToHost, followHost} from './host.js';
@@ -294,6 +295,8 @@ class App {
       (chosen) => this.selectStep(this.steps[Math.max(0, model.latestIndexAtOrBefore(this.steps, chosen))]));
     this.routeMap.update(this.run, this.layer, step);
     this.renderPrecision();
+    const drawn = {run: this.run, layer: this.layer.layer, step, logarithmic: ui.logToggle.checked};
+    for (const element of [ui.layerTitle, ui.panels, ui.weights, ui.heatmaps]) markDrawn(element, drawn);
   }
 
   /**
@@ -319,6 +322,7 @@ class App {
     }
     if (!this.requests.aside.isCurrent(ticket, this.layerState())) return;
     views.renderAside(this.ui.aside, layer, routing && model.routingAt(routing, step));
+    markDrawn(this.ui.aside, {run, layer: layer.layer, step});
   }
 
   /** The precision panel of the selected layer, from the run's /step at the slider's step. */
@@ -334,6 +338,7 @@ class App {
     if (!this.requests.precision.isCurrent(ticket, this.layerState())) return;
     const entry = snapshot?.layers.find((candidate) => candidate.layer === layer.layer);
     precisionview.renderPrecision(this.ui.precision, entry);
+    markDrawn(this.ui.precision, {run, layer: layer.layer, step});
   }
 
   /** A run at the latest step `<= step` (/step), shared by the grid and the gradient flow. */
@@ -361,6 +366,7 @@ class App {
       layerOf: (name) => layers.find((layer) => layer.layer === name),
       onSelect: (name) => this.openLayerAt(name, this.step),
     });
+    markDrawn(this.ui.grid, {run, step, layer: this.layer?.layer ?? null});
   }
 
   // ---------------------------------------------------------- gradient flow
@@ -404,6 +410,7 @@ class App {
       roles: flowmodel.flowRoles(shown),
       updates: flowmodel.hasUpdates(shown),
       onSelect: (name) => this.openLayerAt(name, this.step),
+      drawn: {run, step, against: flowRun, kept: keptSteps},
     };
     this.ui.flowSummary.textContent = lines.filter(({pin}) => pin === 0)
       .map(({snapshot}) => captions.flagSummary(snapshot)).join(' ');
@@ -416,5 +423,6 @@ class App {
     if (!this.flowView || this.view !== 'layers' || (!force && Math.abs(width - this.flowView.width) < 1)) return;
     this.flowView.width = width;
     flow.renderFlow(this.ui.flow, {...this.flowView, width: width || 1200, currentLayer: this.layer?.layer});
+    markDrawn(this.ui.flow, {...this.flowView.drawn, layer: this.layer?.layer ?? null});
   }
 }

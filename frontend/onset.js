@@ -6,6 +6,7 @@
 
 import {FLAG_TITLES} from './captions.js';
 import {html} from './dom.js';
+import {markDrawn} from './drawn.js';
 import {fetchJson} from './model.js';
 import {LatestRequest} from './requests.js';
 
@@ -72,6 +73,7 @@ export class OnsetTable {
       this.summary.textContent = error.status === 404
         ? `${run} has no logged step to judge.`
         : `Could not load where the flags began: ${error.message}`;
+      markDrawn(this.element, {run, error: error.message});
       return;
     }
     if (!this.requests.isCurrent(ticket, {run: this.run})) return;
@@ -81,6 +83,7 @@ export class OnsetTable {
     this.table.replaceChildren(
       html('thead', {}, [html('tr', {}, COLUMNS.map((text) => html('th', {text, attrs: {scope: 'col'}})))]),
       html('tbody', {}, rows.map((row) => this.row(row))));
+    markDrawn(this.element, {run});
   }
 
   row({flag, title, step, layer, tensor, persists, detail}) {

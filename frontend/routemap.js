@@ -9,6 +9,7 @@ import {formatNumber, formatPercent} from './model.js';
 import * as draw from './routemapdraw.js';
 import * as shape from './routemapmodel.js';
 import {html, svg} from './dom.js';
+import {markDrawn} from './drawn.js';
 
 const GAP = 16; // between the figures, as .routemap-figures sets it
 const MAX_CELL = 28;
@@ -57,6 +58,7 @@ export class RoutingMapView {
       this.key = null;
       this.generation++;
       this.container.hidden = true;
+      markDrawn(this.container, {run, layer: layer.layer, step: null, channel: null});
       return;
     }
     const key = JSON.stringify([run, layer.layer]);
@@ -112,6 +114,7 @@ export class RoutingMapView {
     this.container.hidden = error.status === 404;
     this.ui.status.textContent = `Could not load the routing map: ${error.message}`;
     this.ui.status.hidden = false;
+    markDrawn(this.container, {run: this.run, layer: this.layer.layer, error: error.message});
   }
 
   /** Shows an answer: controls, texts and the maps of the chosen channel. */
@@ -142,6 +145,7 @@ export class RoutingMapView {
       ui.rule.textContent = 'No channel mapped at this step.';
       ui.check.textContent = ui.summary.textContent = '';
       this.setHovered(-1);
+      this.markDrawn();
       return;
     }
     ui.figures.hidden = false;
@@ -157,6 +161,11 @@ export class RoutingMapView {
     this.drawMaps();
     if (this.hovered >= this.layout.rects.length) this.hovered = -1;
     this.showTooltip();
+    this.markDrawn();
+  }
+
+  markDrawn() {
+    markDrawn(this.container, {run: this.run, layer: this.layer.layer, step: this.answer.step, channel: this.channel});
   }
 
   /** The pixel size of a map cell and of a window cell at the view's width. */

@@ -2,6 +2,7 @@
 // subtract) and the depth x time canvas, fetched at one column per pixel.
 
 import {hintedSection, html, labelled} from './dom.js';
+import {markDrawn} from './drawn.js';
 import {LatestRequest} from './requests.js';
 import {renderTimeline} from './timeline.js';
 import * as timelinemodel from './timelinemodel.js';
@@ -109,6 +110,7 @@ export class TimelineSection {
         this.status.textContent = error.status === 404
           ? 'This run has no digest (written by an older tb_gradviz): the time view needs one.'
           : `Could not load the time view: ${error.message}`;
+        markDrawn(this.element, {run, colour: choice.value, against, error: error.message});
       }
       return;
     }
@@ -120,6 +122,7 @@ export class TimelineSection {
     else this.chart.replaceChildren();
     this.logged = {count: body.steps, first: body.columns.first_step[0], last: body.columns.last_step.at(-1)};
     this.renderSampleNote();
+    markDrawn(this.element, {run, colour: choice.value, against});
   }
 
   /** The steps the layer view has of `layer` (its series'): said to be a sample when fewer than logged. */

@@ -1,12 +1,14 @@
 """The layer view's precision panel in Chromium against /step (the unscaled mixed_float16 demo)."""
 
+import json
+import time
 import urllib.parse
 
 import pytest
+from browser import PRECISION, WAIT_MS, artifacts_dir, browser, gradviz_page, tab, wait_drawn  # noqa: F401
 from tbserver import get_json, running_tensorboard
-from test_e2e_browser import PLUGIN_FRAME, _artifacts_dir, browser, gradviz_page  # noqa: F401
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
 RUN = "unscaled"
 LAYER = "conv2"
@@ -27,50 +29,122 @@ def mixed_run(tmp_path_factory):
 
     root = tmp_path_factory.mktemp("precision")
     demos.train_mixed_cnn(root / "logs" / RUN, 1.0, steps=5, log_every=5, verbose=0)
-    return root
+
+    def ready(url):
+        runs = get_json(f"{url}/data/plugin/gradviz/runs")["runs"]
+        return len(runs) == 1 and all(layer["max_step"] == 5 for layer in runs[0]["layers"])
+
+    with running_tensorboard(root / "logs", root / "tensorboard.log", ready) as url:
+        query = urllib.parse.urlencode({"run": RUN})
+        yield url, get_json(f"{url}/data/plugin/gradviz/step?{query}")
+
+
+def _layer(snapshot, name):
+    return next(entry for entry in snapshot["layers"] if entry["layer"] == name)
+
+
+def _shown_table(panel):
+    """The panel's table: per row (tensor), its non-zero count and its cells by format and setting."""
+    return panel.evaluate(
+        """panel => Object.fromEntries([...panel.querySelectorAll('tbody tr')].map((row) => [
+          row.dataset.tensor, {
+            total: row.querySelector('td').textContent,
+            flagged: row.classList.contains('flagged'),
+            cells: Object.fromEntries([...row.querySelectorAll('td[data-format]')].map((cell) =>
+              [`${cell.dataset.format}/${cell.dataset.setting}`, cell.textContent])),
+          }]))"""
+    )
+
+
+def _served_table(layer):
+    """What the panel must show of `layer`'s /step entry, worded as precision.js words it."""
+    flagged = {
+        tensor
+        for flag in layer["flags"]
+        if flag["flag"] in ("underflow", "overflow")
+        for tensor in flag.get("tensors") or [flag["tensor"]]
+    }
+    table = {}
+    for name, tensor in layer["tensors"].items():
+        record = tensor["precision"]
+        total = record["finite_nonzero"]
+        table[name] = {
+            "total": str(total),
+            "flagged": name in flagged,
+            "cells": {
+                f"{format_name}/{setting}": (
+                    f"0: {share(counts['to_zero'], total)} · "
+                    f"sub: {share(counts['subnormal'], total)} · "
+                    f"over: {share(counts['overflow'], total)}"
+                )
+                for format_name, settings in record["formats"].items()
+                for setting, counts in settings.items()
+                if setting in ("as_is", "scaled")
+            },
+        }
+    return table
 
 
 def test_precision_panel_shows_the_served_record_and_marks_the_flagged_gradients(
     browser,  # noqa: F811
     mixed_run,
 ):
-    def ready(url):
-        runs = get_json(f"{url}/data/plugin/gradviz/runs")["runs"]
-        return len(runs) == 1 and all(layer["max_step"] == 5 for layer in runs[0]["layers"])
+    url, snapshot = mixed_run
+    layer = _layer(snapshot, LAYER)
+    flagged = {
+        tensor
+        for flag in layer["flags"]
+        if flag["flag"] == "underflow"
+        for tensor in flag["tensors"]
+    }
+    assert flagged == {"input_gradient", "output_gradient"}
+    with gradviz_page(browser, url) as page:
+        frame = tab(page)
+        frame.get_by_label("Layer", exact=True).select_option(LAYER)
+        panel = wait_drawn(frame, PRECISION, run=RUN, layer=LAYER, step=snapshot["step"])
+        shown = _shown_table(panel)
+        assert shown == _served_table(layer)
+        assert {name for name, row in shown.items() if row["flagged"]} == flagged
+        panel.locator("table.precision-table").screenshot(
+            path=str(artifacts_dir() / "precision_panel.png")
+        )
 
-    with running_tensorboard(mixed_run / "logs", mixed_run / "tensorboard.log", ready) as url:
-        query = urllib.parse.urlencode({"run": RUN})
-        snapshot = get_json(f"{url}/data/plugin/gradviz/step?{query}")
-        layer = next(entry for entry in snapshot["layers"] if entry["layer"] == LAYER)
-        flagged = {
-            tensor
-            for flag in layer["flags"]
-            if flag["flag"] == "underflow"
-            for tensor in flag["tensors"]
-        }
-        assert flagged == {"input_gradient", "output_gradient"}
-        with gradviz_page(browser, url) as page:
-            frame = page.frame_locator(PLUGIN_FRAME)
-            frame.get_by_label("Layer", exact=True).select_option(LAYER)
-            table = frame.locator(".precision-section table.precision-table")
-            table.wait_for()
-            rows = table.locator("tbody tr")
-            assert rows.count() == len(layer["tensors"])
-            for name, tensor in layer["tensors"].items():
-                row = table.locator(f'tbody tr[data-tensor="{name}"]')
-                record = tensor["precision"]
-                total = record["finite_nonzero"]
-                assert row.locator("td").first.text_content() == str(total)
-                assert ("flagged" in (row.get_attribute("class") or "")) == (name in flagged)
-                for format_name, settings in record["formats"].items():
-                    for setting in ("as_is", "scaled"):
-                        counts = settings[setting]
-                        cell = row.locator(
-                            f'td[data-format="{format_name}"][data-setting="{setting}"]'
-                        )
-                        assert cell.text_content() == (
-                            f"0: {share(counts['to_zero'], total)} · "
-                            f"sub: {share(counts['subnormal'], total)} · "
-                            f"over: {share(counts['overflow'], total)}"
-                        )
-            table.screenshot(path=str(_artifacts_dir() / "precision_panel.png"))
+
+def test_the_precision_panel_names_a_layer_only_once_its_table_is_drawn(
+    browser,  # noqa: F811
+    mixed_run,
+):
+    """While the new layer's series are held back, the panel keeps the previous layer's marker
+    and table; once they are answered, the marker names the new layer and the table is its."""
+    url, snapshot = mixed_run
+    held, released = [], []
+
+    def hold(route):
+        if released:
+            route.continue_()
+        else:
+            held.append(route)
+
+    with gradviz_page(browser, url) as page:
+        frame = tab(page)
+        # The layer the tab opens on (a max pool), once its panel is drawn.
+        panel = wait_drawn(frame, PRECISION, run=RUN, step=snapshot["step"])
+        first = json.loads(panel.get_attribute("data-drawn"))["layer"]
+        assert first != LAYER
+        assert _shown_table(panel) == _served_table(_layer(snapshot, first))
+        page.route(lambda address: "/series?" in address and f"layer={LAYER}&" in address, hold)
+        frame.get_by_label("Layer", exact=True).select_option(LAYER)
+        # Each round trip to the page lets the route handler run: until the series are held.
+        deadline = time.monotonic() + WAIT_MS / 1000
+        while not held:
+            assert time.monotonic() < deadline, f"no /series of {LAYER} was asked for"
+            page.evaluate("0")
+        assert panel.get_attribute("data-drawn") == (
+            f'{{"layer":"{first}","run":"{RUN}","step":{snapshot["step"]}}}'
+        )
+        assert _shown_table(panel) == _served_table(_layer(snapshot, first))
+        released.append(True)
+        for route in held:
+            route.continue_()
+        wait_drawn(frame, PRECISION, run=RUN, layer=LAYER, step=snapshot["step"])
+        assert _shown_table(panel) == _served_table(_layer(snapshot, LAYER))
