@@ -11,18 +11,21 @@ from tb_gradviz.format import records, summaries
 
 
 def layer_of(layer_dtype, **tensors):
-    """A `/step` layer whose tensors (`name=(role, values)`) hold the records of `values`."""
-    return {
-        "layer": "dense",
-        "layer_dtype": layer_dtype,
-        "tensors": {
-            name: {
-                "role": role,
-                "precision": records.decode_precision(summaries.precision_vector(values)),
-            }
-            for name, (role, values) in tensors.items()
-        },
-    }
+    """A `/step` layer whose tensors (`name=(role, values)` or `(role, values, dtype)`, the
+    tensor's dtype the layer's by default) hold the records of `values`, each with its format."""
+    layer = {"layer": "dense", "layer_dtype": layer_dtype, "tensors": {}}
+    for name, (role, values, *dtype) in tensors.items():
+        content = {"role": role, "dtype": dtype[0] if dtype else layer_dtype}
+        if role in records.WEIGHT_ROLES:
+            content["compute_dtype"] = layer_dtype
+        stats = records.decode_stats(summaries.stats_vector(values))
+        layer["tensors"][name] = {
+            "role": role,
+            "format": headroom.cast_format(content, layer_dtype),
+            "stats": {k: stats[k] for k in ("count", "pos_inf", "neg_inf")},
+            "precision": records.decode_precision(summaries.precision_vector(values)),
+        }
+    return layer
 
 
 # 1000 non-zero float16-representable values, `subnormal` of them below float16's normal range.
@@ -67,19 +70,82 @@ def test_only_gradients_of_float16_or_bfloat16_layers_are_judged():
 
 
 def test_overflow_is_raised_on_any_value_past_the_format():
+    # A float32 kernel gradient of a layer that computes with the kernel in float16.
     values = gradient(0)
     values[0] = 65520.0  # rounds to Inf in float16 (65504 is the largest)
-    flags = headroom.flags(
-        layer_of("float16", **{"weight_gradient/kernel": ("weight_gradient", values)})
-    )
+    kernel = {"weight_gradient/kernel": ("weight_gradient", values, "float32")}
+    flags = headroom.flags(layer_of("float16", **kernel))
     assert [(f["flag"], f["tensor"]) for f in flags] == [("overflow", "weight_gradient/kernel")]
-    values[0] = 65504.0
-    assert (
-        headroom.flags(
-            layer_of("float16", **{"weight_gradient/kernel": ("weight_gradient", values)})
-        )
-        == []
+    assert flags[0]["detail"] == (
+        "weight_gradient/kernel: 1 of 1000 values overflow float16 (1 finite past 65504)"
     )
+    values[0] = 65504.0
+    assert headroom.flags(layer_of("float16", **kernel)) == []
+
+
+def test_overflow_flag_raised_on_the_inf_a_float16_gradient_holds():
+    # A float16 gradient that overflowed holds ±Inf, no finite value past float16's largest:
+    # the flag once read the finite ones only, and left such a gradient to `nonfinite`.
+    values = gradient(0).astype(np.float16)
+    values[:3] = [np.inf, -np.inf, np.inf]
+    flags = headroom.flags(layer_of("float16", output_gradient=("output_gradient", values)))
+    assert [(f["flag"], f["tensor"], f["detail"]) for f in flags] == [
+        (
+            "overflow",
+            "output_gradient",
+            "output_gradient: 3 of 1000 values overflow float16 (3 ±Inf)",
+        )
+    ]
+
+
+def test_overflow_flag_not_raised_on_a_float32_gradient_that_is_never_cast():
+    # BatchNormalization under mixed_float16: a float16 layer that computes with gamma in
+    # float32. Its gamma gradient at a large loss scale is far past float16's largest, and
+    # nothing casts it.
+    values = gradient(0)
+    values[:5] = 3e5
+    layer = layer_of("float16", **{"weight_gradient/gamma": ("weight_gradient", values, "float32")})
+    content = {"role": "weight_gradient", "dtype": "float32", "compute_dtype": "float32"}
+    layer["tensors"]["weight_gradient/gamma"]["format"] = headroom.cast_format(content, "float16")
+    assert headroom.flags(layer) == []
+    # Nor a float32 layer's, nor a float16 layer's activation, nor a tensor without a format.
+    inf = gradient(0)
+    inf[0] = np.inf
+    assert headroom.flags(layer_of("float32", output_gradient=("output_gradient", inf))) == []
+    assert headroom.flags(layer_of("float16", activation=("activation", inf))) == []
+    layer = layer_of("float16", output_gradient=("output_gradient", inf))
+    del layer["tensors"]["output_gradient"]["format"]
+    assert headroom.flags(layer) == []
+
+
+@pytest.mark.parametrize(
+    "content, layer_dtype, expected",
+    [
+        # A float16 or bfloat16 tensor is held in its own format, whatever its layer.
+        ({"role": "output_gradient", "dtype": "float16"}, "float16", "float16"),
+        ({"role": "input_gradient", "dtype": "bfloat16"}, "float32", "bfloat16"),
+        # A float32 tensor of a layer that computes in float16 is cast to it ...
+        ({"role": "input_gradient", "dtype": "float32"}, "float16", "float16"),
+        ({"role": "output_gradient", "dtype": "float32"}, "float32", None),
+        # ... a weight's when the layer computes with the weight in float16 (a Dense kernel),
+        (
+            {"role": "weight_gradient", "dtype": "float32", "compute_dtype": "float16"},
+            "float16",
+            "float16",
+        ),
+        # not BatchNormalization's gamma, which it computes with in float32,
+        (
+            {"role": "weight_gradient", "dtype": "float32", "compute_dtype": "float32"},
+            "float16",
+            None,
+        ),
+        # and not a weight of a run written before `compute_dtype` (it does not say).
+        ({"role": "weight_gradient", "dtype": "float32"}, "float16", None),
+        ({"role": "weight", "dtype": "float32"}, "mixed_float16", None),
+    ],
+)
+def test_cast_format(content, layer_dtype, expected):
+    assert headroom.cast_format(content, layer_dtype) == expected
 
 
 def test_a_tensor_without_a_precision_record_is_not_judged():

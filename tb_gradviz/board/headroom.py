@@ -7,7 +7,11 @@ gives it, and the two flags decided here (the tab, `tb-gradviz check` and
 * `underflow`: more than `UNDERFLOW_SHARE` of a gradient's finite, non-zero
   values underflow (flush to zero or become subnormal: IEEE underflow) in the
   format the layer computes in, at the run's loss scale;
-* `overflow`: more than `OVERFLOW_SHARE` of them overflow there.
+* `overflow`: a gradient whose values are held in or cast to float16 or
+  bfloat16 (`cast_format`) holds values that overflow there at the run's
+  loss scale: ±Inf (what a float16 gradient holds once its backward pass
+  overflowed, since the cast's result is Inf) or finite values beyond the
+  format's largest (what a cast of a wider tensor to it would make Inf).
 
 "The format the layer computes in" is the layer's compute dtype when it is
 float16 or bfloat16 (`mixed_float16`, `mixed_bfloat16` and the like); a
@@ -18,6 +22,13 @@ float16 holds the cast's result: what its backward pass flushed is among
 its zeros, and the subnormals that remain say that the loss scale leaves
 the gradient at the bottom of float16's range, where the next layer's
 backward flushes it. Both count towards the share.
+
+`overflow` judges the values a narrow format holds: a float32 gradient that
+is never cast (BatchNormalization's gamma and beta under `mixed_float16`,
+which it computes with in float32) holds finite values far beyond float16's
+largest at a large loss scale, and nothing overflows; the float16 gradients
+that do overflow are ±Inf, which `LossScaleOptimizer` answers by skipping
+the step and halving its scale.
 """
 
 import numpy as np
@@ -25,7 +36,6 @@ import numpy as np
 from tb_gradviz.format import digest, precision, records
 
 UNDERFLOW_SHARE = 0.01
-OVERFLOW_SHARE = 0.0
 FLAGS = ("underflow", "overflow")
 COMPUTE_FORMATS = digest.PRECISION_FORMATS
 
@@ -36,14 +46,39 @@ def rules():
         "underflow": f"over {UNDERFLOW_SHARE:.0%} of a gradient's non-zero values underflow "
         "(to zero or subnormal) in the float16 or bfloat16 the layer computes in, "
         "at the run's loss scale",
-        "overflow": "a gradient holds values that overflow the float16 or bfloat16 the layer "
-        "computes in, at the run's loss scale",
+        "overflow": "a gradient held in or cast to float16 or bfloat16 holds values that "
+        "overflow it at the run's loss scale (±Inf, or finite values past its largest): "
+        "lower the loss scale",
     }
 
 
 def compute_format(layer_dtype):
     """The precision format a layer computes in (one of `precision.FORMATS`), or None (float32)."""
     return layer_dtype if layer_dtype in COMPUTE_FORMATS else None
+
+
+def cast_format(content, layer_dtype):
+    """The format (float16 or bfloat16) a recorded tensor's values are held in or cast to where
+    its layer computes, or None: the tensors the `overflow` rule judges.
+
+    Args:
+      content: the tensor's metadata (`dtype`, `role`, and for a weight tensor
+        `compute_dtype`, the dtype its layer computes with the weight in).
+      layer_dtype: the layer's compute dtype.
+
+    A float16 or bfloat16 tensor is held in its own format. A weight or weight
+    gradient is cast when its layer computes with the weight in such a format
+    (a Dense kernel under `mixed_float16`, read in float16; never
+    BatchNormalization's gamma, read in float32); a run written before
+    `compute_dtype` does not say, and its float32 weight tensors are not
+    judged. Any other tensor is cast where its layer computes in such a format.
+    """
+    dtype = content.get("dtype")
+    if dtype in COMPUTE_FORMATS:
+        return dtype
+    if content.get("role") in records.WEIGHT_ROLES:
+        return compute_format(content.get("compute_dtype"))
+    return compute_format(layer_dtype)
 
 
 def shares(record, name, setting="as_is"):
@@ -85,13 +120,35 @@ def _judged(layer):
 
 
 def _tensor_verdicts(columns, name):
-    """`(underflow share, underflow, overflow)`: `[steps]` arrays of precision columns."""
+    """`(underflow share, underflow)`: `[steps]` arrays of precision columns."""
     n = columns["finite_nonzero"]
     with np.errstate(invalid="ignore", divide="ignore"):
         n_or_nan = np.where(n > 0, n, np.nan)
         underflow = (columns[f"{name}_to_zero"] + columns[f"{name}_subnormal"]) / n_or_nan
-        overflow = columns[f"{name}_overflow"] / n_or_nan
-        return underflow, underflow > UNDERFLOW_SHARE, overflow > OVERFLOW_SHARE
+        return underflow, underflow > UNDERFLOW_SHARE
+
+
+def _overflow_judged(layer):
+    """`[(tensor, format, tensor columns, precision columns)]`: the gradients of a layer that the
+    `overflow` rule judges: those with a precision
+    record whose values are held in or cast to a narrow format (the layer's `formats`, by
+    `cast_format`; columns without them judge none)."""
+    tensors, precision = layer["tensors"], layer.get("precision", {})
+    formats = layer.get("formats", {})
+    return [
+        (tensor, formats[tensor], tensors[tensor], precision[tensor])
+        for tensor, entry in tensors.items()
+        if entry["role"] in records.GRADIENT_ROLES
+        and tensor in precision
+        and formats.get(tensor) in COMPUTE_FORMATS
+    ]
+
+
+def _overflows(tensor, columns, name):
+    """`(infinite, beyond)`: `[steps]` arrays of a judged tensor's values that overflow format
+    `name`, those already ±Inf (a float16 value whose computation overflowed) and the finite
+    ones past the format's largest (a wider value that the cast makes Inf)."""
+    return tensor["pos_inf"] + tensor["neg_inf"], columns[f"{name}_overflow"]
 
 
 def verdicts(layers, steps):
@@ -100,9 +157,11 @@ def verdicts(layers, steps):
     for i, layer in enumerate(layers):
         name, judged = _judged(layer)
         for _, columns in judged:
-            _, underflow, overflow = _tensor_verdicts(columns, name)
-            found["underflow"][i] |= underflow
-            found["overflow"][i] |= overflow
+            found["underflow"][i] |= _tensor_verdicts(columns, name)[1]
+        for _, name, tensor, columns in _overflow_judged(layer):
+            infinite, beyond = _overflows(tensor, columns, name)
+            with np.errstate(invalid="ignore"):
+                found["overflow"][i] |= infinite + beyond > 0
     return found
 
 
@@ -115,7 +174,7 @@ def flag_entries(layer, found, index, step):
     name, judged = _judged(layer)
     hits = {flag: [] for flag in FLAGS}
     for tensor, columns in judged:
-        share, underflow, overflow = _tensor_verdicts(columns, name)
+        share, underflow = _tensor_verdicts(columns, name)
         n = int(columns["finite_nonzero"][step])
         if underflow[step]:
             to_zero = int(columns[f"{name}_to_zero"][step])
@@ -127,9 +186,20 @@ def flag_entries(layer, found, index, step):
                     f"{name} ({to_zero} to zero, {subnormal} subnormal)",
                 )
             )
-        if overflow[step]:
-            count = int(columns[f"{name}_overflow"][step])
-            hits["overflow"].append((tensor, f"{tensor}: {count} of {n} values overflow {name}"))
+    for tensor, cast, values, columns in _overflow_judged(layer):
+        infinite, beyond = (int(np.nan_to_num(a[step])) for a in _overflows(values, columns, cast))
+        if infinite + beyond:
+            parts = [f"{infinite} ±Inf"] if infinite else []
+            if beyond:
+                parts.append(f"{beyond} finite past {precision.largest(cast):g}")
+            count = int(values["count"][step])
+            hits["overflow"].append(
+                (
+                    tensor,
+                    f"{tensor}: {infinite + beyond} of {count} values overflow {cast} "
+                    f"({', '.join(parts)})",
+                )
+            )
     return [
         {
             "flag": flag,
@@ -144,10 +214,22 @@ def flag_entries(layer, found, index, step):
 
 def flags(layer):
     """The `underflow` and `overflow` flags of one `/step` layer (with `layer_dtype` and each
-    tensor's decoded `precision`, None when not recorded), as `flag_entries` gives them."""
+    tensor's `role`, `format` (`cast_format`), `stats` (its `pos_inf`, `neg_inf` and `count`) and
+    decoded `precision`, None when not recorded), as `flag_entries` gives them."""
+    tensors = layer["tensors"]
     columns = {
         "layer_dtype": layer.get("layer_dtype"),
-        "tensors": layer["tensors"],
+        "tensors": {
+            tensor: dict(
+                {
+                    field: np.array([float(entry.get("stats", {}).get(field, 0))])
+                    for field in ("count", "pos_inf", "neg_inf")
+                },
+                role=entry["role"],
+            )
+            for tensor, entry in tensors.items()
+        },
+        "formats": {tensor: entry.get("format") for tensor, entry in tensors.items()},
         "precision": {
             tensor: precision_columns(entry["precision"])
             for tensor, entry in layer["tensors"].items()

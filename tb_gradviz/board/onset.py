@@ -13,7 +13,7 @@ only, like the rest of the board.
 
 import numpy as np
 
-from tb_gradviz.board import health, responses, snapshot, timeline
+from tb_gradviz.board import headroom, health, responses, snapshot, timeline
 from tb_gradviz.format import digest, records
 
 
@@ -135,6 +135,7 @@ def _empty_like(layer, steps):
         },
         "units": None if layer["units"] is None else {field: nan() for field in layer["units"]},
         "precision": {},
+        "formats": layer.get("formats", {}),
     }
 
 
@@ -161,13 +162,15 @@ def digest_columns(layers, digests):
             (content for _, content, _ in layer["tensors"].values()),
             key=responses.tensor_order,
         )
-        tensors, precision = {}, {}
+        tensors, precision, formats = {}, {}, {}
+        dtype = layer["info"].get("layer_dtype")
         for content in contents:
             fields = rows.get((digest.TENSOR, content["tensor"]))
             if fields is None:
                 continue
             at = _latest(fields["count"])
             tensors[content["tensor"]] = dict(_take(fields, at), role=content["role"])
+            formats[content["tensor"]] = headroom.cast_format(content, dtype)
             found = rows.get((digest.PRECISION, content["tensor"]))
             if found is not None:
                 precision[content["tensor"]] = _take(found, at)
@@ -182,6 +185,7 @@ def digest_columns(layers, digests):
                 "tensors": tensors,
                 "units": None if units is None else _take(units, _latest(units["channels"])),
                 "precision": precision,
+                "formats": formats,
             }
         )
     columns.sort(key=lambda layer: (layer["layer_index"], layer["layer"]))

@@ -44,7 +44,7 @@ def _layer_at(name, layer, series_by_kind, limit):
     if not found:
         return None, None
     step = max(int(series.steps[row]) for _, series, row in found)
-    tensors, columns = {}, {"tensors": {}, "precision": {}}
+    tensors, columns = {}, {"tensors": {}, "precision": {}, "formats": {}}
     for content, series, row in sorted(found, key=lambda item: responses.tensor_order(item[0])):
         values, log = _stats_row(series.values[row])
         tensor = content["tensor"]
@@ -59,6 +59,7 @@ def _layer_at(name, layer, series_by_kind, limit):
         columns["tensors"][tensor] = dict(
             zip(digest.TENSOR_FIELDS, segment[:, None]), role=content["role"]
         )
+        columns["formats"][tensor] = headroom.cast_format(content, layer["info"].get("layer_dtype"))
         if tensors[tensor]["precision"] is not None:
             columns["precision"][tensor] = headroom.precision_columns(tensors[tensor]["precision"])
     routing_at = units_at = None

@@ -52,6 +52,7 @@ def step_records(plans, summaries, routings, skipped, units, maps=(), map_settin
                 content["loss_scaled"] = t.loss_scaled
             if t.weight is not None:
                 content["weight"] = t.weight
+                content["compute_dtype"] = t.compute_dtype
             result += events.tensor_records(plan.chosen.path, t.name, histogram, stats, content)
             if precision:
                 result += events.precision_records(plan.chosen.path, t.name, *precision, content)

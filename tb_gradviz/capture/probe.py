@@ -217,6 +217,7 @@ class TensorPlan:
     dtype: str
     loss_scaled: bool = False  # a gradient taken on the loss times the optimizer's loss scale
     weight: str = None  # for the weight roles, the weight's name (`weights.chosen_weights`)
+    compute_dtype: str = None  # for the weight roles, the dtype the layer computes with it in
 
 
 @dataclass
@@ -291,6 +292,7 @@ def layer_plan(
                     keras.backend.standardize_dtype(variable.dtype),
                     loss_scaled=loss_scaled and role == records.WEIGHT_GRADIENT,
                     weight=weight,
+                    compute_dtype=weights_module.compute_dtype(chosen.layer, variable),
                 )
             )
     plan.has_routing = (

@@ -45,6 +45,31 @@ def chosen_weights(chosen):
     return result
 
 
+def compute_dtype(layer, variable):
+    """The dtype the layer's call computes with one of its weights in.
+
+    Keras casts a float weight to its layer's compute dtype when both the
+    layer and the weight autocast (a Dense kernel under `mixed_float16` is
+    read in float16); a weight made with `autocast=False` keeps its own
+    dtype (BatchNormalization's gamma and beta stay float32). The owner is
+    the innermost layer of `layer` that holds the weight, whose policy
+    applies.
+    """
+    dtype = keras.backend.standardize_dtype(variable.dtype)
+    owner = next(
+        (
+            sub
+            for sub in layer._flatten_layers(include_self=True, recursive=True)
+            if any(v is variable for v in getattr(sub, "_trainable_variables", ()))
+        ),
+        layer,
+    )
+    compute = keras.backend.standardize_dtype(owner.compute_dtype or dtype)
+    autocast = owner.autocast and getattr(variable, "_autocast", True)
+    floats = keras.backend.is_float_dtype(dtype) and keras.backend.is_float_dtype(compute)
+    return compute if autocast and floats else dtype
+
+
 def _relative_name(variable, layer):
     prefix = f"{getattr(layer, 'path', layer.name)}/"
     path = getattr(variable, "path", variable.name)

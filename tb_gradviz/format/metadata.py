@@ -167,6 +167,7 @@ def _valid_content(content):
             and _is_int(content.get("index"))
             and _is_str(content.get("dtype", ""))
             and _is_str(content.get("weight", ""))
+            and _is_str(content.get("compute_dtype", ""))
         )
     if content["kind"] == KIND_ROUTING_MAP:
         boxes = {
@@ -186,4 +187,5 @@ def _valid_content(content):
         and _is_shape(content.get("shape"))
         and _is_str(content.get("dtype", ""))
         and _is_str(content.get("weight", ""))
+        and _is_str(content.get("compute_dtype", ""))
     )
