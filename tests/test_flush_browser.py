@@ -15,16 +15,21 @@ import eventdata
 import numpy as np
 import pytest
 import synthetic
-from tbserver import get_json, running_tensorboard
-from test_e2e_browser import (  # noqa: F401 (fixture)
-    PLUGIN_FRAME,
-    _runs_loaded,
+from browser import (  # noqa: F401 (fixture)
+    FLOW,
+    GRID,
+    TIMELINE,
     browser,
     expect,
     gradviz_page,
     keep_screenshot,
-    read_when_ready,
+    read_drawn,
+    runs_loaded,
+    show_section,
+    tab,
+    wait_drawn,
 )
+from tbserver import get_json, running_tensorboard
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -68,7 +73,7 @@ def tensorboard(tmp_path_factory):
     demos.train_mixed_cnn(logdir / MIXED, 1.0, steps=5, log_every=5, verbose=0)
     _fit_float32(logdir / FLOAT32)
     synthetic.write_run(logdir / OLD, layers=2, steps=2)
-    ready = _runs_loaded({run: _last_step(logdir / run) for run in (MIXED, FLOAT32, OLD)})
+    ready = runs_loaded({run: _last_step(logdir / run) for run in (MIXED, FLOAT32, OLD)})
     with running_tensorboard(logdir, root / "tensorboard.log", ready) as url:
         yield url, root
 
@@ -94,7 +99,7 @@ def expected_shares(snapshot):
     return shares
 
 
-_READ_FLUSH = """chart => ({
+_READ_FLUSH = """chart => ({  // the flow's container: its chart, strips, hovers and badges
   points: [...chart.querySelectorAll('.flow-point.stat-flush.pin-0')].map(({dataset: d}) => ({
     layer: d.layer, run: d.run, role: d.role, value: Number(d.value), format: d.format,
     flushed: Number(d.flushed), total: Number(d.total)})),
@@ -106,16 +111,15 @@ _READ_FLUSH = """chart => ({
 })"""
 
 
-def _show(page, url, run):
+def _show(frame, url, run):
     """Selects `run` and reads the flush shares its chart draws, with /step's answer."""
-    frame = page.frame_locator(PLUGIN_FRAME)
     frame.get_by_label("Run", exact=True).select_option(run)
     snapshot = get_json(f"{url}/data/plugin/gradviz/step?{urllib.parse.urlencode({'run': run})}")
+    wait_drawn(frame, GRID, run=run, step=snapshot["step"])
     expect(
         frame.locator("h2", has_text=f"All layers of {run} at step {snapshot['step']}")
     ).to_be_visible()
-    line = f'.flow-point.pin-0[data-run="{run}"][data-step="{snapshot["step"]}"]'
-    return read_when_ready(page, ".flow-chart", _READ_FLUSH, has=line), snapshot
+    return read_drawn(frame, FLOW, _READ_FLUSH, run=run, step=snapshot["step"]), snapshot
 
 
 def _check(chart, snapshot, run, label):
@@ -139,14 +143,9 @@ def _check(chart, snapshot, run, label):
 def test_flush_share_of_each_gradient_is_the_served_precision_record(browser, tensorboard):  # noqa: F811
     url, root = tensorboard
     with gradviz_page(browser, url) as page:
-        # Where the tab has sections, the gradient flow is in "Across layers" (the layout builds
-        # the section tabs with the flow's section).
-        frame = page.frame_locator(PLUGIN_FRAME)
-        frame.locator(".flow-section").wait_for(state="attached")
-        across = frame.get_by_role("tab", name="Across layers")
-        if across.count():
-            across.click()
-        chart, snapshot = _show(page, url, MIXED)
+        frame = tab(page)
+        show_section(frame, "layers")
+        chart, snapshot = _show(frame, url, MIXED)
         shares = _check(chart, snapshot, MIXED, "flushes in float16")
         # Unscaled float16 gradients: a large share of every layer's flushes.
         assert {name for _, name, _, _ in shares.values()} == {"float16"}
@@ -159,16 +158,14 @@ def test_flush_share_of_each_gradient_is_the_served_precision_record(browser, te
         }
         assert {tuple(badge) for badge in chart["badges"]} == raised
         assert {flag for _, _, flag in raised} >= {"underflow"}
-        keep_screenshot(
-            page.frame_locator(PLUGIN_FRAME).locator(".flow-section"), root / "flush_share.png"
-        )
+        keep_screenshot(frame.locator(".flow-section"), root / "flush_share.png")
 
-        chart, snapshot = _show(page, url, FLOAT32)
+        chart, snapshot = _show(frame, url, FLOAT32)
         shares = _check(chart, snapshot, FLOAT32, "would flush in float16")
         assert any(share > 0 for share, _, _, _ in shares.values())
 
         # No precision record: no share drawn, and the strips say only what they show.
-        chart, snapshot = _show(page, url, OLD)
+        chart, snapshot = _show(frame, url, OLD)
         assert expected_shares(snapshot) == {}
         assert [p for p in chart["points"] if p["run"] == OLD] == []
         assert {title for role, title in chart["strips"].items()} == {"exact zeros"}
@@ -182,20 +179,16 @@ def test_the_depth_by_time_view_colours_by_the_share_that_flushes(browser, tenso
     snapshot = get_json(f"{url}/data/plugin/gradviz/step?{urllib.parse.urlencode({'run': MIXED})}")
     from_records = expected_shares(snapshot)
     with gradviz_page(browser, url) as page:
-        frame = page.frame_locator(PLUGIN_FRAME)
+        frame = tab(page)
         frame.get_by_label("Run", exact=True).select_option(MIXED)
-        field = frame.locator('select[name="timeline-field"]')
-        field.wait_for(state="attached")
-        # Where the tab has sections, the depth x time view is in "Over time".
-        over_time = frame.get_by_role("tab", name="Over time")
-        if over_time.count():
-            over_time.click()
-        field.select_option("flush_share/output_gradient")
+        show_section(frame, "timeline")
+        frame.locator('select[name="timeline-field"]').select_option("flush_share/output_gradient")
+        view = wait_drawn(frame, TIMELINE, run=MIXED, colour="flush_share/output_gradient")
         rows = len(body["layers"])
-        canvas = frame.locator(
-            f'canvas.timeline-canvas[aria-label^="share that flushes to zero of {rows} layers"]'
+        canvas = view.locator("canvas.timeline-canvas")
+        assert canvas.get_attribute("aria-label").startswith(
+            f"share that flushes to zero of {rows} layers"
         )
-        canvas.wait_for()
         box = canvas.bounding_box()
         tip = frame.locator(".timeline-tip")
         for r, layer in enumerate(body["layers"]):
