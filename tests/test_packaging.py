@@ -68,6 +68,15 @@ def test_the_wheel_holds_every_module_and_the_tab_and_no_test_helper(wheel):
     assert not test_helpers & {name.rsplit("/", 1)[-1] for name in modules}
     assert not any(name.startswith("tests/") for name in names)
     assert {"tb_gradviz/board/frontend/index.js", "tb_gradviz/board/frontend/style.css"} <= names
+    # TensorBoard loads the plugin through its loader, which keeps the digest whole.
+    (entry_points,) = [name for name in names if name.endswith(".dist-info/entry_points.txt")]
+    with zipfile.ZipFile(wheel) as archive:
+        plugins = archive.read(entry_points).decode().split("[tensorboard_plugins]")[1]
+    assert plugins.split("\n[")[0].split() == [
+        "gradviz",
+        "=",
+        "tb_gradviz.board.loader:GradVizLoader",
+    ]
 
 
 def test_a_plain_install_without_an_extra_runs_the_callback_on_jax(tmp_path, wheel):
