@@ -7,7 +7,7 @@ import pytest
 import synthetic
 import test_onset
 
-from tb_gradviz.board import health, onset, plugin, snapshot
+from tb_gradviz.board import health, onset, snapshot
 from tb_gradviz.cli.logs import open_logdir
 from tb_gradviz.format import digest, events, metadata, records, summaries
 
@@ -17,7 +17,7 @@ def both_paths(logdir, run):
     gradviz, ctx, experiment = open_logdir(str(logdir))
     run_store = gradviz._store(ctx, experiment, run)
     layers = run_store.layers()
-    series_by_kind = plugin._series_by_kind(layers, run_store.read)
+    series_by_kind = run_store.series_by_kind(layers)
     found = gradviz._digest_columns(run_store, layers)
     assert found is not None, "the run has a digest"
     return layers, series_by_kind, onset.records_columns(layers, series_by_kind), found

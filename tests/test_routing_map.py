@@ -414,3 +414,25 @@ def test_an_inf_in_the_input_gradient_ranks_channels_without_a_runtime_warning()
         assert chosen == [1, 3]  # the most Infs first, then the larger finite mass
         chosen = routing_map.chosen_channels(planes, routing_map.Settings(channels=3))
         assert chosen == [1, 2, 3]
+
+
+def test_export_json_reads_and_checks_each_routing_map_record_once(tmp_path, capsys, monkeypatch):
+    model = keras.Sequential(
+        [keras.Input((4, 4, 2)), layers.MaxPooling2D(name="pool"), layers.Flatten()]
+    )
+    x = np.random.default_rng(0).normal(size=(2, 4, 4, 2)).astype("float32")
+    callback = GradVizCallback(tmp_path / "run", (x, x.reshape(2, -1)[:, :8]), layers=["pool"])
+    model.compile("sgd", "mse")
+    callback.set_model(model)
+    steps = list(range(1, 9))
+    for step in steps:
+        callback.log_now(step=step)
+    callback.on_train_end()
+    checked, check = [], routing_map.valid_rows
+    monkeypatch.setattr(routing_map, "valid_rows", lambda *a: checked.append(1) or check(*a))
+    assert cli.main(["export", str(tmp_path), "--format", "json"]) == 0
+    (mapped,) = json.loads(capsys.readouterr().out)["routing_maps"]
+    assert mapped["steps"] == steps and [body["step"] for body in mapped["maps"]] == steps
+    assert all(body["steps"] == steps for body in mapped["maps"])
+    # One check of each of the 8 records: read once, not once per step (8 + 8 x 8 checks).
+    assert len(checked) == len(steps)

@@ -15,9 +15,12 @@ import numpy as np
 import pytest
 import synthetic
 import tbserver
+from tensorboard import context
+from tensorboard.backend.event_processing import data_provider, plugin_event_multiplexer
+from tensorboard.plugins import base_plugin
 from test_plugin import PREFIX, make_app
 
-from tb_gradviz.board import series, timeline
+from tb_gradviz.board import plugin, series, timeline
 from tb_gradviz.format import events, records, summaries
 
 STEPS = 25
@@ -189,3 +192,56 @@ def test_routing_at_a_step_is_the_latest_record_at_or_before_it(tmp_path):
     status, text = routing(step="0")
     assert status == 404 and "no routing record at a step <= 0" in text
     assert routing(step="x")[0] == 400
+
+
+class CountingProvider(data_provider.MultiplexerDataProvider):
+    """Records each `read_tensors` as `(plugin name, tags)`."""
+
+    def __init__(self, *args):
+        super().__init__(*args)
+        self.reads = []
+
+    def read_tensors(self, ctx, *, experiment_id, plugin_name, downsample, run_tag_filter):
+        self.reads.append((plugin_name, sorted(run_tag_filter.tags)))
+        return super().read_tensors(
+            ctx,
+            experiment_id=experiment_id,
+            plugin_name=plugin_name,
+            downsample=downsample,
+            run_tag_filter=run_tag_filter,
+        )
+
+
+def counting_plugin(logdir):
+    """`(GradVizPlugin, CountingProvider)` over `logdir`, every point kept."""
+    multiplexer = plugin_event_multiplexer.EventMultiplexer(
+        tensor_size_guidance={"gradviz": 0, "histograms": 0}
+    )
+    multiplexer.AddRunsFromDirectory(str(logdir))
+    multiplexer.Reload()
+    provider = CountingProvider(multiplexer, str(logdir))
+    context_ = base_plugin.TBContext(logdir=str(logdir), data_provider=provider)
+    return plugin.GradVizPlugin(context_), provider
+
+
+def test_a_downsampled_series_reads_no_histogram(logdir):
+    gradviz, provider = counting_plugin(logdir)
+    stats = ("gradviz", [records.stats_tag(LAYER, TENSOR)])
+    histograms = ("histograms", [records.histogram_tag(LAYER, TENSOR)])
+
+    def body(**query):
+        return gradviz.series_impl(context.RequestContext(), "", "run", LAYER, TENSOR, **query)
+
+    downsampled = body(width=STEPS - 1)
+    assert downsampled["downsampled"] is True and downsampled["histogram"] is None
+    assert provider.reads == [stats]  # the histograms, which it does not send, are not read
+    assert body(width=5)["histogram"] is None and provider.reads == [stats]  # the stats cached
+    whole = body(width=STEPS)
+    assert provider.reads == [stats, histograms]
+    assert (
+        whole["histogram"]["counts"][SPIKE - 1]
+        == summaries.linear_histogram(values_at(SPIKE))[:, 2].astype(int).tolist()
+    )
+    one = body(step=SPIKE, width=1)
+    assert one["histogram"]["counts"] == [whole["histogram"]["counts"][SPIKE - 1]]
+    assert provider.reads == [stats, histograms]

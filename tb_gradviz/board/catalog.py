@@ -8,10 +8,21 @@ Imports neither TensorFlow nor Keras.
 
 import logging
 import threading
+from typing import NamedTuple
 
 from tb_gradviz.format import metadata, records
 
 logger = logging.getLogger(__name__)
+
+
+class Listed(NamedTuple):
+    """One listed tb_gradviz series of a run."""
+
+    tag: str
+    # Its tb_gradviz metadata (`metadata.parse_plugin_metadata`).
+    content: dict
+    # Its `provider.TensorTimeSeries`, whose `(max_step, max_wall_time)` is its version.
+    time_series: object
 
 
 class SkipWarning:
@@ -34,15 +45,42 @@ class SkipWarning:
         )
 
 
+class TensorSeries(NamedTuple):
+    """A tensor's listed series (`store.RunStore.tensor`)."""
+
+    # Its tb_gradviz metadata.
+    content: dict
+    # The `provider.TensorTimeSeries` of its stats records.
+    stats: object
+    # That of its linear histograms (TensorBoard's `histograms` plugin), or None.
+    histograms: object
+
+
+class Digest(NamedTuple):
+    """One digest series of a run (`store.RunStore.digests`)."""
+
+    # Its metadata's `rows`: `[kind, layer, role or weight]` per row.
+    rows: list
+    time_series: object
+
+
+class Budget(NamedTuple):
+    """The run's cost-budget series (`store.RunStore.budget`)."""
+
+    tag: str
+    # The names of its record's values, in order.
+    fields: list
+    time_series: object
+
+
 def layer_index(run, time_series_by_tag, skip_warning):
     """Groups one run's tb_gradviz series by layer.
 
     Returns:
-      `{layer: {"info": content, "tensors": {tensor: (tag, content, series)},
-      "routing": (tag, content, series) or None, "units", "routing_map":
-      likewise, "updates": {weight: (tag, content, series)}, "precision":
-      {tensor: (tag, content, series)}}}`,
-      without layers that have no tensor.
+      `{layer: {"info": content, "tensors": {tensor: Listed}, "routing":
+      Listed or None, "units", "routing_map": likewise, "updates": {weight:
+      Listed}, "precision": {tensor: Listed}}}`, without layers that have no
+      tensor.
     """
     layers = {}
     # Sorted tags: loaders list them in different orders, and the first
@@ -64,18 +102,19 @@ def layer_index(run, time_series_by_tag, skip_warning):
                 "precision": {},
             },
         )
+        listed = Listed(tag, content, time_series)
         if content["kind"] == metadata.KIND_ROUTING:
-            layer["routing"] = (tag, content, time_series)
+            layer["routing"] = listed
         elif content["kind"] == metadata.KIND_UNITS:
-            layer["units"] = (tag, content, time_series)
+            layer["units"] = listed
         elif content["kind"] == metadata.KIND_ROUTING_MAP:
-            layer["routing_map"] = (tag, content, time_series)
+            layer["routing_map"] = listed
         elif content["kind"] == metadata.KIND_UPDATE:
-            layer["updates"][content["weight"]] = (tag, content, time_series)
+            layer["updates"][content["weight"]] = listed
         elif content["kind"] == metadata.KIND_PRECISION:
-            layer["precision"][content["tensor"]] = (tag, content, time_series)
+            layer["precision"][content["tensor"]] = listed
         else:
-            layer["tensors"][content["tensor"]] = (tag, content, time_series)
+            layer["tensors"][content["tensor"]] = listed
     return {name: layer for name, layer in layers.items() if layer["tensors"]}
 
 
@@ -84,9 +123,10 @@ def weight_updates(layer):
 
     That order is their tensors' `index`.
     """
+    contents = [listed.content for listed in layer["tensors"].values()]
     indexes = {
         content["weight"]: content["index"]
-        for _, content, _ in layer["tensors"].values()
+        for content in contents
         if content["role"] == records.WEIGHT
     }
     updates = layer["updates"]

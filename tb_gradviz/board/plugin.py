@@ -5,70 +5,28 @@ plugin at start, and one failing import stops TensorBoard. Data is read only
 through `context.data_provider` (`store`), so both loaders work (the Python
 multiplexer with `--load_fast=false` and the Rust data server); the answers
 are built by `responses`; `routes` reads the requests and serves the
-static files. The HTTP API is described in docs/API.md, the
-records it reads in docs/FORMAT.md.
+static files. The route table is here, with the routes over a whole run;
+the routes of one layer are `layer_impls`. The HTTP API is described in
+docs/API.md, the records it reads in docs/FORMAT.md.
 """
 
 from tensorboard import errors
 from tensorboard.plugins import base_plugin
-from tensorboard.plugins.histogram import metadata as histogram_metadata
 
 from tb_gradviz.board import (
     health,
+    layer_impls,
     onset,
     query,
-    responses,
     routes,
     series,
     snapshot,
-    store,
     timeline,
 )
 from tb_gradviz.format import digest, metadata, records
 
 
-def _series_by_kind(layers, read):
-    """`{"stats" | "routing" | "units" | "updates" | "precision": {tag: Series}}` of a run's layers.
-
-    `read(time_series_by_tag, layout)`: how each kind is read (whole, or up to a step).
-    """
-
-    def listed(kind):
-        return {layer[kind][0]: layer[kind][2] for layer in layers.values() if layer[kind]}
-
-    return {
-        "stats": read(
-            {tag: ts for layer in layers.values() for tag, _, ts in layer["tensors"].values()},
-            records.STATS,
-        ),
-        "routing": read(listed("routing"), records.ROUTING),
-        "units": read(listed("units"), records.UNITS),
-        "updates": read(
-            {tag: ts for layer in layers.values() for tag, _, ts in layer["updates"].values()},
-            records.UPDATE,
-        ),
-        "precision": read(
-            {tag: ts for layer in layers.values() for tag, _, ts in layer["precision"].values()},
-            records.PRECISION,
-        ),
-    }
-
-
-def _at_or_before(found, step, missing):
-    """`found` (a `series.Series`) whole when `step` is None, else its latest row at `<= step`.
-
-    Raises:
-      NotFoundError: `f"{missing} <= {step}"`, when it has no such row.
-    """
-    if step is None:
-        return found
-    row = found.index_at_or_before(step)
-    if row is None:
-        raise errors.NotFoundError(f"{missing} <= {step}")
-    return found.row(row)
-
-
-class GradVizPlugin(base_plugin.TBPlugin):
+class GradVizPlugin(layer_impls.LayerImpls, base_plugin.TBPlugin):
     """Serves the GradViz tab: per-layer activations and gradients over steps."""
 
     plugin_name = metadata.PLUGIN_NAME
@@ -81,8 +39,7 @@ class GradVizPlugin(base_plugin.TBPlugin):
           frontend_dir: the folder of the static files; defaults to the
             installed `tb_gradviz.board.frontend` package (tests pass their own).
         """
-        self._data_provider = context.data_provider
-        self._caches = series.Caches()
+        layer_impls.LayerImpls.__init__(self, context.data_provider)
         self._encodings = routes.Encodings()
         self._serve_static = routes.static_route(
             frontend_dir if frontend_dir is not None else routes.frontend_dir()
@@ -124,79 +81,7 @@ class GradVizPlugin(base_plugin.TBPlugin):
             es_module_path=routes.STATIC_ROUTE + "/index.js", tab_name="GradViz"
         )
 
-    def _store(self, ctx, experiment, run=None):
-        return store.RunStore(self._data_provider, self._caches, ctx, experiment, run)
-
-    # Implementations: plain data in, plain data out (the CLI calls them too).
-
-    def runs_impl(self, ctx, experiment):
-        """Returns the `/runs` body: runs with tb_gradviz data and their layers.
-
-        Args:
-          ctx: the request's `tensorboard.context.RequestContext`.
-          experiment: the experiment id.
-
-        Returns:
-          `{"runs": [{"run", "layers"}]}`, runs by name, layers by `layer_index`.
-        """
-        return responses.runs_body(self._store(ctx, experiment).list_runs())
-
-    def series_impl(
-        self, ctx, experiment, run, layer, tensor, width=timeline.DEFAULT_WIDTH, step=None
-    ):
-        """Returns the `/series` body: the steps the provider holds of one tensor.
-
-        Args:
-          ctx: the request's `tensorboard.context.RequestContext`.
-          experiment: the experiment id.
-          run, layer, tensor: names as `/runs` gives them.
-          width: the most columns over steps: a longer series is downsampled
-            to each column's extremes; None sends every step.
-          step: when given, only the latest step `<= step`.
-
-        Returns:
-          A dict as described in docs/API.md.
-
-        Raises:
-          NotFoundError: no such run, layer or tensor, or no step `<= step`.
-        """
-        run_store = self._store(ctx, experiment, run)
-        content, stats_series, histogram_series = run_store.tensor(layer, tensor)
-        histograms = None
-        if histogram_series is not None:
-            histogram_tag = content["histogram_tag"]
-            histograms = run_store.read_later(
-                {histogram_tag: histogram_series}, records.HISTOGRAM, histogram_metadata.PLUGIN_NAME
-            )
-        tag = records.stats_tag(layer, tensor)
-        stats = run_store.read({tag: stats_series}, records.STATS)[tag]
-        stats = _at_or_before(stats, step, f"{layer!r} {tensor!r} has no step")
-        return responses.series_body(
-            run, content, stats, histograms.result()[histogram_tag] if histograms else None, width
-        )
-
-    def routing_impl(self, ctx, experiment, run, layer, step=None):
-        """Returns the `/routing` body: the routing records of a pooling layer.
-
-        Args:
-          ctx: the request's `tensorboard.context.RequestContext`.
-          experiment: the experiment id.
-          run, layer: names as `/runs` gives them.
-          step: when given, only the latest step `<= step`.
-
-        Returns:
-          A dict as described in docs/API.md.
-
-        Raises:
-          NotFoundError: no such run or layer, the layer is not a pooling layer,
-            or it has no step `<= step`.
-        """
-        run_store = self._store(ctx, experiment, run)
-        content, time_series = run_store.routing(layer)
-        tag = records.routing_tag(layer)
-        routing = run_store.read({tag: time_series}, records.ROUTING)[tag]
-        routing = _at_or_before(routing, step, f"{layer!r} has no routing record at a step")
-        return responses.routing_body(run, content, routing)
+    # Implementations of the routes over a whole run (those of one layer: `layer_impls`).
 
     def step_impl(self, ctx, experiment, run, step=None, ratio=health.DEFAULT_RATIO):
         """Returns the `/step` body: every layer of a run at its latest step `<= step`, flagged.
@@ -218,9 +103,7 @@ class GradVizPlugin(base_plugin.TBPlugin):
         run_store = self._store(ctx, experiment, run)
         layers = run_store.layers()
         limit = query.INT64_MAX if step is None else step
-        series_by_kind = _series_by_kind(
-            layers, lambda found, layout: run_store.read_at(found, layout, limit)
-        )
+        series_by_kind = run_store.series_by_kind(layers, limit)
         body = snapshot.step_body(run, layers, series_by_kind, limit, ratio)
         if body is None:
             where = "logged step" if step is None else f"step <= {step}"
@@ -275,7 +158,7 @@ class GradVizPlugin(base_plugin.TBPlugin):
         layers = run_store.layers()
         found = self._digest_columns(run_store, layers)
         if found is None:
-            result = onset.records_columns(layers, _series_by_kind(layers, run_store.read))
+            result = onset.records_columns(layers, run_store.series_by_kind(layers))
         else:
             result = (*found, onset.listed_dead_channels(run_store, layers))
         return (*result, found is not None) if with_source else result
@@ -311,7 +194,7 @@ class GradVizPlugin(base_plugin.TBPlugin):
         key = (experiment, run, field, role, width, ratio)
         current = (
             tuple((tag, series.version(ts)) for tag, (_, ts) in found.items()),
-            None if budget is None else series.version(budget[2]),
+            None if budget is None else series.version(budget.time_series),
         )
         body = self._caches.bodies.get(key, current)
         if body is not None:
@@ -362,90 +245,3 @@ class GradVizPlugin(base_plugin.TBPlugin):
         layout = timeline.budget_layout(fields)
         series = run_store.read({tag: time_series}, layout, digest.PLUGIN_NAME)[tag]
         return timeline.budget_body(fields, series)
-
-    def updates_impl(self, ctx, experiment, run, layer):
-        """Returns the `/updates` body: how far each weight of a layer moved between log events.
-
-        Args:
-          ctx: the request's `tensorboard.context.RequestContext`.
-          experiment: the experiment id.
-          run, layer: names as `/runs` gives them.
-
-        Returns:
-          A dict as described in docs/API.md.
-
-        Raises:
-          NotFoundError: no such run or layer, or the layer has no update records.
-        """
-        run_store = self._store(ctx, experiment, run)
-        found = run_store.updates(layer)
-        by_tag = run_store.read(
-            {tag: time_series for tag, _, time_series in found.values()}, records.UPDATE
-        )
-        return responses.updates_body(
-            run, layer, {weight: by_tag[tag] for weight, (tag, _, _) in found.items()}
-        )
-
-    def precision_impl(self, ctx, experiment, run):
-        """Returns every precision record of a run, decoded (`export` reads it).
-
-        Args:
-          ctx: the request's `tensorboard.context.RequestContext`.
-          experiment: the experiment id.
-          run: a run name.
-
-        Returns:
-          `{"run", "layers": {layer: {tensor: {"steps", "precision"}}}}`: per
-          layer and tensor with records, its steps and at each the record as
-          `/step` serves it (`records.decode_precision`). A layer without
-          records (a run written before them) is left out.
-
-        Raises:
-          NotFoundError: no such run.
-        """
-        run_store = self._store(ctx, experiment, run)
-        layers = run_store.layers()
-        by_tag = run_store.read(
-            {
-                tag: time_series
-                for layer in layers.values()
-                for tag, _, time_series in layer["precision"].values()
-            },
-            records.PRECISION,
-        )
-        return responses.precision_body(
-            run,
-            {
-                name: {tensor: by_tag[tag] for tensor, (tag, _, _) in layer["precision"].items()}
-                for name, layer in layers.items()
-                if layer["precision"]
-            },
-        )
-
-    def routing_map_impl(self, ctx, experiment, run, layer, step=None):
-        """Returns the `/routing_map` body: a pooling layer's map at its latest step `<= step`.
-
-        Args:
-          ctx: the request's `tensorboard.context.RequestContext`.
-          experiment: the experiment id.
-          run, layer: names as `/runs` gives them.
-          step: an int, or None for the last step.
-
-        Returns:
-          A dict as described in docs/API.md.
-
-        Raises:
-          NotFoundError: no such run or layer, no routing map, or no step `<= step`.
-        """
-        run_store = self._store(ctx, experiment, run)
-        content, time_series = run_store.routing_map(layer)
-        tag = records.routing_map_tag(layer)
-        limit = query.INT64_MAX if step is None else step
-        body = responses.routing_map_body(
-            run, content, run_store.read({tag: time_series}, records.ROUTING_MAP)[tag], limit
-        )
-        if body is None:
-            raise errors.NotFoundError(
-                f"layer {layer!r} of run {run!r} has no routing map at a step <= {limit}"
-            )
-        return body

@@ -6,6 +6,8 @@ pool, a field an older layout lacks) stays a float. Imports neither
 TensorFlow nor Keras.
 """
 
+from typing import NamedTuple
+
 import numpy as np
 
 from tb_gradviz.board import health
@@ -30,12 +32,11 @@ def count_list(column):
 def layer_summary(name, layer):
     """The `/runs` description of one layer of a `store.RunStore.layers()` index."""
     info = layer["info"]
-    pooling = layer["routing"][1].get("pooling") if layer["routing"] else None
+    listed = layer["tensors"].values()
+    pooling = layer["routing"].content.get("pooling") if layer["routing"] else None
     if pooling is None:
-        pooling = next(
-            (t[1]["pooling"] for t in layer["tensors"].values() if t[1].get("pooling")), None
-        )
-    contents = sorted((content for _, content, _ in layer["tensors"].values()), key=tensor_order)
+        pooling = next((t.content["pooling"] for t in listed if t.content.get("pooling")), None)
+    contents = sorted((t.content for t in listed), key=tensor_order)
     tensors = [
         {
             "tensor": content["tensor"],
@@ -48,9 +49,7 @@ def layer_summary(name, layer):
         for content in contents
     ]
     weights = [t["weight"] for t in tensors if t["role"] == records.WEIGHT]
-    steps = [
-        series.max_step for _, _, series in layer["tensors"].values() if series.max_step is not None
-    ]
+    steps = [t.time_series.max_step for t in listed if t.time_series.max_step is not None]
     return {
         "layer": name,
         "layer_index": info["layer_index"],
@@ -100,6 +99,12 @@ def _histogram_columns(histograms, steps):
     return result
 
 
+def downsampled(stats, width):
+    """Whether `/series` sends `stats` (a `series.Series`) in `width` columns, without its
+    histograms."""
+    return width is not None and len(stats.steps) > width
+
+
 def series_body(run, content, stats, histograms, width=None):
     """The `/series` body of one tensor: its stats and histograms (`series.Series`, or None).
 
@@ -115,7 +120,7 @@ def series_body(run, content, stats, histograms, width=None):
         "role": content["role"],
         "shape": content["shape"],
         "dtype": content.get("dtype"),
-        "downsampled": width is not None and len(stats.steps) > width,
+        "downsampled": downsampled(stats, width),
         "steps": stats.steps.tolist(),
     }
     if body["downsampled"]:
@@ -206,24 +211,29 @@ def _map_axes(content):
     return {"rows": rows, "cols": cols}
 
 
-def routing_map_body(run, content, series, limit):
-    """The `/routing_map` body: a pooling layer's map at its latest step `<= limit`, or None.
+class RoutingMaps(NamedTuple):
+    """A layer's well-formed routing map records (`valid_routing_maps`), in step order."""
 
-    Records whose size is not the one the metadata gives (a later fit with
-    other settings), or with a malformed row (`routing_map.valid_rows`), are
-    left out.
-    """
+    steps: list
+    # One `[channels, values]` array per step.
+    arrays: list
+
+
+def valid_routing_maps(content, series):
+    """The `RoutingMaps` of a routing map series whose records are of the size its metadata
+    `content` gives (not those of a later fit with other settings) and well-formed
+    (`routing_map.valid_rows`); each record is checked once."""
     values = content.get("values")
-    rows = [
+    kept = [
         (int(step), array)
         for step, array in zip(series.steps.tolist(), series.values)
         if array.shape[1] == values and routing_map.valid_rows(array, content).all()
     ]
-    steps = [step for step, _ in rows]
-    at = [entry for entry in rows if entry[0] <= limit]
-    if not at:
-        return None
-    step, array = at[-1]
+    return RoutingMaps([step for step, _ in kept], [array for _, array in kept])
+
+
+def routing_map_body(run, content, maps, index):
+    """The `/routing_map` body of the record `index` of `maps` (`valid_routing_maps`)."""
     return {
         "run": run,
         "layer": content["layer"],
@@ -235,7 +245,7 @@ def routing_map_body(run, content, series, limit):
         "crop": content["crop"],
         "windows": content["windows"],
         "axes": _map_axes(content),
-        "steps": steps,
-        "step": step,
-        "channels": [routing_map.decode(row, content) for row in array],
+        "steps": maps.steps,
+        "step": maps.steps[index],
+        "channels": [routing_map.decode(row, content) for row in maps.arrays[index]],
     }

@@ -2,7 +2,8 @@
 
 `Series` is one time series decoded into today's record layout
 (`records.Layout`); `Caches` holds the plugin's decoded series, listings and
-reader threads, each entry valid for one version of its series.
+reader threads, each entry valid for one version of its series, each cache
+bounded in entries and in bytes.
 `column_starts` and `envelope` group a series' steps into columns for the
 views over steps (`/series`, `/timeline`), keeping each column's extremes.
 """
@@ -17,12 +18,18 @@ import numpy as np
 from tb_gradviz.board import catalog
 from tb_gradviz.format import records
 
-# Upper bound of the decoded-series cache, in time series (a 500-step stats
-# series is ~350 kB): enough for a few runs of 50 layers.
+# Upper bounds of the decoded-series cache, in time series and in bytes: a
+# stats series grows with its steps, and a long run's digest series is
+# hundreds of MB, so a count alone bounds nothing.
 _CACHE_MAX_SERIES = 2048
+_CACHE_MAX_SERIES_BYTES = 1 << 30
 _CACHE_MAX_LISTINGS = 16384
+_CACHE_MAX_LISTING_BYTES = 64 << 20
 # Whole response bodies that cost a pass over a run's every step (`/timeline`).
 _CACHE_MAX_BODIES = 16
+_CACHE_MAX_BODY_BYTES = 512 << 20
+# What an entry costs besides its value: its key, version and bookkeeping.
+ENTRY_BYTES = 256
 
 
 class Series:
@@ -50,6 +57,13 @@ class Series:
         """Returns a `Series` of the row `index` alone."""
         values = self.values[index : index + 1]
         return Series(self.steps[index : index + 1], self.wall_times[index : index + 1], values)
+
+    @property
+    def nbytes(self):
+        """The bytes of its arrays."""
+        values = self.values
+        held = values.nbytes if isinstance(values, np.ndarray) else sum(a.nbytes for a in values)
+        return self.steps.nbytes + self.wall_times.nbytes + held
 
     def rows_at(self, steps):
         """Returns the row of each of `steps`, None where absent.
@@ -138,18 +152,60 @@ def decode_series(data, layout):
     return Series(steps[rows], wall_times[rows], values[rows])
 
 
-class _VersionedCache:
+def listing_bytes(time_series):
+    """The bytes a listed `provider.TensorTimeSeries` holds, besides `ENTRY_BYTES`."""
+    texts = (time_series.plugin_content, time_series.description, time_series.display_name)
+    return sum(len(text or "") for text in texts)
+
+
+def body_bytes(value):
+    """An estimate of the bytes a JSON-like body holds, besides `ENTRY_BYTES`.
+
+    32 bytes a number or None (the object and the pointer to it), a string's
+    length, 64 bytes a list or dict besides its items. A list whose first
+    item is a number is taken as a list of numbers, as a body's columns are,
+    without visiting the others.
+    """
+    if isinstance(value, dict):
+        return 64 + sum(body_bytes(k) + body_bytes(v) for k, v in value.items())
+    if isinstance(value, (list, tuple)):
+        if value and isinstance(value[0], (int, float)):
+            return 64 + 32 * len(value)
+        return 64 + sum(body_bytes(item) for item in value)
+    if isinstance(value, str):
+        return len(value)
+    if isinstance(value, np.ndarray):
+        return value.nbytes
+    return 32
+
+
+class VersionedCache:
     """Values under a key, each valid for one version, least recently used dropped first.
 
     Series are cached under their `(max_step, max_wall_time)` from
     `list_tensors`: a reload that adds points changes both, so a stale entry
-    is never served.
+    is never served. The cache holds at most `max_entries` entries and
+    `max_bytes` bytes, an entry counting `size(value) + ENTRY_BYTES`; a
+    value larger than that alone is not kept.
     """
 
-    def __init__(self, max_entries):
+    def __init__(self, max_entries, max_bytes, size):
         self._max_entries = max_entries
+        self._max_bytes = max_bytes
+        self._size = size
         self._entries = collections.OrderedDict()
+        self._bytes = 0
         self._lock = threading.Lock()
+
+    @property
+    def nbytes(self):
+        """The bytes its entries count."""
+        return self._bytes
+
+    def keys_by_use(self):
+        """Its keys, least recently used first."""
+        with self._lock:
+            return list(self._entries)
 
     def get(self, key, version):
         with self._lock:
@@ -160,11 +216,51 @@ class _VersionedCache:
             return entry[1]
 
     def put(self, key, version, value):
+        size = self._size(value) + ENTRY_BYTES
         with self._lock:
-            self._entries[key] = (version, value)
-            self._entries.move_to_end(key)
-            while len(self._entries) > self._max_entries:
-                self._entries.popitem(last=False)
+            old = self._entries.pop(key, None)
+            if old is not None:
+                self._bytes -= old[2]
+            if size > self._max_bytes:
+                return
+            self._entries[key] = (version, value, size)
+            self._bytes += size
+            while len(self._entries) > self._max_entries or self._bytes > self._max_bytes:
+                self._bytes -= self._entries.popitem(last=False)[1][2]
+
+
+class KeyLocks:
+    """One lock per key, which lives only while a holder holds or waits for it."""
+
+    def __init__(self):
+        self._guard = threading.Lock()
+        # key: [lock, holders and waiters]
+        self._locks = {}
+
+    def __len__(self):
+        with self._guard:
+            return len(self._locks)
+
+    @contextlib.contextmanager
+    def holding(self, keys):
+        """Holds the locks of `keys`, taken in sorted order so that two holders never wait for
+        each other; each is dropped when its last holder or waiter leaves."""
+        keys = sorted(set(keys))
+        with self._guard:
+            entries = [self._locks.setdefault(key, [threading.Lock(), 0]) for key in keys]
+            for entry in entries:
+                entry[1] += 1
+        try:
+            with contextlib.ExitStack() as stack:
+                for entry in entries:
+                    stack.enter_context(entry[0])
+                yield
+        finally:
+            with self._guard:
+                for key, entry in zip(keys, entries):
+                    entry[1] -= 1
+                    if not entry[1]:
+                        del self._locks[key]
 
 
 def version(time_series):
@@ -173,31 +269,26 @@ def version(time_series):
 
 
 class Caches:
-    """What outlives a request: decoded series, listings, reader threads, warnings given."""
+    """What outlives a request: decoded series, listings, reader threads, warnings given.
 
-    def __init__(self, max_series=_CACHE_MAX_SERIES):
-        self.series = _VersionedCache(max_series)
-        self.listings = _VersionedCache(_CACHE_MAX_LISTINGS)
+    Args:
+      max_series, max_series_bytes: the bounds of the decoded-series cache.
+    """
+
+    def __init__(self, max_series=_CACHE_MAX_SERIES, max_series_bytes=_CACHE_MAX_SERIES_BYTES):
+        self.series = VersionedCache(max_series, max_series_bytes, lambda s: s.nbytes)
+        self.listings = VersionedCache(_CACHE_MAX_LISTINGS, _CACHE_MAX_LISTING_BYTES, listing_bytes)
         # Under the versions of every series a body read.
-        self.bodies = _VersionedCache(_CACHE_MAX_BODIES)
+        self.bodies = VersionedCache(_CACHE_MAX_BODIES, _CACHE_MAX_BODY_BYTES, body_bytes)
         # /series reads a tensor's stats and its histograms at once: each read
         # of the Rust data server has a fixed wait however small the answer
         # (bench/RESULTS.md, section 4).
         self.readers = concurrent.futures.ThreadPoolExecutor(4, thread_name_prefix="gradviz-read")
         self.skip_warning = catalog.SkipWarning()
-        self._reading = collections.defaultdict(threading.Lock)
-        self._reading_guard = threading.Lock()
+        # The reads in flight, by key (`reading`).
+        self.locks = KeyLocks()
 
-    @contextlib.contextmanager
     def reading(self, keys):
-        """Holds the read of these series keys: another request reading one of them waits.
-
-        The locks are taken in sorted order, so that two requests never wait
-        for each other.
-        """
-        with self._reading_guard:
-            locks = [self._reading[key] for key in sorted(set(keys))]
-        with contextlib.ExitStack() as stack:
-            for lock in locks:
-                stack.enter_context(lock)
-            yield
+        """Holds the read of these keys (of series, or of a body): another request reading one
+        of them waits, then finds it in its cache. A key's lock lives only while it is read."""
+        return self.locks.holding(keys)

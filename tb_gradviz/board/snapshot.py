@@ -36,11 +36,11 @@ def _routing_row(values, dtype):
 def _layer_at(name, layer, series_by_kind, limit):
     """One layer of `/step`: its latest step `<= limit` and each record's value there, or None."""
     found = []
-    for _, (tag, content, _) in layer["tensors"].items():
-        series = series_by_kind["stats"][tag]
+    for listed in layer["tensors"].values():
+        series = series_by_kind["stats"][listed.tag]
         row = series.index_at_or_before(limit)
         if row is not None:
-            found.append((content, series, row))
+            found.append((listed.content, series, row))
     if not found:
         return None, None
     step = max(int(series.steps[row]) for _, series, row in found)
@@ -64,8 +64,8 @@ def _layer_at(name, layer, series_by_kind, limit):
             columns["precision"][tensor] = headroom.precision_columns(tensors[tensor]["precision"])
     routing_at = units_at = None
     if layer["routing"] is not None:
-        tag, content, _ = layer["routing"]
-        series = series_by_kind["routing"][tag]
+        content = layer["routing"].content
+        series = series_by_kind["routing"][layer["routing"].tag]
         row = series.index_at_or_before(step)
         if row is not None:
             routing_at = dict(
@@ -73,13 +73,13 @@ def _layer_at(name, layer, series_by_kind, limit):
                 step=int(series.steps[row]),
             )
     if layer["units"] is not None:
-        series = series_by_kind["units"][layer["units"][0]]
+        series = series_by_kind["units"][layer["units"].tag]
         row = series.index_at_or_before(step)
         if row is not None:
             units_at = dict(records.decode_units(series.values[row]), step=int(series.steps[row]))
     updates_at = {}
-    for weight, (tag, _, _) in catalog.weight_updates(layer).items():
-        series = series_by_kind["updates"][tag]
+    for weight, listed in catalog.weight_updates(layer).items():
+        series = series_by_kind["updates"][listed.tag]
         row = series.index_at_or_before(step)
         if row is not None:
             values = records.update_columns(series.values[row][None])
@@ -119,7 +119,7 @@ def _precision_at(layer, tensor, series_by_kind, step):
     """A tensor's decoded precision record written with its stats at `step`, or None (a run
     written before the record, or a record the provider does not hold)."""
     found = layer.get("precision", {}).get(tensor)
-    series = found and series_by_kind.get("precision", {}).get(found[0])
+    series = found and series_by_kind.get("precision", {}).get(found.tag)
     if series is None:
         return None
     row = series.index_at_or_before(int(step))

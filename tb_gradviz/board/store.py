@@ -26,6 +26,16 @@ ALL_SAMPLES = 10**8
 # steps per series).
 _READ_BATCH_TAGS = 16
 
+# Each kind of a layer's records (`RunStore.series_by_kind`), in the order read: its key in a
+# layer of the layer index, and its layout.
+_KINDS = {
+    "stats": ("tensors", records.STATS),
+    "routing": ("routing", records.ROUTING),
+    "units": ("units", records.UNITS),
+    "updates": ("updates", records.UPDATE),
+    "precision": ("precision", records.PRECISION),
+}
+
 
 class RunStore:
     """The tb_gradviz series of one run, for one request.
@@ -78,10 +88,10 @@ class RunStore:
         return result
 
     def layers(self):
-        """Returns the run's layer index: `{layer: {"info", "tensors", "routing"}}`.
+        """Returns the run's layer index, `{layer: {"info", "tensors", ...}}` (`catalog`).
 
-        `tensors` maps a tensor name to `(tag, content, time_series)`,
-        `routing`, `units` and `routing_map` are such triples or None.
+        `tensors` maps a tensor name to a `catalog.Listed`; `routing`, `units`
+        and `routing_map` are each one or None.
 
         Raises:
           NotFoundError: the run holds no tb_gradviz data.
@@ -121,7 +131,7 @@ class RunStore:
         return catalog.parse_content(time_series, self.run, tag, self._caches.skip_warning)
 
     def tensor(self, layer, tensor):
-        """Returns `(content, stats time series, histogram time series or None)` of one tensor.
+        """Returns the `catalog.TensorSeries` of one tensor.
 
         Raises:
           NotFoundError: no such layer or tensor in the run.
@@ -144,10 +154,10 @@ class RunStore:
             histogram_series = self._list_one(
                 histogram_metadata.PLUGIN_NAME, content["histogram_tag"]
             )
-        return content, time_series, histogram_series
+        return catalog.TensorSeries(content, time_series, histogram_series)
 
     def routing(self, layer):
-        """Returns `(content, time series)` of a pooling layer's routing record.
+        """Returns the `catalog.Listed` of a pooling layer's routing record.
 
         Raises:
           NotFoundError: no such layer, or it is not a pooling layer.
@@ -165,10 +175,10 @@ class RunStore:
             raise errors.NotFoundError(
                 f"no routing record of layer {layer!r} in run {self.run!r} (not a pooling layer?)"
             )
-        return content, time_series
+        return catalog.Listed(tag, content, time_series)
 
     def routing_map(self, layer):
-        """Returns `(content, time series)` of a pooling layer's routing map.
+        """Returns the `catalog.Listed` of a pooling layer's routing map.
 
         Raises:
           NotFoundError: no such layer, or it has no routing map.
@@ -180,10 +190,10 @@ class RunStore:
                 f"no routing map of layer {layer!r} in run {self.run!r} (not a pooling layer, "
                 "or logged with routing_map=False)"
             )
-        return found[1], found[2]
+        return found
 
     def updates(self, layer):
-        """Returns `{weight: (tag, content, time series)}` of a layer's update records.
+        """Returns `{weight: catalog.Listed}` of a layer's update records.
 
         The weights are in the layer's weight order.
 
@@ -199,7 +209,7 @@ class RunStore:
         return catalog.weight_updates(found)
 
     def digests(self):
-        """Returns `{tag: (rows, time series)}` of the run's digest series (none in older runs).
+        """Returns `{tag: catalog.Digest}` of the run's digest series (none in older runs).
 
         A digest with a row kind this reader does not know (`digest.ROW_KINDS`)
         is left out, with a warning logged once.
@@ -218,19 +228,44 @@ class RunStore:
                     "digest rows of an unknown kind", self.run, tag, f"row kinds {unknown}"
                 )
                 continue
-            result[tag] = (content["rows"], time_series)
+            result[tag] = catalog.Digest(content["rows"], time_series)
         return result
 
     def budget(self):
-        """Returns `(tag, fields, time series)` of the run's cost-budget record, or None (none)."""
+        """Returns the run's cost-budget series (a `catalog.Budget`), or None (none)."""
         listing = self._list(digest.PLUGIN_NAME, run=self.run).get(self.run) or {}
         for tag, time_series in sorted(listing.items()):
             content = self._content(tag, time_series)
             if content is not None and content["kind"] == metadata.KIND_BUDGET:
-                return tag, content["fields"], time_series
+                return catalog.Budget(tag, content["fields"], time_series)
         return None
 
     # Reading.
+
+    def series_by_kind(self, layers, limit=None):
+        """`{"stats" | "routing" | "units" | "updates" | "precision": {tag: Series}}` of `layers`.
+
+        Args:
+          layers: the run's layer index (`layers`), or a part of it.
+          limit: None to read every series whole; a step to read only what
+            each series' rows up to it need (`read_at`).
+        """
+
+        def entries(key):
+            for layer in layers.values():
+                found = layer[key]
+                if isinstance(found, dict):
+                    yield from found.values()
+                elif found is not None:
+                    yield found
+
+        result = {}
+        for kind, (key, layout) in _KINDS.items():
+            found = {listed.tag: listed.time_series for listed in entries(key)}
+            result[kind] = (
+                self.read(found, layout) if limit is None else self.read_at(found, layout, limit)
+            )
+        return result
 
     def read(self, time_series_by_tag, layout, plugin_name=metadata.PLUGIN_NAME):
         """Returns `{tag: Series}` of every point of the given series, from cache when current.

@@ -151,17 +151,14 @@ def export_updates(gradviz, ctx, experiment, runs):
 
 def export_routing_maps(gradviz, ctx, experiment, runs):
     """Yields the routing maps of each pooling layer that has them: every step, as `/routing_map`
-    serves it."""
+    serves it, from one read of the layer's series (`routing_maps_impl`)."""
     for run in runs:
         for layer in run["layers"]:
             if not layer.get("routing_map"):
                 continue
-            last = gradviz.routing_map_impl(ctx, experiment, run["run"], layer["layer"])
-            maps = [
-                gradviz.routing_map_impl(ctx, experiment, run["run"], layer["layer"], step)
-                for step in last["steps"]
-            ]
-            yield {"run": run["run"], "layer": layer["layer"], "steps": last["steps"], "maps": maps}
+            maps = gradviz.routing_maps_impl(ctx, experiment, run["run"], layer["layer"])
+            steps = [body["step"] for body in maps]
+            yield {"run": run["run"], "layer": layer["layer"], "steps": steps, "maps": maps}
 
 
 # The precision record's CSV columns: `precision.finite_nonzero`, then per format
