@@ -71,10 +71,14 @@ export function renderPrecision(container, layerSnapshot) {
     html('td', {text: String(row.total)}),
     ...FORMATS.flatMap((format) => Object.keys(SETTINGS).map((setting) => {
       const cell = row.cells[format][setting];
-      return html('td', {
-        attrs: {'data-format': format, 'data-setting': setting},
-        text: `0: ${cell.to_zero} · sub: ${cell.subnormal} · over: ${cell.overflow}`,
-      });
+      // One line per count, so that eight columns of them fit beside the sidebar; the
+      // separators are hidden (style.css) and keep the cell's text "0: x · sub: y · over: z".
+      const parts = [`0: ${cell.to_zero}`, `sub: ${cell.subnormal}`, `over: ${cell.overflow}`];
+      return html('td', {attrs: {'data-format': format, 'data-setting': setting}},
+        parts.flatMap((text, i) => [
+          ...(i ? [html('span', {className: 'separator', text: ' · '})] : []),
+          html('span', {className: 'count', text}),
+        ]));
     })),
   ])));
   container.replaceChildren(
@@ -84,6 +88,7 @@ export function renderPrecision(container, layerSnapshot) {
       + 'subnormal (sub) or overflow (over): as the values are (gradients at the run\'s loss '
       + 'scale), and scaled per tensor by the power of two that brings its largest magnitude to '
       + 'the format\'s largest value. Rows the underflow or overflow flag marks are highlighted.'}),
-    html('table', {className: 'precision-table'}, [head, body]),
+    // Narrower than the table (a narrow window), the table scrolls in its box, not the page.
+    html('div', {className: 'precision-scroll'}, [html('table', {className: 'precision-table'}, [head, body])]),
   );
 }
