@@ -11,6 +11,7 @@ views over steps (`/series`, `/timeline`), keeping each column's extremes.
 import collections
 import concurrent.futures
 import contextlib
+import logging
 import threading
 
 import numpy as np
@@ -30,13 +31,18 @@ _CACHE_MAX_BODIES = 16
 _CACHE_MAX_BODY_BYTES = 512 << 20
 # What an entry costs besides its value: its key, version and bookkeeping.
 ENTRY_BYTES = 256
+# The steps a warning of rows left out names, at most.
+_NAMED_STEPS = 10
+
+logger = logging.getLogger(__name__)
 
 
 class Series:
     """One decoded time series: steps, wall times and one record per row.
 
     Rows are sorted by step (stable, so the provider's order breaks ties);
-    rows whose record has no known layout or malformed counts are left out.
+    rows whose record has no known layout or malformed counts are left out
+    (`decode_series` says which).
     `values` is an array of the rows, or a list for records whose size the
     metadata fixes (routing maps).
     """
@@ -119,13 +125,23 @@ def downsampled_columns(steps, columns, width):
     }
 
 
-def decode_series(data, layout):
-    """Returns the `Series` of a list of `provider.TensorDatum` in `layout` (a `records.Layout`)."""
-    kept = []
+def decode_series(data, layout, left_out=None):
+    """Returns the `Series` of a list of `provider.TensorDatum` in `layout` (a `records.Layout`).
+
+    Args:
+      left_out: None, or a function called as `left_out(steps, reason)` when
+        rows fail validation and are left out: their steps, in the order
+        read, and why (`LeftOutRows` logs it).
+    """
+    kept, unknown = [], []
     for datum in data:
         array = layout.upgrade(datum.numpy)
         if array is not None:
             kept.append((datum.step, datum.wall_time, array))
+        else:
+            unknown.append(datum.step)
+    if unknown and left_out is not None:
+        left_out(unknown, f"no {layout.name} record layout has their shape")
     if None in layout.shape:
         # A record whose size its metadata fixes (routing maps): rows stay a
         # list, for the reader to match against that metadata.
@@ -145,6 +161,9 @@ def decode_series(data, layout):
     # allocated (a long run's digest series is hundreds of MB).
     del kept
     valid = layout.valid_rows(values)
+    if left_out is not None and not valid.all():
+        reason = f"their {layout.name} record counts are not all finite and non-negative"
+        left_out(steps[~valid].tolist(), reason)
     rows = np.flatnonzero(valid)[np.argsort(steps[valid], kind="stable")]
     if len(rows) == len(values) and np.all(rows[1:] > rows[:-1]):
         # Every row valid and in step order (the usual case): no copy.
@@ -177,6 +196,36 @@ def body_bytes(value):
     if isinstance(value, np.ndarray):
         return value.nbytes
     return 32
+
+
+class LeftOutRows:
+    """Logs the rows of a series that a decode leaves out, naming the run, the tag and the steps.
+
+    Each row once: a series is decoded again whenever points are added to
+    it, and the rows already named are not named again.
+    """
+
+    def __init__(self):
+        self._named = set()
+        self._lock = threading.Lock()
+
+    def __call__(self, run, tag, steps, reason):
+        with self._lock:
+            new = [step for step in steps if (run, tag, step) not in self._named]
+            self._named.update((run, tag, step) for step in new)
+        if not new:
+            return
+        named = ", ".join(str(step) for step in new[:_NAMED_STEPS])
+        more = f" and {len(new) - _NAMED_STEPS} more" if len(new) > _NAMED_STEPS else ""
+        logger.warning(
+            "tb_gradviz leaves out %d row(s) of run %r, tag %r, at step(s) %s%s: %s",
+            len(new),
+            run,
+            tag,
+            named,
+            more,
+            reason,
+        )
 
 
 class VersionedCache:
@@ -285,6 +334,7 @@ class Caches:
         # (bench/RESULTS.md, section 4).
         self.readers = concurrent.futures.ThreadPoolExecutor(4, thread_name_prefix="gradviz-read")
         self.skip_warning = catalog.SkipWarning()
+        self.left_out = LeftOutRows()
         # The reads in flight, by key (`reading`).
         self.locks = KeyLocks()
 

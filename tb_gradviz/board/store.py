@@ -3,10 +3,13 @@
 `RunStore` is bound to one request's provider, context, experiment and run:
 it lists the run's layers, reads whole series and reads last points. What
 it returns is decoded into today's record layouts (`series.decode_series`),
-so the response bodies never see an older layout or a malformed row; the
-caches it reads through (`series.Caches`) outlive the request. Imports
-neither TensorFlow nor Keras.
+so the response bodies never see an older layout or a malformed row (each
+row left out is logged, with its run, tag and step); the caches it reads
+through (`series.Caches`) outlive the request. Imports neither TensorFlow
+nor Keras.
 """
+
+import functools
 
 from tensorboard import errors
 from tensorboard.data import provider
@@ -353,7 +356,8 @@ class RunStore:
             from_cache(waited)
             data = self._read_points(plugin_name, sorted(stale), downsample)
             for tag, time_series in stale.items():
-                series = decode_series(data.get(tag, []), layout)
+                left_out = functools.partial(self._caches.left_out, self.run, tag)
+                series = decode_series(data.get(tag, []), layout, left_out)
                 if accept is not None and not accept(series, time_series):
                     refused[tag] = time_series
                     continue
