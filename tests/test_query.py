@@ -5,6 +5,8 @@ import json
 
 import pytest
 import synthetic
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from test_plugin import PREFIX, make_app
 
 from tb_gradviz.board import query, timeline
@@ -122,3 +124,27 @@ def test_values_are_parsed_as_their_kind():
     for text in ("1.", "1", "1e400", "inf", "nan", "."):
         with pytest.raises(query.errors.InvalidArgumentError, match="ratio must be"):
             query.ratio(text)
+
+
+_KEYS = st.sampled_from(["run", "layer", "tensor", "step", "width", "ratio", "field", "role"])
+_VALUES = st.one_of(
+    st.sampled_from(["run", LAYER, "activation", "1", "3", "1e3", "rms", "input_gradient", ""]),
+    st.text(max_size=50),
+    st.integers(min_value=-(2**80), max_value=2**80).map(str),
+    st.floats().map(str),
+    st.integers(min_value=1, max_value=6000).map(lambda n: "9" * n),
+)
+
+
+@settings(
+    max_examples=800, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck)
+)
+@given(
+    route=st.sampled_from([*ROUTES, "/runs", "/updates"]),
+    names=st.booleans(),
+    extra=st.lists(st.tuples(_KEYS, _VALUES), max_size=4),
+)
+def test_fuzzed_arguments_of_every_route_never_fail_with_500(client, route, names, extra):
+    given_names = list(ROUTES.get(route, ({"run": "run", "layer": LAYER}, ()))[0].items())
+    response = client.get(PREFIX + route, query_string=(given_names if names else []) + extra)
+    assert response.status_code in (200, 400, 404), (route, extra, response.status_code)

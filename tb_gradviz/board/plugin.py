@@ -193,7 +193,7 @@ class GradVizPlugin(layer_impls.LayerImpls, base_plugin.TBPlugin):
         budget = run_store.budget()
         key = (experiment, run, field, role, width, ratio)
         current = (
-            tuple((tag, series.version(ts)) for tag, (_, ts) in found.items()),
+            tuple((tag, series.version(d.time_series)) for tag, d in found.items()),
             None if budget is None else series.version(budget.time_series),
         )
         body = self._caches.bodies.get(key, current)

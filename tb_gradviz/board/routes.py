@@ -12,6 +12,7 @@ import importlib.resources
 import json
 import os
 import threading
+from typing import NamedTuple
 
 from tensorboard import errors, plugin_util
 from tensorboard.backend import http_util, json_util
@@ -86,6 +87,12 @@ def _check_method(request):
         raise _MethodNotAllowedError(request.method)
 
 
+class _Encoded(NamedTuple):
+    body: dict
+    # Its gzipped JSON.
+    data: bytes
+
+
 class Encodings:
     """The gzipped JSON of the bodies a route answered last, reused for the same body object.
 
@@ -103,15 +110,15 @@ class Encodings:
         """Returns `body` as gzipped JSON, written as `http_util.Respond` writes JSON."""
         with self._lock:
             entry = self._entries.get(id(body))
-            if entry is not None and entry[0] is body:
+            if entry is not None and entry.body is body:
                 self._entries.move_to_end(id(body))
-                return entry[1]
+                return entry.data
         # NaN and the infinities as strings, ASCII: what Respond sends for a dict.
         text = json.dumps(json_util.Cleanse(body, "utf-8"), ensure_ascii=True)
         data = gzip.compress(text.encode("utf-8"), compresslevel=3, mtime=0)
         with self._lock:
             # The body is kept with its encoding, so its id is not reused meanwhile.
-            self._entries[id(body)] = (body, data)
+            self._entries[id(body)] = _Encoded(body, data)
             self._entries.move_to_end(id(body))
             while len(self._entries) > self._size:
                 self._entries.popitem(last=False)

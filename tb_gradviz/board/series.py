@@ -13,6 +13,7 @@ import concurrent.futures
 import contextlib
 import logging
 import threading
+from typing import NamedTuple
 
 import numpy as np
 
@@ -228,6 +229,13 @@ class LeftOutRows:
         )
 
 
+class _Entry(NamedTuple):
+    version: tuple
+    value: object
+    # What it counts of its cache's bytes.
+    size: int
+
+
 class VersionedCache:
     """Values under a key, each valid for one version, least recently used dropped first.
 
@@ -259,23 +267,33 @@ class VersionedCache:
     def get(self, key, version):
         with self._lock:
             entry = self._entries.get(key)
-            if entry is None or entry[0] != version:
+            if entry is None or entry.version != version:
                 return None
             self._entries.move_to_end(key)
-            return entry[1]
+            return entry.value
 
     def put(self, key, version, value):
         size = self._size(value) + ENTRY_BYTES
         with self._lock:
             old = self._entries.pop(key, None)
             if old is not None:
-                self._bytes -= old[2]
+                self._bytes -= old.size
             if size > self._max_bytes:
                 return
-            self._entries[key] = (version, value, size)
+            self._entries[key] = _Entry(version, value, size)
             self._bytes += size
             while len(self._entries) > self._max_entries or self._bytes > self._max_bytes:
-                self._bytes -= self._entries.popitem(last=False)[1][2]
+                self._bytes -= self._entries.popitem(last=False)[1].size
+
+
+class _KeyLock:
+    """A key's lock and how many hold or wait for it."""
+
+    __slots__ = ("lock", "users")
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.users = 0
 
 
 class KeyLocks:
@@ -283,7 +301,6 @@ class KeyLocks:
 
     def __init__(self):
         self._guard = threading.Lock()
-        # key: [lock, holders and waiters]
         self._locks = {}
 
     def __len__(self):
@@ -296,19 +313,19 @@ class KeyLocks:
         each other; each is dropped when its last holder or waiter leaves."""
         keys = sorted(set(keys))
         with self._guard:
-            entries = [self._locks.setdefault(key, [threading.Lock(), 0]) for key in keys]
-            for entry in entries:
-                entry[1] += 1
+            held = [self._locks.setdefault(key, _KeyLock()) for key in keys]
+            for key_lock in held:
+                key_lock.users += 1
         try:
             with contextlib.ExitStack() as stack:
-                for entry in entries:
-                    stack.enter_context(entry[0])
+                for key_lock in held:
+                    stack.enter_context(key_lock.lock)
                 yield
         finally:
             with self._guard:
-                for key, entry in zip(keys, entries):
-                    entry[1] -= 1
-                    if not entry[1]:
+                for key, key_lock in zip(keys, held):
+                    key_lock.users -= 1
+                    if not key_lock.users:
                         del self._locks[key]
 
 
