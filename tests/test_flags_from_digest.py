@@ -8,6 +8,7 @@ import synthetic
 import test_onset
 
 from tb_gradviz.board import health, onset, snapshot
+from tb_gradviz.board.columns import records_columns
 from tb_gradviz.cli.logs import open_logdir
 from tb_gradviz.format import digest, events, metadata, records, summaries
 
@@ -20,7 +21,8 @@ def both_paths(logdir, run):
     series_by_kind = run_store.series_by_kind(layers)
     found = gradviz._digest_columns(run_store, layers)
     assert found is not None, "the run has a digest"
-    return layers, series_by_kind, onset.records_columns(layers, series_by_kind), found
+    found_records, listed = records_columns(layers, series_by_kind)
+    return layers, series_by_kind, (*found_records, listed), found
 
 
 def assert_the_digest_judges_as_the_records(logdir, run, ratio=health.DEFAULT_RATIO):

@@ -10,7 +10,7 @@ import synthetic
 from test_plugin import PREFIX, make_app
 
 from tb_gradviz import cli
-from tb_gradviz.board import timeline
+from tb_gradviz.board import health, timeline
 from tb_gradviz.capture import budget
 from tb_gradviz.format import events, records, summaries
 
@@ -77,7 +77,7 @@ def test_a_one_step_spike_and_a_nan_stay_visible_in_ten_columns(client):
     assert spike["min"][3] < 2e-3  # the column's other steps
     assert by_layer["b"]["flags"]["exploding"] == [3]
     assert by_layer["a"]["flags"]["nonfinite"] == [5, 6, 7, 8, 9]  # steps 60..100
-    assert by_layer["c"]["flags"] == {"nonfinite": [], "vanishing": [], "exploding": [], "dead": []}
+    assert by_layer["c"]["flags"] == {flag: [] for flag in health.FLAGS}
 
 
 def test_the_envelope_equals_the_full_records_at_full_width(client):

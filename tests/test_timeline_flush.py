@@ -138,3 +138,41 @@ def test_other_fields_carry_no_format_and_a_bad_field_names_flush_share(client):
     assert status == 200 and all("format" not in entry for entry in body["layers"])
     status, text = get(client, field="flush")
     assert status == 400 and "flush_share" in text and "'flush'" in text
+
+
+def test_step_serves_the_flush_share_the_timeline_shows_from_one_definition(client):
+    # The page reads /step's `flush_share`: the server's one share, the same as /timeline's.
+    timelines = {
+        role: {
+            entry["layer"]: entry
+            for entry in get(client, field="flush_share", role=role, width=STEPS)[1]["layers"]
+        }
+        for role in ("output_gradient", "input_gradient")
+    }
+    for step in range(1, STEPS + 1):
+        response = client.get(PREFIX + "/step", query_string={"run": "run", "step": step})
+        body = json.loads(response.get_data(as_text=True), parse_constant=float)
+        layers = {layer["layer"]: layer for layer in body["layers"]}
+        assert set(layers["dense"]["flush_share"]) == {"input_gradient", "output_gradient"}
+        assert layers["older"]["flush_share"] == {"output_gradient": None}
+        for layer, role in [
+            ("dense", "output_gradient"),
+            ("dense", "input_gradient"),
+            ("conv", "output_gradient"),
+        ]:
+            name = LAYERS[layer][0] if LAYERS[layer][0] == "bfloat16" else "float16"
+            counts = [
+                flushed_by_cast(values_at(layer, tensor, step), name)
+                for tensor in LAYERS[layer][1]
+                if tensor == role or tensor.startswith(role + "_")
+            ]
+            flushed, total = sum(f for f, _ in counts), sum(n for _, n in counts)
+            assert layers[layer]["flush_share"][role] == {
+                "share": flushed / total,
+                "format": name,
+                "computes": name == "bfloat16",
+                "flushed": flushed,
+                "total": total,
+            }, (step, layer, role)
+            assert timelines[role][layer]["flush_share"]["max"][step - 1] == flushed / total
+            assert timelines[role][layer]["format"] == name

@@ -33,6 +33,7 @@ the step and halving its scale.
 
 import numpy as np
 
+from tb_gradviz.board import origin
 from tb_gradviz.format import digest, precision, records
 
 UNDERFLOW_SHARE = 0.01
@@ -107,40 +108,100 @@ def precision_columns(record):
 
 
 def _judged(layer):
-    """`(format, [(tensor, precision columns)])`: the gradients of a layer that are judged."""
+    """`(format, [(tensor, precision columns)])`: the gradients of a layer that are judged, in
+    the order the backward pass computes them (`origin.in_layer`)."""
     name = compute_format(layer.get("layer_dtype"))
     if name is None:
         return None, []
     precision = layer.get("precision", {})
     return name, [
         (tensor, precision[tensor])
-        for tensor, entry in layer["tensors"].items()
-        if entry["role"] in records.GRADIENT_ROLES and tensor in precision
+        for tensor in origin.in_layer(layer["tensors"], origin.BACKWARD_ROLES)
+        if tensor in precision
     ]
+
+
+def flushed(precisions, name):
+    """`(flushed, total, share)` `[steps]` arrays: of the finite non-zero values of these
+    precision columns, all pooled (`total`), those a cast to format `name` flushes to zero or
+    makes subnormal (`flushed`: IEEE underflow, as the values are), and their share (NaN where
+    `total` is 0). The one definition of the share that flushes to zero: the `underflow` flag's
+    and the one `/step` and `/timeline` serve as `flush_share`."""
+    flushed_count = np.sum([p[f"{name}_to_zero"] + p[f"{name}_subnormal"] for p in precisions], 0)
+    total = np.sum([p["finite_nonzero"] for p in precisions], axis=0)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        share = np.where(total > 0, flushed_count / np.where(total > 0, total, 1), np.nan)
+    return flushed_count, total, share
+
+
+def flush_format(layer_dtype):
+    """The format a layer's flush share is taken in: the one it computes in, else float16 (what
+    a float32 layer would meet under `mixed_float16`)."""
+    return compute_format(layer_dtype) or "float16"
+
+
+def flush_share(layer, role):
+    """The share of one role's finite non-zero values in a layer's columns (`health`) that
+    flush to zero in the layer's `flush_format`, all its tensors of that role pooled.
+
+    Returns:
+      `{"format", "computes", "flushed", "total", "share"}` with `[steps]` arrays (`computes`:
+      whether the layer computes in that format), or None when the layer has no tensor of
+      `role` or one of them has no precision record (a run written before it).
+    """
+    tensors = [name for name, entry in layer["tensors"].items() if entry["role"] == role]
+    precision = layer.get("precision", {})
+    if not tensors or any(name not in precision for name in tensors):
+        return None
+    name = flush_format(layer.get("layer_dtype"))
+    count, total, share = flushed([precision[tensor] for tensor in tensors], name)
+    return {
+        "format": name,
+        "computes": compute_format(layer.get("layer_dtype")) is not None,
+        "flushed": count,
+        "total": total,
+        "share": share,
+    }
+
+
+def flush_shares(layer, step=0):
+    """`{role: {"share", "format", "computes", "flushed", "total"} or None}` at one step of a
+    layer's columns, for each role it has tensors of (`records.ROLES` order): `flush_share` as
+    `/step` serves it (counts as ints, the share NaN when no value is finite and non-zero)."""
+    roles = [r for r in records.ROLES if any(t["role"] == r for t in layer["tensors"].values())]
+    result = {}
+    for role in roles:
+        found = flush_share(layer, role)
+        if found is not None and not np.isfinite(found["total"][step]):
+            found = None  # no precision row at this step
+        result[role] = found and {
+            "share": float(found["share"][step]),
+            "format": found["format"],
+            "computes": found["computes"],
+            "flushed": int(found["flushed"][step]),
+            "total": int(found["total"][step]),
+        }
+    return result
 
 
 def _tensor_verdicts(columns, name):
     """`(underflow share, underflow)`: `[steps]` arrays of precision columns."""
-    n = columns["finite_nonzero"]
-    with np.errstate(invalid="ignore", divide="ignore"):
-        n_or_nan = np.where(n > 0, n, np.nan)
-        underflow = (columns[f"{name}_to_zero"] + columns[f"{name}_subnormal"]) / n_or_nan
+    _, _, underflow = flushed([columns], name)
+    with np.errstate(invalid="ignore"):
         return underflow, underflow > UNDERFLOW_SHARE
 
 
 def _overflow_judged(layer):
     """`[(tensor, format, tensor columns, precision columns)]`: the gradients of a layer that the
-    `overflow` rule judges: those with a precision
+    `overflow` rule judges, in the order the backward pass computes them: those with a precision
     record whose values are held in or cast to a narrow format (the layer's `formats`, by
     `cast_format`; columns without them judge none)."""
     tensors, precision = layer["tensors"], layer.get("precision", {})
     formats = layer.get("formats", {})
     return [
         (tensor, formats[tensor], tensors[tensor], precision[tensor])
-        for tensor, entry in tensors.items()
-        if entry["role"] in records.GRADIENT_ROLES
-        and tensor in precision
-        and formats.get(tensor) in COMPUTE_FORMATS
+        for tensor in origin.in_layer(tensors, origin.BACKWARD_ROLES)
+        if tensor in precision and formats.get(tensor) in COMPUTE_FORMATS
     ]
 
 

@@ -39,7 +39,7 @@ import math
 
 import numpy as np
 
-from tb_gradviz.board import headroom
+from tb_gradviz.board import headroom, origin
 from tb_gradviz.format import records
 
 FLAGS = ("nonfinite", "vanishing", "exploding", "dead", *headroom.FLAGS)
@@ -242,8 +242,10 @@ def flag_entries(layers, found, index, step, listed=None):
     """The flags of one layer at one step of judged columns, in `FLAGS` order.
 
     Each flag is `{"flag", "detail", "tensor"}`; `tensor` is the tensor the
-    rule reads: the first tensor holding a non-finite value, the output
-    gradient, or the activation whose channels are dead.
+    rule reads: the first tensor holding a non-finite value in the order
+    the step computed them (`origin.in_layer`: weights, activation, output
+    gradient, weights' gradients, input gradient), the output gradient, or
+    the activation whose channels are dead.
 
     Args:
       layers: the columns.
@@ -258,9 +260,9 @@ def flag_entries(layers, found, index, step, listed=None):
     if found["nonfinite"][index, step]:
         nonfinite = [
             (name, f"{name}: {int(t['nan'][step])} NaN, {int(inf)} Inf")
-            for name, t in tensors.items()
+            for name in _nonfinite_tensors(tensors, step)
+            for t in [tensors[name]]
             for inf in [t["pos_inf"][step] + t["neg_inf"][step]]
-            if _nonfinite(t)[step] > 0
         ]
         flags.append(
             {
@@ -302,3 +304,45 @@ def flag_entries(layers, found, index, step, listed=None):
 def _first_of_role(tensors, role):
     """The name of the first tensor of `role`, or None."""
     return next((name for name, t in tensors.items() if t["role"] == role), None)
+
+
+def _nonfinite_tensors(tensors, step):
+    """The layer's tensors holding a NaN or an Inf at `step`, in the order the step computed
+    them (`origin.in_layer`)."""
+    return [name for name in origin.in_layer(tensors) if _nonfinite(tensors[name])[step] > 0]
+
+
+def _raised_tensors(layers, found, flag, index, step):
+    """The tensors of one layer that raised `flag` at one step: those holding a NaN or an Inf,
+    the output gradient, the activation, or the flagged gradients."""
+    tensors = layers[index]["tensors"]
+    if flag == "nonfinite":
+        return _nonfinite_tensors(tensors, step)
+    entry = next(e for e in flag_entries(layers, found, index, step) if e["flag"] == flag)
+    return entry.get("tensors", [entry["tensor"]])
+
+
+def flag_origin(layers, found, flag, step):
+    """Where `flag` began at one step of judged columns: `(layer index, tensor)`, the first
+    tensor that raised it in the order the train step computed them, over the passes the flag
+    reads (`origin.step_order`, `origin.PASSES`); None when no layer raised it there.
+
+    Args:
+      layers: the columns.
+      found: their `verdicts`.
+      flag: one of `FLAGS`.
+      step: the step's index in the columns.
+    """
+    raised = found[flag][:, step]
+    if not raised.any():
+        return None
+    by_layer = {}
+    for index, tensor in origin.step_order(layers, origin.PASSES[flag]):
+        if raised[index]:
+            if index not in by_layer:
+                by_layer[index] = _raised_tensors(layers, found, flag, index, step)
+            if tensor in by_layer[index]:
+                return index, tensor
+    # A layer-level flag whose tensor has no role the passes order: its first layer.
+    index = int(np.argmax(raised))
+    return index, (_raised_tensors(layers, found, flag, index, step) or [None])[0]

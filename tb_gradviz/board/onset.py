@@ -1,20 +1,19 @@
 """Where each training-health flag began in a run: its onset.
 
-The flags are `health`'s rules over `[layers, steps]` columns (`health.verdicts`),
-decided at every logged step as `/step` decides them at that step; the onset
-of a flag is the first step at which any layer raised it, the first layer in
-model order that raised it there, and the tensor the flag concerns. The
-columns come from the per-event digest when the run has one
-(`digest_columns`: a few array reductions, whatever the number of steps), and
-from the full records, step by step, for a run written before the digest
-(`records_columns`). Served by `/onset`, printed by `tb-gradviz check`. Numpy
-only, like the rest of the board.
+The flags are `health`'s rules over a run's `columns.Columns` (every layer
+at every logged step, from the per-event digest or, in a run written
+before it, the full records), decided at every step as `/step` decides
+them at that step. The onset of a flag is the first step at which any layer
+raised it and, at that step, where it began: the first tensor that raised
+it in the order the train step computed them (`origin`: the forward pass in
+model order, then the backward pass from the last layer to the first, each
+flag over the passes its rule reads). Served by `/onset`, printed by
+`tb-gradviz check`. Numpy only, like the rest of the board.
 """
 
 import numpy as np
 
-from tb_gradviz.board import headroom, health, responses, snapshot, timeline
-from tb_gradviz.format import digest, records
+from tb_gradviz.board import headroom, health
 
 
 def onset_body(run, steps, columns, ratio=health.DEFAULT_RATIO, listed=None):
@@ -23,7 +22,7 @@ def onset_body(run, steps, columns, ratio=health.DEFAULT_RATIO, listed=None):
     Args:
       run: the run name.
       steps: the logged steps, `[steps]` ints, sorted.
-      columns: the layers' columns over those steps (`health`), in model order.
+      columns: the layers' columns over those steps (`columns.Columns.layers`).
       ratio: the vanishing / exploding ratio of the flags (`health`).
       listed: None, or `(layer, step) -> [channel]`: the dead channels listed
         at that step (the `dead` onset's detail names them).
@@ -33,7 +32,9 @@ def onset_body(run, steps, columns, ratio=health.DEFAULT_RATIO, listed=None):
       `steps` is the number of logged steps judged, and `onsets` holds one
       entry per flag raised at any of them, in `health.FLAGS` order:
       `{"flag", "step", "layer", "layer_index", "tensor", "detail",
-      "persists", "raised_steps", "last_raised_step"}`. `persists` is true
+      "persists", "raised_steps", "last_raised_step"}`: `layer` and `tensor`
+      are where the flag began at `step` (`health.flag_origin`), `detail`
+      that layer's flag there. `persists` is true
       when the flag stayed raised (by any layer) at every logged step from
       its onset through the last; `raised_steps` counts the steps it was
       raised at. None when the run has no logged step.
@@ -47,7 +48,7 @@ def onset_body(run, steps, columns, ratio=health.DEFAULT_RATIO, listed=None):
         if not by_step.any():
             continue
         first = int(np.argmax(by_step))
-        index = int(np.argmax(found[flag][:, first]))
+        index, tensor = health.flag_origin(columns, found, flag, first)
         layer = columns[index]
         step = int(steps[first])
         chosen = None
@@ -64,7 +65,7 @@ def onset_body(run, steps, columns, ratio=health.DEFAULT_RATIO, listed=None):
                 "step": step,
                 "layer": layer["layer"],
                 "layer_index": layer["layer_index"],
-                "tensor": entry["tensor"],
+                "tensor": tensor,
                 "detail": entry["detail"],
                 "persists": bool(by_step[first:].all()),
                 "raised_steps": int(by_step.sum()),
@@ -81,164 +82,9 @@ def onset_body(run, steps, columns, ratio=health.DEFAULT_RATIO, listed=None):
     }
 
 
-def records_columns(layers, series_by_kind):
-    """The columns of every logged step from the full records, judged as `/step` judges.
-
-    Args:
-      layers: the run's layer index (`store.RunStore.layers()`).
-      series_by_kind: every point of the run's series, as for `snapshot.step_body`.
-
-    Returns:
-      `(steps, columns, listed)`: `listed(layer, step)` gives the dead channels
-      the units record lists there.
-    """
-    steps = sorted(
-        {int(step) for series in series_by_kind["stats"].values() for step in series.steps}
-    )
-    at_steps = [snapshot.step_columns(layers, series_by_kind, step) for step in steps]
-    if not at_steps:
-        return np.zeros(0, np.int64), [], None
-    # Each layer's tensors are all present at the last step: they define the columns.
-    _, last = at_steps[-1]
-    index = {layer["layer"]: i for i, layer in enumerate(last)}
-    columns = [_empty_like(layer, len(steps)) for layer in last]
-    listed = {}
-    for s, (bodies, at) in enumerate(at_steps):
-        for body, layer in zip(bodies, at):
-            target = columns[index[layer["layer"]]]
-            for name, tensor in layer["tensors"].items():
-                for field in digest.TENSOR_FIELDS:
-                    target["tensors"][name][field][s] = tensor[field][0]
-            for name, fields in layer["precision"].items():
-                for field, value in fields.items():
-                    target["precision"].setdefault(
-                        name, {f: np.full(len(steps), np.nan) for f in digest.PRECISION_FIELDS}
-                    )[field][s] = value[0]
-            if layer["units"] is not None and target["units"] is not None:
-                for field, value in layer["units"].items():
-                    target["units"][field][s] = value[0]
-                listed[(layer["layer"], steps[s])] = body["units"]["listed"]
-    return np.array(steps), columns, lambda layer, step: listed.get((layer, step))
-
-
-def _empty_like(layer, steps):
-    def nan():
-        return np.full(steps, np.nan)
-
-    return {
-        "layer": layer["layer"],
-        "layer_index": layer["layer_index"],
-        "layer_dtype": layer["layer_dtype"],
-        "tensors": {
-            name: dict({field: nan() for field in digest.TENSOR_FIELDS}, role=tensor["role"])
-            for name, tensor in layer["tensors"].items()
-        },
-        "units": None if layer["units"] is None else {field: nan() for field in layer["units"]},
-        "precision": {},
-        "formats": layer.get("formats", {}),
-    }
-
-
-def digest_columns(layers, digests):
-    """The columns of every logged step from the run's digest series.
-
-    Args:
-      layers: the run's layer index (`store.RunStore.layers()`): which layers
-        and tensors are judged, their order, roles and compute dtype.
-      digests: `[(rows, series)]` of the run's digest series.
-
-    Returns:
-      `(steps, columns)`. A row missing at a step takes its value at the
-      latest step before (as `/step` takes each record's latest row), a
-      precision row the value at its tensor's step.
-    """
-    steps, by_layer = timeline.layer_columns(digests)
-    columns = []
-    for name, layer in layers.items():
-        rows = by_layer.get(name)
-        if not rows:
-            continue
-        contents = sorted(
-            (content for _, content, _ in layer["tensors"].values()),
-            key=responses.tensor_order,
-        )
-        tensors, precision, formats = {}, {}, {}
-        dtype = layer["info"].get("layer_dtype")
-        for content in contents:
-            fields = rows.get((digest.TENSOR, content["tensor"]))
-            if fields is None:
-                continue
-            at = _latest(fields["count"])
-            tensors[content["tensor"]] = dict(_take(fields, at), role=content["role"])
-            formats[content["tensor"]] = headroom.cast_format(content, dtype)
-            found = rows.get((digest.PRECISION, content["tensor"]))
-            if found is not None:
-                precision[content["tensor"]] = _take(found, at)
-        if not tensors:
-            continue
-        units = next((f for (kind, _), f in rows.items() if kind == digest.UNITS), None)
-        columns.append(
-            {
-                "layer": name,
-                "layer_index": layer["info"]["layer_index"],
-                "layer_dtype": layer["info"].get("layer_dtype"),
-                "tensors": tensors,
-                "units": None if units is None else _take(units, _latest(units["channels"])),
-                "precision": precision,
-                "formats": formats,
-            }
-        )
-    columns.sort(key=lambda layer: (layer["layer_index"], layer["layer"]))
-    return steps, columns
-
-
-def read_digests(run_store):
-    """`[(rows, series)]`: every digest series of a `store.RunStore`'s run, read whole."""
-    return [
-        (rows, run_store.read({tag: ts}, timeline.digest_layout(rows), digest.PLUGIN_NAME)[tag])
-        for tag, (rows, ts) in run_store.digests().items()
-    ]
-
-
-def listed_dead_channels(run_store, layers):
-    """`(layer, step) -> [channel]`: the dead channels a layer's units record lists at that very
-    step, or None (no units record there: the digest counts them, the record lists them)."""
-
-    def listed(layer, step):
-        units = layers[layer]["units"]
-        if units is None:
-            return None
-        tag, _, time_series = units
-        series = run_store.read({tag: time_series}, records.UNITS)[tag]
-        row = series.index_at_or_before(step)
-        if row is None or int(series.steps[row]) != step:
-            return None
-        return records.decode_units(series.values[row])["listed"]
-
-    return listed
-
-
-def _latest(column):
-    """At each step, the index of the latest step `<=` it where `column` has a value; None if
-    it has one at every step; -1 before its first."""
-    present = np.isfinite(column)
-    if present.all():
-        return None
-    return np.maximum.accumulate(np.where(present, np.arange(len(column)), -1))
-
-
-def _take(fields, at):
-    if at is None:
-        return dict(fields)
-    return {
-        field: np.where(at >= 0, column[np.maximum(at, 0)], np.nan)
-        for field, column in fields.items()
-    }
-
-
 def judge_step_from_digest(body, steps, columns, limit, ratio=health.DEFAULT_RATIO):
     """Replaces a `/step` body's flags and reference layer with the digest's at `limit`, and the
-    flow of each layer whose full records are not of that step.
+    flow and flush shares of each layer whose full records are not of that step.
 
     The digest holds every logged step while the full records may be a
     sample: each layer of the body is judged at the digest's latest step
@@ -261,6 +107,7 @@ def judge_step_from_digest(body, steps, columns, limit, ratio=health.DEFAULT_RAT
         if layer["step"] != steps[at]:
             # The records' float64 flow where they hold the step, else the digest's float32 one.
             layer["flow"] = health.layer_flow(one[i])
+            layer["flush_share"] = headroom.flush_shares(one[i])
     reference = int(found["reference"][0])
     body["health"]["reference_layer"] = None if reference < 0 else one[reference]["layer"]
     body["health"]["step"] = int(steps[at])
@@ -275,6 +122,7 @@ def _at_step(layer, at):
         tensors={name: cut(t) for name, t in layer["tensors"].items()},
         units=None if layer["units"] is None else cut(layer["units"]),
         precision={name: cut(p) for name, p in layer["precision"].items()},
+        updates={name: cut(u) for name, u in layer.get("updates", {}).items()},
     )
 
 

@@ -14,6 +14,7 @@ from tensorboard import errors
 from tensorboard.plugins import base_plugin
 
 from tb_gradviz.board import (
+    columns,
     health,
     layer_impls,
     onset,
@@ -114,9 +115,9 @@ class GradVizPlugin(layer_impls.LayerImpls, base_plugin.TBPlugin):
         return body
 
     def _digest_columns(self, run_store, layers):
-        """`(steps, columns)` of the run's digest (`onset.digest_columns`), or None without one."""
-        steps, columns = onset.digest_columns(layers, onset.read_digests(run_store))
-        return (steps, columns) if len(steps) and columns else None
+        """The run's `columns.Columns` from its digest, or None without one."""
+        found = columns.digest_columns(layers, columns.read_digests(run_store))
+        return found if len(found.steps) and found.layers else None
 
     def onset_impl(self, ctx, experiment, run, ratio=health.DEFAULT_RATIO):
         """Returns the `/onset` body: where each flag was first raised in a run (`onset`).
@@ -158,9 +159,10 @@ class GradVizPlugin(layer_impls.LayerImpls, base_plugin.TBPlugin):
         layers = run_store.layers()
         found = self._digest_columns(run_store, layers)
         if found is None:
-            result = onset.records_columns(layers, run_store.series_by_kind(layers))
+            found, listed = columns.records_columns(layers, run_store.series_by_kind(layers))
+            result = (*found, listed)
         else:
-            result = (*found, onset.listed_dead_channels(run_store, layers))
+            result = (*found, columns.listed_dead_channels(run_store, layers))
         return (*result, found is not None) if with_source else result
 
     def timeline_impl(
@@ -204,26 +206,18 @@ class GradVizPlugin(layer_impls.LayerImpls, base_plugin.TBPlugin):
         with self._caches.reading([("timeline", experiment, run)]):
             body = self._caches.bodies.get(key, current)
             if body is None:
-                body = self._timeline_body(run_store, found, field, role, width, ratio)
+                body = self._timeline_body(run_store, field, role, width, ratio)
                 body["budget"] = self.budget_impl(ctx, experiment, run)
                 self._caches.bodies.put(key, current, body)
         return body
 
-    def _timeline_body(self, run_store, found, field, role, width, ratio):
-        """Builds the `/timeline` body from the run's digest series `found` (`RunStore.digests`)."""
+    def _timeline_body(self, run_store, field, role, width, ratio):
+        """Builds the `/timeline` body from the run's digest columns, those `/onset` judges."""
         run = run_store.run
-        digests = [
-            (rows, run_store.read({tag: ts}, timeline.digest_layout(rows), digest.PLUGIN_NAME)[tag])
-            for tag, (rows, ts) in found.items()
-        ]
-        # Only the flush share needs each layer's compute dtype (its metadata, in the listing).
-        dtypes = None
-        if field == "flush_share":
-            dtypes = {
-                name: layer["info"].get("layer_dtype") for name, layer in run_store.layers().items()
-            }
-        body = timeline.timeline_body(run, digests, field, role, width, ratio, dtypes)
-        if body is None:
+        found = self._digest_columns(run_store, run_store.layers())
+        if found is not None:
+            body = timeline.timeline_body(run, found, field, role, width, ratio)
+        if found is None or body is None:
             raise errors.NotFoundError(
                 f"run {run!r} has no digest (it was written by a tb_gradviz without one)"
             )

@@ -111,6 +111,7 @@ def _layer_at(name, layer, series_by_kind, limit):
         if update_ratio is None
         else health.update_size(update_ratio, _layer_interval(updates_at)),
         "flow": health.layer_flow(columns),
+        "flush_share": headroom.flush_shares(columns),
     }
     return snapshot, columns
 

@@ -91,7 +91,8 @@ def _print_text(results, fail_on):
             print("(dead units not recorded: the run was written before tb_gradviz recorded them)")
         if result["onsets"]:
             print(
-                "\nonset  (the first step each flag was raised, and its first layer in model order)"
+                "\nonset  (the first step each flag was raised, and where it began: the first "
+                "tensor that raised it in the order the step computed them)"
             )
             print(
                 table(
