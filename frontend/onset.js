@@ -1,6 +1,7 @@
 // Where each training-health flag began in a run (`/onset`): a compact table
-// of each raised flag's first step, first layer in model order, the tensor
-// its rule read, and whether it persists. Clicking a row's layer opens that
+// of each raised flag's first step, the layer and tensor where it began there
+// (the server's choice: the first tensor that raised it in the order the step
+// computed them), and whether it persists. Clicking a row's layer opens that
 // layer at that step. The rows and texts are pure functions (run under node);
 // OnsetTable puts them in the DOM.
 
@@ -10,7 +11,7 @@ import {markDrawn} from './drawn.js';
 import {fetchJson} from './model.js';
 import {LatestRequest} from './requests.js';
 
-const COLUMNS = ['Flag', 'First step', 'First layer', 'Tensor', 'Persists'];
+const COLUMNS = ['Flag', 'First step', 'Layer', 'Tensor', 'Persists'];
 
 export function fetchOnset(run, fetchImpl) {
   return fetchJson('onset', {run}, fetchImpl);
