@@ -269,19 +269,6 @@ export function distinctLines(wanted, snapshots) {
 /** The roles whose flush share the view draws: the gradients. */
 export const FLUSH_ROLES = ['output_gradient', 'input_gradient', WEIGHT_GRADIENT];
 
-/** The narrow formats a layer can compute in (headroom.COMPUTE_FORMATS on the server). */
-export const COMPUTE_FORMATS = ['float16', 'bfloat16'];
-
-/**
- * The format a layer's flush share is taken in: the one it computes in when
- * that is float16 or bfloat16, else float16 (what a float32 layer would
- * meet under mixed_float16). `computes` says which of the two it is.
- */
-export function flushFormat(layerDtype) {
-  const computes = COMPUTE_FORMATS.includes(layerDtype);
-  return {format: computes ? layerDtype : 'float16', computes};
-}
-
 /** How a flush share is labelled: "flushes in bfloat16", or "would flush in float16". */
 export function flushLabel({format, computes}) {
   return `${computes ? 'flushes' : 'would flush'} in ${format}`;
@@ -293,27 +280,17 @@ export function flushText(flush) {
 }
 
 /**
- * The share of one role's finite non-zero values in a /step layer that a
- * cast to its flush format underflows (to zero or subnormal: IEEE
- * underflow, as the server's `headroom.shares`), as the values are: all the
- * layer's tensors of that role pooled. Null when the layer has no tensor of
- * that role or one of them has no precision record (a run written before
- * it); NaN when none of the values is finite and non-zero.
+ * The share of one role's finite non-zero values in a /step layer that flush
+ * to zero, as the server sends it (the layer's `flush_share`, docs/API.md: the
+ * server decides the format and pools the role's tensors; the page shows it
+ * and never computes it). Null when the layer has no tensor of that role or
+ * one of them has no precision record; `share` is NaN when none of the values
+ * is finite and non-zero.
  *
  * @returns {?{share: number, format: string, computes: boolean, flushed: number, total: number}}
  */
 export function flushShare(layer, role) {
-  const tensors = Object.values(layer?.tensors ?? {}).filter((tensor) => tensor.role === role);
-  if (tensors.length === 0 || tensors.some((tensor) => !tensor.precision)) return null;
-  const {format, computes} = flushFormat(layer.layer_dtype);
-  let flushed = 0;
-  let total = 0;
-  for (const {precision} of tensors) {
-    const counts = precision.formats[format].as_is;
-    flushed += counts.to_zero + counts.subnormal;
-    total += precision.finite_nonzero;
-  }
-  return {share: total > 0 ? flushed / total : NaN, format, computes, flushed, total};
+  return layer?.flush_share?.[role] ?? null;
 }
 
 /**

@@ -147,27 +147,27 @@ test('the flow asks for each shown run at the slider step then the kept ones, an
   assert.deepEqual(flowmodel.wantedLines('a', null, 3, []).map(({run, requested}) => [run, requested]), [['a', 3]]);
 });
 
-test('a gradient\'s flush share pools its tensors\' precision records, in float16 for a float32 layer', () => {
+test('the page shows the flush share /step sends, which pools each role\'s precision records in float16 for a float32 layer', () => {
   const clean = latest('clean');
   const pool = clean.layers.find(({layer}) => layer === 'pool');
   assert.equal(pool.layer_dtype, 'float32');
+  const share = flowmodel.flushShare(pool, 'input_gradient');
+  assert.equal(share, pool.flush_share.input_gradient);
+  // What the server sends: the precision record's float16 underflow, as the values are.
   const record = pool.tensors.input_gradient.precision;
   const {to_zero: toZero, subnormal} = record.formats.float16.as_is;
-  const share = flowmodel.flushShare(pool, 'input_gradient');
   assert.deepEqual(share, {share: (toZero + subnormal) / record.finite_nonzero, format: 'float16', computes: false,
     flushed: toZero + subnormal, total: record.finite_nonzero});
   // A max pool without ties: a quarter of its input gradient is non-zero, all of it finite.
   const {count, zeros} = pool.tensors.input_gradient.stats;
-  assert.equal(share.total, count - zeros);
   assert.equal(share.total * 4, count);
+  assert.equal(share.total, count - zeros);
   // The Add's two input gradients pooled, as /step's flow pools them.
   const add = clean.layers.find(({layer}) => layer === 'add');
   const inputs = Object.values(add.tensors).filter(({role}) => role === 'input_gradient');
   assert.equal(inputs.length, 2);
-  const pooled = flowmodel.flushShare(add, 'input_gradient');
-  assert.equal(pooled.total, inputs[0].precision.finite_nonzero + inputs[1].precision.finite_nonzero);
-  assert.equal(pooled.flushed, inputs.reduce((sum, {precision}) =>
-    sum + precision.formats.float16.as_is.to_zero + precision.formats.float16.as_is.subnormal, 0));
+  assert.equal(flowmodel.flushShare(add, 'input_gradient').total,
+    inputs[0].precision.finite_nonzero + inputs[1].precision.finite_nonzero);
   // The vanishing sigmoid stack: its first layer's gradient underflows float16 more than the head's.
   const vanishing = latest('vanishing');
   const first = flowmodel.flushShare(vanishing.layers.find(({layer}) => layer === 'body/sigmoid_0'), 'output_gradient');
@@ -175,25 +175,21 @@ test('a gradient\'s flush share pools its tensors\' precision records, in float1
   assert.ok(first.share > head.share && first.share > 0, `${first.share} vs ${head.share}`);
 });
 
-test('a layer computing in bfloat16 is judged in bfloat16; without a record the share is null, with no value NaN', () => {
+test('the page never recomputes the flush share from the precision records: without flush_share it has none', () => {
   const pool = structuredClone(latest('clean').layers.find(({layer}) => layer === 'pool'));
+  // Records that would give another share, and another dtype: the served share is what is shown.
+  pool.tensors.output_gradient.precision.formats.float16.as_is.to_zero += 7;
   pool.layer_dtype = 'bfloat16';
-  const record = pool.tensors.output_gradient.precision;
-  const counts = record.formats.bfloat16.as_is;
-  const share = flowmodel.flushShare(pool, 'output_gradient');
-  assert.deepEqual([share.format, share.computes, share.flushed], ['bfloat16', true, counts.to_zero + counts.subnormal]);
-  assert.equal(flowmodel.flushLabel(share), 'flushes in bfloat16');
-  assert.equal(flowmodel.flushLabel(flowmodel.flushFormat('float32')), 'would flush in float16');
-  assert.deepEqual(flowmodel.flushFormat('float16'), {format: 'float16', computes: true});
-  // No tensor of the role, or one without a record (an older run): nothing, not 0.
+  assert.equal(flowmodel.flushShare(pool, 'output_gradient'), pool.flush_share.output_gradient);
+  assert.equal(pool.flush_share.output_gradient.format, 'float16');
+  // A layer the server sent no share for (no tensor of the role, no record, or a server before it).
   assert.equal(flowmodel.flushShare(pool, 'weight_gradient'), null);
-  pool.tensors.output_gradient.precision = null;
+  delete pool.flush_share;
   assert.equal(flowmodel.flushShare(pool, 'output_gradient'), null);
   assert.equal(flowmodel.flushShare(undefined, 'output_gradient'), null);
-  // Only zeros: nothing to take a share of.
-  const empty = {finite_nonzero: 0, formats: {float16: {as_is: {to_zero: 0, subnormal: 0, overflow: 0}}}};
-  const zeros = {layer_dtype: 'float32', tensors: {g: {role: 'output_gradient', precision: empty}}};
-  assert.ok(Number.isNaN(flowmodel.flushShare(zeros, 'output_gradient').share));
+  // How it is worded, from the served format and whether the layer computes in it.
+  assert.equal(flowmodel.flushLabel({format: 'bfloat16', computes: true}), 'flushes in bfloat16');
+  assert.equal(flowmodel.flushLabel({format: 'float16', computes: false}), 'would flush in float16');
   assert.equal(flowmodel.flushText({share: 2 / 384, format: 'float16', computes: false, flushed: 2, total: 384}),
     '0.52 % would flush in float16 (2 of 384)');
 });

@@ -111,21 +111,17 @@ test('colours run from the ramp\'s first stop to its last; a difference is white
   assert.equal(timelinemodel.colourOf(null, 0, 1, false), null);
 });
 
-test('the flush share of each layer is its /step precision record\'s, in float16 for a float32 layer', () => {
+test('the flush share of each layer at the last column is the one /step sends at the last step', () => {
   const body = answer('timeline', {run: 'clean', field: 'flush_share'});
   const matrix = timelinemodel.timelineMatrix(body);
   const latest = answer('step', {run: 'clean'});
   assert.equal(body.columns.last_step.at(-1), latest.step);
   assert.deepEqual(matrix.rows.map((row) => row.layer), latest.layers.map((layer) => layer.layer));
   for (const row of matrix.rows) {
-    const layer = latest.layers.find((entry) => entry.layer === row.layer);
-    const counts = Object.values(layer.tensors).filter(({role}) => role === 'output_gradient')
-      .map(({precision}) => [precision.formats.float16.as_is, precision.finite_nonzero]);
-    const flushed = counts.reduce((sum, [c]) => sum + c.to_zero + c.subnormal, 0);
-    const total = counts.reduce((sum, [, n]) => sum + n, 0);
-    assert.equal(row.format, 'float16');
-    assert.equal(row.envelope.max.at(-1), flushed / total, row.layer);
-    assert.equal(row.values.at(-1), flushed / total); // a plain fraction, not a log
+    const sent = latest.layers.find((entry) => entry.layer === row.layer).flush_share.output_gradient;
+    assert.equal(row.format, sent.format);
+    assert.equal(row.envelope.max.at(-1), sent.share, row.layer);
+    assert.equal(row.values.at(-1), sent.share); // a plain fraction, not a log
   }
   assert.match(timelinemodel.describeCell(matrix, {row: 0, column: 0}),
     /^conv, step \d+: flush_share in float16 \d/);
