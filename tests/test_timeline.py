@@ -124,6 +124,7 @@ def test_the_cost_budget_record_is_served_with_the_timeline_and_summarised(tmp_p
     log = events.EventLog(tmp_path / "budgeted")
     for step in (1, 2, 3):
         clock.now += 1.0
+        spent.passed(1)
         spent.log_started()
         clock.now += 0.5
         spent.log_ended()
@@ -135,7 +136,7 @@ def test_the_cost_budget_record_is_served_with_the_timeline_and_summarised(tmp_p
             summaries.stats_vector(values),
             {"layer_index": 0, "role": records.OUTPUT_GRADIENT, "index": 0, "shape": [16]},
         )
-        log.write(step, written + spent.records(1))
+        log.write(step, written + spent.records())
     log.close()
     write(tmp_path / "plain")
     client = make_app(tmp_path, samples_per_plugin=WHOLE)[0]
@@ -143,19 +144,19 @@ def test_the_cost_budget_record_is_served_with_the_timeline_and_summarised(tmp_p
     assert body["budget"] == {
         "budget": 0.02,
         "asked_interval": 1,
-        "interval": spent.interval(1),
+        "interval": spent.interval,
         "share": pytest.approx(1 / 3),
         "log_seconds": 1.0,
         "train_seconds": 2.0,
         "step": 3,
     }
-    assert spent.interval(1) > 1  # logging took a third of the time: the interval stretched
+    assert spent.interval > 1  # logging took a third of the time: the interval stretched
     assert get(client, run="plain")[1]["budget"] is None
     # tb-gradviz summary says it too.
     assert cli.main(["summary", str(tmp_path), "--run", "budgeted"]) == 0
     out = capsys.readouterr().out
     assert (
-        f"logging budget 2 %: every {spent.interval(1)} (asked: every 1), logging took 33.3 % "
+        f"logging budget 2 %: every {spent.interval} (asked: every 1), logging took 33.3 % "
         "of training time (at step 3)"
     ) in out
 

@@ -1,17 +1,33 @@
-"""The callback's cost budget: how often to log so that logging takes a bounded share of training.
+"""The callback's cost budget: when to log, so that logging takes a bounded share of training.
 
-`Budget` times each log event against the training time between log
-events (the wall time from the end of one log event to the start of the
-next) and, with a budget, stretches the interval the user asked for to a
-whole multiple of it, so that the share of time spent logging stays within
-the budget; it never logs more often than asked. Without a budget it warns
-once when the share passes `WARN_SHARE` (after `WARN_AFTER_SECONDS`
-measured). The first log event of a fit is left out of the measurement: it
-builds and compiles the probe pass.
+`Budget` owns the log schedule and what it is decided from. Its caller (the callback) tells it
+when a fit begins and ends, when units pass (optimizer steps, or epochs, as asked), and when each
+log event starts and ends; it asks `due` whether to log now. Nothing else keeps a count of units.
 
-With a budget, each log event records what was measured and decided
-(`Budget.records`), under the digest's plugin name so that it is kept
-whole: docs/FORMAT.md.
+The schedule: events are due one interval apart, in units, from the first multiple of the interval
+asked for; an event comes at the first unit at or after its due one (later only when Keras calls
+the batch hook every `steps_per_execution` steps). Without a budget the interval is the one asked
+for. With a budget it is the smallest whole multiple of the one asked for at which
+
+    share = event_seconds / (event_seconds + interval * unit_seconds) <= budget,
+
+where `event_seconds` is the mean cost of a log event and `unit_seconds` the mean training time
+of a unit, both running means of what was measured (each newest measurement weighs `_SMOOTHING`),
+so the interval follows a change in either within a few events and holds still while neither
+changes.
+It never logs more often than asked. The interval is decided at each event and holds until the
+next; due events are never closer than it.
+
+The measurement holds across `fit` calls: log time is the time from `log_started` to
+`log_ended`, training time the wall time within fits between log events (time between fits is
+not training), and the count of units goes on from one fit to the next. The first event of the
+callback's life, and the first after the probe pass or the model's train function is built
+again, are left out of the measurement together with the training before them: both include
+compilation. Without a budget it warns once when the share passes `WARN_SHARE`
+(after `WARN_AFTER_SECONDS` measured).
+
+With a budget, each log event records what was measured and decided (`Budget.records`), under
+the digest's plugin name so that it is kept whole: docs/FORMAT.md.
 """
 
 import math
@@ -25,18 +41,22 @@ from tb_gradviz.format import digest, metadata
 WARN_SHARE = 0.10
 # ... once this much time is measured: a short fit's share says little.
 WARN_AFTER_SECONDS = 5.0
-# Weight of the newest measurement in the running means the interval is
-# decided from: a change in the step time shows within a few log events.
+# Weight of the newest measurement in the running means the interval is decided from: a
+# change in the step time shows within a few log events, and one slow event (a pause, a
+# garbage collection) moves it by less than a third of its excess.
 _SMOOTHING = 0.3
+# A needed interval within this of a whole number of asked intervals is that number (the
+# quotient of measured times is not exact in floating point).
+_ROUNDING = 1e-9
 
 TAG = f"{digest.TAG_PREFIX}/budget"
 FIELDS = (
     "budget",  # the share asked for
     "asked_interval",  # the interval asked for (batches or epochs)
     "interval",  # the interval used from this log event to the next
-    "share",  # measured: log time / (log time + training time), this fit so far
-    "log_seconds",  # measured log time, this fit so far
-    "train_seconds",  # measured training time between log events, this fit so far
+    "share",  # measured: log time / (log time + training time), the callback's life so far
+    "log_seconds",  # measured log time, the callback's life so far
+    "train_seconds",  # measured training time between log events, the callback's life so far
 )
 
 
@@ -64,32 +84,78 @@ def check_budget(budget):
 
 
 class Budget:
-    """Measures the log events' share of training time and decides the interval.
+    """The log schedule, and the measurement of logging's share of training time it follows.
 
     Args:
       budget: None, or the share of training time logging may take, in (0, 1).
+      asked: the interval asked for, in units (batches or epochs), >= 1.
       clock: seconds as a float; `time.perf_counter` unless a test passes its own.
+
+    Attributes:
+      interval: the interval in force, in units: a whole multiple of `asked`.
+      position: units passed, as the caller counts them (`begin_fit`, `passed`).
+      log_seconds, train_seconds: the measured log time and training time so far.
     """
 
-    def __init__(self, budget=None, clock=time.perf_counter):
+    def __init__(self, budget=None, asked=1, clock=time.perf_counter):
         self.budget = check_budget(budget)
-        self._clock = clock
-        self._warned = False
-        self.begin_fit()
-
-    def begin_fit(self):
-        """Starts a new measurement (at each `fit`): the first log event is again left out."""
-        self.factor = 1
+        self.asked = asked
+        self.interval = asked
+        self.position = 0
         self.log_seconds = 0.0
         self.train_seconds = 0.0
+        self._clock = clock
+        self._warned = False
+        self._anchored = False
+        self._next_due = asked
+        self._mean_event = None
+        self._mean_unit = None
+        # The training since the last event: time within fits, and units.
+        self._train_pending = 0.0
+        self._units_pending = 0
+        # When the current stretch of training began; None while none runs.
+        self._training_since = None
+        self._in_fit_or_loop = True  # False between `end_fit` and `begin_fit`
+        self._leave_out = True
         self._started = None
-        self._last_end = None
-        self._mean_log = None
-        self._mean_train_per_unit = None
 
-    def interval(self, asked):
-        """The interval to log at: `asked` times the factor the budget needs (1 without one)."""
-        return asked * self.factor
+    def begin_fit(self, position=None, rebuilt=False):
+        """A fit begins: training time counts again from now.
+
+        Args:
+          position: the caller's count of units now (the optimizer's iterations), or None to go
+            on counting from `passed` alone. The first one anchors the schedule at the first
+            multiple of `asked` after it; a later one that differs from `position` (units passed
+            where this budget did not see them: another optimizer, a fit without the callback)
+            moves the due event with it, so the units left until it stay as they were.
+          rebuilt: the probe pass or the train function was built for this fit: the next event
+            and the training before it include compilation and are left out of the measurement.
+        """
+        if position is not None:
+            if not self._anchored:
+                self._next_due = (position // self.asked + 1) * self.asked
+            else:
+                self._next_due += position - self.position
+            self.position = position
+        self._anchored = True
+        self._leave_out = self._leave_out or rebuilt
+        self._in_fit_or_loop = True
+        self._training_since = self._clock()
+
+    def end_fit(self):
+        """A fit ends: the time until the next `begin_fit` is not training."""
+        self._stop_training_clock()
+        self._in_fit_or_loop = False
+
+    def passed(self, units):
+        """`units` more units of training have passed (batches or epochs, as asked)."""
+        self.position += units
+        self._units_pending += units
+
+    @property
+    def due(self):
+        """Whether the schedule has an event due now."""
+        return self.position >= self._next_due
 
     @property
     def share(self):
@@ -98,51 +164,70 @@ class Budget:
         return self.log_seconds / total if total > 0 else math.nan
 
     def log_started(self):
+        self._stop_training_clock()
         self._started = self._clock()
 
     def log_ended(self):
-        """Measures the log event that `log_started` began and decides the next interval."""
+        """Measures the event `log_started` began, decides the interval and the next due event.
+
+        A due event moves the next one an interval on (past `position`); an event called for
+        while none is due leaves the schedule as it was.
+        """
         end = self._clock()
-        spent = end - self._started
-        if self._last_end is not None:
-            train = max(self._started - self._last_end, 0.0)
-            self.log_seconds += spent
-            self.train_seconds += train
-            self._mean_log = _smoothed(self._mean_log, spent)
-            self._mean_train_per_unit = _smoothed(self._mean_train_per_unit, train / self.factor)
-            if self.budget is not None:
-                self.factor = self._factor_for_budget()
-            elif (
-                not self._warned
-                and self.log_seconds + self.train_seconds >= WARN_AFTER_SECONDS
-                and self.share > WARN_SHARE
-            ):
-                self._warned = True
-                warnings.warn(
-                    f"tb_gradviz: logging takes {self.share:.0%} of training time "
-                    f"({self.log_seconds:.1f} s of {self.log_seconds + self.train_seconds:.1f} s); "
-                    "log less often (every_n_batches, every_n_epochs), choose fewer layers, "
-                    "or pass budget=0.02 to let the callback stretch the interval",
-                    stacklevel=3,
-                )
-        self._last_end = end
+        if self._leave_out:
+            self._leave_out = False
+        else:
+            self._measure(end - self._started)
+        if self.due:
+            behind = self.position - self._next_due
+            self._next_due += self.interval * (behind // self.interval + 1)
+        self._train_pending, self._units_pending = 0.0, 0
+        if self._in_fit_or_loop:
+            self._training_since = end
 
-    def _factor_for_budget(self):
-        # log / (log + factor * train_per_unit) <= budget
-        if not self._mean_train_per_unit:
-            return max(self.factor * 2, 1)
-        needed = self._mean_log * (1 - self.budget) / (self.budget * self._mean_train_per_unit)
-        return max(1, math.ceil(needed))
+    def _stop_training_clock(self):
+        if self._training_since is not None:
+            self._train_pending += max(self._clock() - self._training_since, 0.0)
+            self._training_since = None
 
-    def records(self, asked):
+    def _measure(self, spent):
+        self.log_seconds += spent
+        self.train_seconds += self._train_pending
+        self._mean_event = _smoothed(self._mean_event, spent)
+        if self._units_pending > 0:
+            per_unit = self._train_pending / self._units_pending
+            self._mean_unit = _smoothed(self._mean_unit, per_unit)
+        if self.budget is not None:
+            if self._mean_unit:
+                self.interval = self._interval_for_budget()
+        elif (
+            not self._warned
+            and self.log_seconds + self.train_seconds >= WARN_AFTER_SECONDS
+            and self.share > WARN_SHARE
+        ):
+            self._warned = True
+            warnings.warn(
+                f"tb_gradviz: logging takes {self.share:.0%} of training time "
+                f"({self.log_seconds:.1f} s of {self.log_seconds + self.train_seconds:.1f} s); "
+                "log less often (every_n_batches, every_n_epochs), choose fewer layers, "
+                "or pass budget=0.02 to let the callback stretch the interval",
+                stacklevel=3,
+            )
+
+    def _interval_for_budget(self):
+        # event / (event + interval * unit) <= budget
+        needed = self._mean_event * (1 - self.budget) / (self.budget * self._mean_unit)
+        return self.asked * max(1, math.ceil(needed / self.asked - _ROUNDING))
+
+    def records(self):
         """The `(tag, array, metadata)` record of what was measured and decided (none without)."""
         if self.budget is None:
             return []
         vector = np.array(
             [
                 self.budget,
-                asked,
-                self.interval(asked),
+                self.asked,
+                self.interval,
                 self.share,
                 self.log_seconds,
                 self.train_seconds,

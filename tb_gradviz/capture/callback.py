@@ -2,7 +2,7 @@
 
 import keras
 
-from tb_gradviz.capture import arguments, probe, selection
+from tb_gradviz.capture import arguments, loss_scale, probe, selection
 from tb_gradviz.capture import budget as budget_module
 from tb_gradviz.capture import weights as weights_module
 from tb_gradviz.format import events, metadata, records
@@ -51,7 +51,8 @@ class GradVizCallback(keras.callbacks.Callback):
         (`"resnet50/conv*_out"`), a layer instance (`model.get_layer("pool")`,
         or a layer of a nested model), a layer class, a predicate
         `layer -> bool`, or a list of those.
-      every_n_epochs: log at the end of every N-th epoch. Default 1.
+      every_n_epochs: log at the end of every N-th epoch, counting the epochs
+        of every `fit` this callback is passed to. Default 1.
       every_n_batches: log instead every N optimizer steps (then
         `every_n_epochs` must be left at its default or None). With
         `steps_per_execution` > 1, Keras ends a batch every that many steps:
@@ -83,9 +84,10 @@ class GradVizCallback(keras.callbacks.Callback):
         0.02): the callback times its log events against the training time
         between them and logs every whole multiple of the asked interval
         that keeps the share within it, never more often than asked
-        (`budget.Budget`). Each log event records the interval used and the
-        measured share. Without a budget, a warning says once when logging
-        passes 10 % of training time.
+        (`budget.Budget`, docs/costs.md). What it measured holds across
+        repeated `fit` calls with the same callback. Each log event records
+        the interval used and the measured share. Without a budget, a
+        warning says once when logging passes 10 % of training time.
 
     Raises:
       TypeError: an argument's type is not one allowed.
@@ -133,13 +135,16 @@ class GradVizCallback(keras.callbacks.Callback):
             map_settings if arguments.check_bool("routing_map", routing_map) else None
         )
         self.weights = arguments.check_bool("weights", weights)
-        self._budget = budget_module.Budget(budget)
+        # The one owner of the log schedule: units passed, the interval, when to log.
+        self._budget = budget_module.Budget(
+            budget, asked=self.every_n_batches or self.every_n_epochs
+        )
         # Last: a source's first batch is read only once every other argument is valid.
         self._probe = arguments.probe_batch(probe_data)
         self._log = events.EventLog(location)
         self._capture = None
         self._updates = None
-        self._logged_multiple = 0
+        self._train_function = None
 
     @property
     def chosen_layers(self):
@@ -147,13 +152,17 @@ class GradVizCallback(keras.callbacks.Callback):
         return [] if self._capture is None else [c.path for c in self._capture.chosen]
 
     def on_train_begin(self, logs=None):
+        capture = self._capture
         self._build()
-        self._budget.begin_fit()
-        if self.every_n_batches is not None:
-            # Keras calls the batch hook once per `steps_per_execution` steps, so
-            # the step is compared with the last multiple of N logged, not tested
-            # for divisibility.
-            self._logged_multiple = self._step() // self.every_n_batches
+        # Keras makes the train function before this hook, and again only when the model
+        # is compiled again: a new one compiles in the first steps of this fit.
+        train_function = getattr(self.model, "train_function", None)
+        rebuilt = self._capture is not capture or train_function is not self._train_function
+        self._train_function = train_function
+        # Batches are counted by the optimizer's iterations (Keras calls the batch
+        # hook once per `steps_per_execution` steps), epochs by the budget itself.
+        position = self._step() if self.every_n_batches is not None else None
+        self._budget.begin_fit(position, rebuilt=rebuilt)
 
     def _build(self):
         """Builds the probe pass, once per model."""
@@ -188,20 +197,18 @@ class GradVizCallback(keras.callbacks.Callback):
             self._updates = weights_module.Updates() if self.weights else None
 
     def on_epoch_end(self, epoch, logs=None):
-        if (
-            self.every_n_epochs is not None
-            and (epoch + 1) % self._budget.interval(self.every_n_epochs) == 0
-        ):
-            self.log_now()
+        if self.every_n_epochs is not None:
+            self._budget.passed(1)
+            if self._budget.due:
+                self.log_now()
 
     def _on_train_batch_end(self, batch, logs=None):
-        multiple = self._step() // self._budget.interval(self.every_n_batches)
-        if multiple > self._logged_multiple:
+        self._budget.passed(self._step() - self._budget.position)
+        if self._budget.due:
             self.log_now()
-            # In multiples of the interval the budget decided at this log event.
-            self._logged_multiple = self._step() // self._budget.interval(self.every_n_batches)
 
     def on_train_end(self, logs=None):
+        self._budget.end_fit()
         self._log.close()
 
     def log_now(self, step=None):
@@ -242,7 +249,8 @@ class GradVizCallback(keras.callbacks.Callback):
         if self._updates is not None:
             written += self._updates.records(self._capture.plans, step, host_weights)
         self._budget.log_ended()
-        written += self._budget.records(self.every_n_batches or self.every_n_epochs or 0)
+        written += self._budget.records()
+        written += loss_scale.records(self.model)
         self._log.write(step, written)
         if self.stop_on_nonfinite:
             nonfinite = [
