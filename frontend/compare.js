@@ -116,20 +116,20 @@ const OVERLAY_ZERO_GAP = 14;
  * the magnitude histograms at the chosen step, as shares of all elements.
  *
  * @param {{run: string, series: object}[]} entries one or two runs.
+ * @returns {Promise} resolves once the charts show the records at `step`
  */
 export function renderRunComparison(container, entries, step) {
   if (entries.length === 0) {
     container.replaceChildren(html('p', {className: 'empty', text: 'No tensor to compare.'}));
-    return;
+    return Promise.resolve();
   }
   container.dataset.step = step;
   const pending = entries.filter(({series}) => model.snapshotAt(series, step)?.pending);
-  if (pending.length) {
-    // Downsampled series: their records at this step are fetched, then the charts drawn again.
-    Promise.all(pending.map(({series}) => model.loadRecord(series, step))).then(() => {
+  // Downsampled series: their records at this step are fetched, then the charts drawn again.
+  const drawing = pending.length === 0 ? Promise.resolve()
+    : Promise.all(pending.map(({series}) => model.loadRecord(series, step))).then(() => {
       if (container.isConnected && container.dataset.step === String(step)) renderRunComparison(container, entries, step);
     }, () => {});
-  }
   const legend = html('ul', {className: 'run-legend'}, entries.map(({run}, i) =>
     html('li', {className: `series-${i}`}, [html('span', {className: 'swatch'}), html('span', {text: run})])));
   container.replaceChildren(
@@ -142,6 +142,7 @@ export function renderRunComparison(container, entries, step) {
       ]),
     ]),
   );
+  return drawing;
 }
 
 function zeroFractionChart(entries, step) {

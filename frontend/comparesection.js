@@ -3,7 +3,7 @@
 // DOM is layout.js's; the charts are compare.js's.
 
 import * as compare from './compare.js';
-import {markDrawn} from './drawn.js';
+import {markWhenDrawn} from './drawn.js';
 import * as layout from './layout.js';
 import * as model from './model.js';
 import {LatestRequest} from './requests.js';
@@ -97,7 +97,7 @@ export class CompareSection {
 
   render() {
     if (!this.comparison) return;
-    compare.renderRunComparison(this.ui.compareCharts, this.comparison, this.step);
-    markDrawn(this.ui.compareCharts, {...this.drawn, step: this.step});
+    markWhenDrawn([this.ui.compareCharts], {...this.drawn, step: this.step},
+      compare.renderRunComparison(this.ui.compareCharts, this.comparison, this.step));
   }
 }

@@ -29,6 +29,12 @@ export function renderPanels(container, layer, tensors, {step, logarithmic}) {
     const snapshot = series && model.snapshotAt(series, step);
     return tensorPanel(layer, info, series, snapshot, logarithmic);
   }));
+  return panelsDrawn(container);
+}
+
+/** Resolves once every panel in `container` has drawn its step (a pending record fetched). */
+export function panelsDrawn(container) {
+  return Promise.all([...container.querySelectorAll('.panel')].map((panel) => panel.drawing));
 }
 
 /**
@@ -73,7 +79,7 @@ export function tensorPanel(layer, info, series, snapshot, logarithmic) {
     // A downsampled series: the record of this step is fetched, then the panel drawn again.
     const note = html('p', {className: 'empty', text: `Loading step ${snapshot.step}…`});
     panel.append(note);
-    model.loadRecord(series, snapshot.step).then(() => {
+    panel.drawing = model.loadRecord(series, snapshot.step).then(() => {
       if (panel.isConnected) {
         panel.replaceWith(tensorPanel(layer, info, series, model.snapshotAt(series, snapshot.step), logarithmic));
       }

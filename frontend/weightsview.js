@@ -6,7 +6,7 @@ import * as charts from './charts.js';
 import * as flowmodel from './flowmodel.js';
 import * as model from './model.js';
 import {html, round, svg, tooltip} from './dom.js';
-import {tensorPanel} from './views.js';
+import {panelsDrawn, tensorPanel} from './views.js';
 
 /**
  * The weights of a layer logged with `weights=True`, under its tensors: per
@@ -23,7 +23,7 @@ export function renderWeights(container, layer, weights, {step, logarithmic}) {
   container.hidden = weights.length === 0;
   if (weights.length === 0) {
     container.replaceChildren();
-    return;
+    return Promise.resolve();
   }
   container.replaceChildren(
     html('h2', {text: 'Weights'}),
@@ -36,6 +36,7 @@ export function renderWeights(container, layer, weights, {step, logarithmic}) {
       ]),
     ])),
   );
+  return panelsDrawn(container);
 }
 
 /** A weight's update at the slider's step, and its update ratio over all steps. */

@@ -3,7 +3,7 @@
 import assert from 'node:assert/strict';
 import {test} from 'node:test';
 
-import {drawnState, markDrawn} from '../../frontend/drawn.js';
+import {drawnState, markDrawn, markWhenDrawn} from '../../frontend/drawn.js';
 
 test('one state has one marker, whatever the order its entries were given in', () => {
   const marker = drawnState({step: 5, run: 'mixed', layer: 'conv2'});
@@ -27,8 +27,51 @@ test('names from the log directory are written as JSON strings, quotes and marku
   assert.equal(drawnState({run: 'é/ü'}), '{"run":"é/ü"}');
 });
 
-test('markDrawn sets data-drawn to the marker of the state', () => {
+function element() {
   const attributes = {};
-  markDrawn({setAttribute: (name, value) => { attributes[name] = value; }}, {step: 2, run: 'a'});
-  assert.deepEqual(attributes, {'data-drawn': '{"run":"a","step":2}'});
+  return {attributes, setAttribute: (name, value) => { attributes[name] = value; }};
+}
+
+function later() {
+  let resolve;
+  const promise = new Promise((done) => { resolve = done; });
+  return {promise, resolve};
+}
+
+test('markDrawn sets data-drawn to the marker of the state', () => {
+  const view = element();
+  markDrawn(view, {step: 2, run: 'a'});
+  assert.deepEqual(view.attributes, {'data-drawn': '{"run":"a","step":2}'});
+});
+
+test('markWhenDrawn marks once the drawing has finished, not before', async () => {
+  const view = element();
+  markDrawn(view, {step: 1});
+  const drawing = later();
+  const marked = markWhenDrawn([view], {step: 2}, drawing.promise);
+  await Promise.resolve();
+  assert.equal(view.attributes['data-drawn'], '{"step":1}');
+  drawing.resolve();
+  await marked;
+  assert.equal(view.attributes['data-drawn'], '{"step":2}');
+});
+
+test('a drawing that finishes after a later one was marked leaves the later marker', async () => {
+  const panels = element();
+  const title = element();
+  const slow = later();
+  const first = markWhenDrawn([panels, title], {step: 1}, slow.promise);
+  const second = markWhenDrawn([panels, title], {step: 2}, Promise.resolve());
+  await second;
+  slow.resolve();
+  await first;
+  assert.equal(panels.attributes['data-drawn'], '{"step":2}');
+  assert.equal(title.attributes['data-drawn'], '{"step":2}');
+  // A marker set at once after a pending one wins as well.
+  const pending = later();
+  const third = markWhenDrawn([panels], {step: 3}, pending.promise);
+  markDrawn(panels, {step: 4});
+  pending.resolve();
+  await third;
+  assert.equal(panels.attributes['data-drawn'], '{"step":4}');
 });
