@@ -20,8 +20,17 @@ import urllib.parse
 
 import numpy as np
 import pytest
+from browser import (  # noqa: F401 (fixture)
+    PANELS,
+    ROUTING_MAP,
+    browser,
+    gradviz_page,
+    keep_screenshot,
+    runs_loaded,
+    tab,
+    wait_drawn,
+)
 from tbserver import get_json, running_tensorboard
-from test_e2e_browser import PLUGIN_FRAME, _runs_loaded, browser, gradviz_page, keep_screenshot  # noqa: F401 (fixture)
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -195,18 +204,23 @@ def _timed_in_page(locator, script):
 
 def test_routing_map_of_resnet50_stem(browser, stem_logs):
     root, logdir = stem_logs
-    ready = _runs_loaded({RUN: STEPS[-1], RUN_224: STEPS[-1]})
+    ready = runs_loaded({RUN: STEPS[-1], RUN_224: STEPS[-1]})
     with (
         running_tensorboard(logdir, root / "tensorboard.log", ready) as url,
         gradviz_page(browser, url) as page,
     ):
-        frame = page.frame_locator(PLUGIN_FRAME)
+        frame = tab(page)
         frame.get_by_label("Run", exact=True).select_option(RUN)
         # The first max pool is the layer the tab opens with: pool1_pool, at the last step.
-        frame.locator(".layer-name", has_text="pool1_pool").wait_for()
-        view = frame.locator(".routemap")
-        view.locator("canvas.base").first.wait_for()
         answer = _api(url, RUN, "pool1_pool")
+        view = wait_drawn(
+            frame,
+            ROUTING_MAP,
+            run=RUN,
+            layer="pool1_pool",
+            step=STEPS[-1],
+            channel=answer["channels"][0]["channel"],
+        )
         assert answer["map"] == {"height": 34, "width": 34} and answer["windows"]["rows"] == 16
         assert view.locator(".routemap-title .layer-meta").text_content() == (
             "Example 0 · the whole 34×34 map · 256 windows 3×3, stride 2×2, valid"
@@ -252,11 +266,13 @@ def test_routing_map_of_resnet50_stem(browser, stem_logs):
 
         # Another channel, then the first map step: the view follows, and stays right.
         channel_select.select_option(channels[-1])
+        wait_drawn(frame, ROUTING_MAP, layer="pool1_pool", channel=int(channels[-1]))
         _check_max_window(page, frame, answer, len(channels) - 1, 17)
         step_slider = frame.get_by_label("Map step", exact=True)
         step_slider.focus()
         step_slider.press("Home")
-        view.locator(".map-step-value", has_text=f"{STEPS[0]} (1 of 2)").wait_for()
+        wait_drawn(frame, ROUTING_MAP, layer="pool1_pool", step=STEPS[0])
+        assert view.locator(".map-step-value").text_content() == f"{STEPS[0]} (1 of 2)"
         earlier = _api(url, RUN, "pool1_pool", STEPS[0])
         index = [c["channel"] for c in earlier["channels"]].index(int(channel_select.input_value()))
         _check_max_window(page, frame, earlier, index, 40)
@@ -264,13 +280,15 @@ def test_routing_map_of_resnet50_stem(browser, stem_logs):
         # The tab's own slider moves the map too.
         frame.get_by_label("Step", exact=True).focus()
         page.keyboard.press("Home")
-        frame.locator(".step-value", has_text=f"{STEPS[0]} (1 of 2)").wait_for()
+        wait_drawn(frame, PANELS, layer="pool1_pool", step=STEPS[0])
         page.keyboard.press("End")
-        view.locator(".map-step-value", has_text=f"{STEPS[-1]} (2 of 2)").wait_for()
+        wait_drawn(frame, ROUTING_MAP, layer="pool1_pool", step=STEPS[-1])
+        assert view.locator(".map-step-value").text_content() == f"{STEPS[-1]} (2 of 2)"
 
         # A 2x2/2 pool: windows touch without overlapping; every position is compared.
         frame.get_by_label("Layer", exact=True).select_option("pool2")
-        view.locator(".layer-meta", has_text="windows 2×2, stride 2×2").wait_for()
+        wait_drawn(frame, ROUTING_MAP, layer="pool2", step=STEPS[-1])
+        assert "windows 2×2, stride 2×2" in view.locator(".layer-meta").text_content()
         pool2 = _api(url, RUN, "pool2")
         _check_max_window(page, frame, pool2, 0, 21)
         cells = pool2["crop"]["height"] * pool2["crop"]["width"]
@@ -281,7 +299,8 @@ def test_routing_map_of_resnet50_stem(browser, stem_logs):
 
         # The global average pool: even shares, no winner.
         frame.get_by_label("Layer", exact=True).select_option("avg_pool")
-        view.locator(".layer-meta", has_text="one global window").wait_for()
+        wait_drawn(frame, ROUTING_MAP, layer="avg_pool", step=STEPS[-1])
+        assert "one global window" in view.locator(".layer-meta").text_content()
         assert (
             view.locator(".routemap-rule")
             .text_content()
@@ -298,7 +317,8 @@ def test_routing_map_of_resnet50_stem(browser, stem_logs):
 
         # Dark mode: the canvases are painted again in TensorBoard's dark colours.
         frame.get_by_label("Layer", exact=True).select_option("pool1_pool")
-        view.locator(".layer-meta", has_text="34×34").wait_for()
+        wait_drawn(frame, ROUTING_MAP, layer="pool1_pool", step=STEPS[-1])
+        assert "34×34" in view.locator(".layer-meta").text_content()
         light = view.locator(".routemap-figure.gradient canvas.base").evaluate("c => c.toDataURL()")
         page.get_by_role("button", name="Menu for changing light or dark theme").click()
         page.get_by_role("menuitem", name="Dark").click()
@@ -313,7 +333,8 @@ def test_routing_map_of_resnet50_stem(browser, stem_logs):
 
         # The 112x112 map at 224 px, cropped: the view stays responsive.
         frame.get_by_label("Run", exact=True).select_option(RUN_224)
-        view.locator(".layer-meta", has_text="of the 114×114 map (cropped").wait_for()
+        wait_drawn(frame, ROUTING_MAP, run=RUN_224, layer="pool1_pool", step=STEPS[-1])
+        assert "of the 114×114 map (cropped" in view.locator(".layer-meta").text_content()
         large = _api(url, RUN_224, "pool1_pool")
         assert large["crop"]["height"] * large["crop"]["width"] > 60 * 60
         _check_max_window(page, frame, large, 0, len(large["channels"][0]["winner"]) // 2)
