@@ -6,7 +6,7 @@ from tensorboard import context
 from tensorboard.backend.event_processing import data_provider, plugin_event_multiplexer
 from tensorboard.plugins import base_plugin
 
-from tb_gradviz.board import plugin, series
+from tb_gradviz.board import plugin, routes, series
 from tb_gradviz.format import records
 
 ENTRY = series.ENTRY_BYTES
@@ -59,6 +59,23 @@ def test_a_cache_keeps_at_most_its_entries_and_bytes_least_recently_used_dropped
         "huge", 1, "x" * (2 * ENTRY + 251)
     )  # larger than the cache alone: not kept, nothing dropped
     assert cache.keys_by_use() == ["d", "e", "b"] and cache.get("huge", 1) is None
+
+
+def test_the_gzipped_bodies_are_bounded_in_bytes():
+    bodies = [{"values": [float(i)] * 1000} for i in range(3)]
+    # 64 bytes the dict, its key's 6, 64 the list and 32 each number.
+    assert series.body_bytes(bodies[0]) == 64 + 6 + 64 + 32 * 1000
+    sizes = []
+    for body in bodies:
+        probe = routes.Encodings()
+        sizes.append(len(probe.gzipped(body)) + series.body_bytes(body) + ENTRY)
+    encodings = routes.Encodings(size=8, max_bytes=sizes[1] + sizes[2])
+    first = encodings.gzipped(bodies[0])
+    assert encodings.gzipped(bodies[0]) is first and len(encodings) == 1
+    encodings.gzipped(bodies[1])
+    encodings.gzipped(bodies[2])  # the first goes: two bodies fill the bytes
+    assert len(encodings) == 2
+    assert encodings.gzipped(bodies[0]) is not first and len(encodings) == 2
 
 
 def test_the_series_cache_is_bounded_in_bytes(tmp_path):

@@ -6,19 +6,17 @@ of the plugin and answers its plain data as JSON through TensorBoard's
 404, 405). `static_route` serves the tab's files behind a path guard.
 """
 
-import collections
 import gzip
 import importlib.resources
 import json
 import os
-import threading
 from typing import NamedTuple
 
 from tensorboard import errors, plugin_util
 from tensorboard.backend import http_util, json_util
 from werkzeug import wrappers
 
-from tb_gradviz.board import query
+from tb_gradviz.board import query, series
 from tb_gradviz.format import metadata
 
 _JSON = "application/json"
@@ -93,35 +91,35 @@ class _Encoded(NamedTuple):
     data: bytes
 
 
+def _encoded_bytes(encoded):
+    return len(encoded.data) + series.body_bytes(encoded.body)
+
+
 class Encodings:
     """The gzipped JSON of the bodies a route answered last, reused for the same body object.
 
     For an impl that returns a cached body, the same object while its data
     is unchanged (and never changed once returned): answering it again
-    costs neither `json.dumps` nor gzip. Holds the last `size` bodies.
+    costs neither `json.dumps` nor gzip. Holds the last `size` bodies, and
+    at most `max_bytes` of them and their encodings (`series.VersionedCache`).
     """
 
-    def __init__(self, size=8):
-        self._size = size
-        self._entries = collections.OrderedDict()
-        self._lock = threading.Lock()
+    def __init__(self, size=8, max_bytes=256 << 20):
+        # Under the body's id: the entry holds the body, so the id is not reused meanwhile.
+        self._entries = series.VersionedCache(size, max_bytes, _encoded_bytes)
+
+    def __len__(self):
+        return len(self._entries.keys_by_use())
 
     def gzipped(self, body):
         """Returns `body` as gzipped JSON, written as `http_util.Respond` writes JSON."""
-        with self._lock:
-            entry = self._entries.get(id(body))
-            if entry is not None and entry.body is body:
-                self._entries.move_to_end(id(body))
-                return entry.data
+        entry = self._entries.get(id(body), None)
+        if entry is not None and entry.body is body:
+            return entry.data
         # NaN and the infinities as strings, ASCII: what Respond sends for a dict.
         text = json.dumps(json_util.Cleanse(body, "utf-8"), ensure_ascii=True)
         data = gzip.compress(text.encode("utf-8"), compresslevel=3, mtime=0)
-        with self._lock:
-            # The body is kept with its encoding, so its id is not reused meanwhile.
-            self._entries[id(body)] = _Encoded(body, data)
-            self._entries.move_to_end(id(body))
-            while len(self._entries) > self._size:
-                self._entries.popitem(last=False)
+        self._entries.put(id(body), None, _Encoded(body, data))
         return data
 
 
