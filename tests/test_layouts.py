@@ -21,7 +21,7 @@ from tensorboard.plugins import base_plugin
 from werkzeug import test as werkzeug_test
 
 from tb_gradviz import cli
-from tb_gradviz.board import plugin
+from tb_gradviz.board import health, plugin
 from tb_gradviz.format import records
 
 LAYOUTS = pathlib.Path(__file__).parent / "data" / "layouts"
@@ -218,12 +218,7 @@ def test_timeline_reads_the_digest_of_every_layout_that_has_one():
                         )
                         np.testing.assert_allclose(row[field]["min"], expected, rtol=1e-6)
                         assert row[field]["min"] == row[field]["max"]
-                        assert row["flags"] == {
-                            "nonfinite": [],
-                            "vanishing": [],
-                            "exploding": [],
-                            "dead": [],
-                        }
+                        assert row["flags"] == {flag: [] for flag in health.FLAGS}
             body = get(client, "/timeline", run=run, field="update_ratio")
             ratios = {row["layer"]: row["update_ratio"]["max"] for row in body["layers"]}
             kernel, bias = (
