@@ -62,6 +62,7 @@ def fit(log_dir, policy):
         model.fit(x, y, batch_size=16, epochs=2, callbacks=[callback], verbose=0)
     finally:
         keras.mixed_precision.set_global_policy(previous)
+    return int(keras.ops.convert_to_numpy(model.optimizer.iterations))
 
 
 @pytest.fixture(scope="module")
@@ -69,8 +70,13 @@ def logdir(tmp_path_factory):
     pytest.importorskip("keras")
     logdir = tmp_path_factory.mktemp("overflow")
     for policy in ("mixed_float16", "float32"):
-        fit(logdir / policy, policy)
+        assert fit(logdir / policy, policy) == STEPS_APPLIED[policy]
     return logdir
+
+
+# Of the 8 batches: under mixed_float16 the first 7 overflowed at 2**30 ... 2**24 and were
+# skipped (the scale halved each time, to 2**23), and the last was applied.
+STEPS_APPLIED = {"mixed_float16": 1, "float32": 8}
 
 
 def step_body(logdir, run, step):
@@ -156,3 +162,59 @@ def test_overflow_flag_not_raised_on_a_float32_run(logdir):
         assert overflow_flags(body) == {}
     onsets = test_plugin.get_json(client, "/onset", run="float32")["onsets"]
     assert "overflow" not in [o["flag"] for o in onsets]
+
+
+@pytest.mark.slow
+def test_check_and_summary_count_the_steps_the_loss_scale_skipped(logdir, capsys):
+    import json
+
+    from tb_gradviz import cli
+
+    assert cli.main(["check", str(logdir), "--format", "json", "--fail-on", "overflow"]) == 0
+    runs = {run["run"]: run for run in json.loads(capsys.readouterr().out)["runs"]}
+    assert runs["mixed_float16"]["loss_scale"] == {
+        "skipped": 8 - STEPS_APPLIED["mixed_float16"],
+        "exact": True,
+        "first_scale": 2.0**30,
+        "last_scale": 2.0**23,
+        "step": 1,
+    }
+    assert runs["float32"]["loss_scale"] is None  # no LossScaleOptimizer
+    line = (
+        "loss scale 2**30 at the start, 2**23 at step 1: LossScaleOptimizer skipped 7 steps "
+        "(gradients with an Inf or NaN: each halved the scale and left the step count where "
+        "it was)"
+    )
+    run = str(logdir / "mixed_float16")
+    for arguments in (["check", run, "--fail-on", "overflow"], ["summary", run]):
+        assert cli.main(arguments) == 0
+        assert line in capsys.readouterr().out.splitlines()
+    assert cli.main(["summary", str(logdir / "float32")]) == 0
+    assert "LossScaleOptimizer" not in capsys.readouterr().out
+
+
+def test_skipped_steps_exact_while_the_scale_cannot_have_grown():
+    from tb_gradviz.board import loss_scale
+    from tb_gradviz.capture import loss_scale as capture_loss_scale
+
+    fields = list(capture_loss_scale.FIELDS)
+    # Events at steps 10 and 30: from 2**16 the scale fell to 2**15 (one step skipped), then
+    # to 2**13 (two more). With 2000 steps to grow, counters 10 and 5 never got there.
+    values = np.array([[2.0**15, 10, 2000, 2.0**16], [2.0**13, 5, 2000, 2.0**16]])
+    assert loss_scale.skipped_steps(fields, [10, 30], values) == {
+        "skipped": 3,
+        "exact": True,
+        "first_scale": 2.0**16,
+        "last_scale": 2.0**13,
+        "step": 30,
+    }
+    # With 15 steps to grow, 10 + 20 steps applied could have doubled it between the events:
+    # the three halvings seen are a lower bound.
+    values[:, 2] = 15
+    body = loss_scale.skipped_steps(fields, [10, 30], values)
+    assert (body["skipped"], body["exact"]) == (3, False)
+    assert "skipped at least 3 steps" in loss_scale.line(body)
+    # A scale that rose counts no halving.
+    values[1, 0] = 2.0**16
+    assert loss_scale.skipped_steps(fields, [10, 30], values)["skipped"] == 1
+    assert loss_scale.skipped_steps(fields, [], values[:0]) is None

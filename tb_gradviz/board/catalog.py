@@ -65,7 +65,8 @@ class Digest(NamedTuple):
 
 
 class Budget(NamedTuple):
-    """The run's cost-budget series (`store.RunStore.budget`)."""
+    """A run's series of a record whose metadata names its fields: the cost budget's
+    (`store.RunStore.budget`) or the loss scale's (`store.RunStore.loss_scale`)."""
 
     tag: str
     # The names of its record's values, in order.

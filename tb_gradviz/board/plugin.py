@@ -17,6 +17,7 @@ from tb_gradviz.board import (
     columns,
     health,
     layer_impls,
+    loss_scale,
     onset,
     query,
     routes,
@@ -239,3 +240,23 @@ class GradVizPlugin(layer_impls.LayerImpls, base_plugin.TBPlugin):
         layout = timeline.budget_layout(fields)
         series = run_store.read({tag: time_series}, layout, digest.PLUGIN_NAME)[tag]
         return timeline.budget_body(fields, series)
+
+    def loss_scale_impl(self, ctx, experiment, run):
+        """Returns the steps the run's `LossScaleOptimizer` skipped (`loss_scale.skipped_steps`),
+        or None without a loss-scale record.
+
+        Args:
+          ctx: the request's `tensorboard.context.RequestContext`.
+          experiment: the experiment id.
+          run: a run name.
+        """
+        run_store = self._store(ctx, experiment, run)
+        found = run_store.loss_scale()
+        if found is None:
+            return None
+        layout = loss_scale.layout(found.fields)
+        series = run_store.read({found.tag: found.time_series}, layout, digest.PLUGIN_NAME)
+        series = series[found.tag]
+        if series is None:
+            return None
+        return loss_scale.skipped_steps(found.fields, series.steps, series.values)

@@ -236,10 +236,19 @@ class RunStore:
 
     def budget(self):
         """Returns the run's cost-budget series (a `catalog.Budget`), or None (none)."""
+        return self._fields_series(metadata.KIND_BUDGET)
+
+    def loss_scale(self):
+        """Returns the run's loss-scale series (a `catalog.Budget` of its fields), or None (a
+        run without `LossScaleOptimizer`, or written before the record)."""
+        return self._fields_series(metadata.KIND_LOSS_SCALE)
+
+    def _fields_series(self, kind):
+        """The run's first digest-plugin series of `kind` whose metadata lists its `fields`."""
         listing = self._list(digest.PLUGIN_NAME, run=self.run).get(self.run) or {}
         for tag, time_series in sorted(listing.items()):
             content = self._content(tag, time_series)
-            if content is not None and content["kind"] == metadata.KIND_BUDGET:
+            if content is not None and content["kind"] == kind:
                 return catalog.Budget(tag, content["fields"], time_series)
         return None
 

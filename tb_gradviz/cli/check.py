@@ -2,6 +2,7 @@
 
 import sys
 
+from tb_gradviz.board import loss_scale
 from tb_gradviz.cli.export import write_json
 from tb_gradviz.cli.logs import open_logdir, runs_of
 from tb_gradviz.cli.status import EXIT_FLAGGED, EXIT_OK, EXIT_USAGE
@@ -26,6 +27,7 @@ def run_check(args):
             status = EXIT_USAGE
             continue
         result = check_result(snapshot, onsets, args.fail_on)
+        result["loss_scale"] = gradviz.loss_scale_impl(ctx, experiment, run["run"])
         results.append(result)
         if status == EXIT_OK and any(f["fails"] for f in result["flags"]):
             status = EXIT_FLAGGED
@@ -111,6 +113,8 @@ def _print_text(results, fail_on):
                     ONSET_COLUMNS,
                 )
             )
+        if result.get("loss_scale"):
+            print("\n" + loss_scale.line(result["loss_scale"]))
         print()
     missing = [r["run"] for r in results if "error" in r]
     if missing:

@@ -2,6 +2,7 @@
 
 import math
 
+from tb_gradviz.board import loss_scale
 from tb_gradviz.cli.logs import open_logdir, runs_of
 from tb_gradviz.cli.precision import PRECISION_COLUMNS, precision_rows
 from tb_gradviz.cli.status import EXIT_NO_DATA, CommandError
@@ -39,6 +40,9 @@ def run_summary(args):
         budget = gradviz.budget_impl(ctx, experiment, run["run"])
         if budget is not None:
             print("\n" + budget_line(budget))
+        scale = gradviz.loss_scale_impl(ctx, experiment, run["run"])
+        if scale is not None:
+            print("\n" + loss_scale.line(scale))
         print()
         printed += 1
     if not printed:

@@ -26,10 +26,11 @@ KIND_ROUTING_MAP = "routing_map"
 KIND_UPDATE = "update"
 # Per recorded tensor, what casts to narrow formats do (`records.PRECISION_FIELDS`).
 KIND_PRECISION = "precision"
-# The per-event digest (`digest`) and the cost budget's record (`capture.budget`),
-# written under the digest's plugin name.
+# The per-event digest (`digest`), the cost budget's record (`capture.budget`) and the
+# loss scale's (`capture.loss_scale`), written under the digest's plugin name.
 KIND_DIGEST = "digest"
 KIND_BUDGET = "budget"
+KIND_LOSS_SCALE = "loss_scale"
 KINDS = (
     KIND_TENSOR,
     KIND_ROUTING,
@@ -39,6 +40,7 @@ KINDS = (
     KIND_PRECISION,
     KIND_DIGEST,
     KIND_BUDGET,
+    KIND_LOSS_SCALE,
 )
 
 
@@ -137,7 +139,7 @@ def _valid_content(content):
 
     Optional fields may be absent.
     """
-    if content["kind"] == KIND_BUDGET:
+    if content["kind"] in (KIND_BUDGET, KIND_LOSS_SCALE):
         fields = content.get("fields")
         return isinstance(fields, list) and all(map(_is_str, fields))
     if content["kind"] == KIND_DIGEST:
