@@ -112,6 +112,6 @@ def test_a_plain_install_without_an_extra_runs_the_callback_on_jax(tmp_path, whe
     )
     assert result.returncode == 0, result.stderr[-3000:]
     warned, wrote, location = result.stdout.strip().split("\n")[-3:]
-    assert "numba is not installed" in warned and 'pip install "tb_gradviz[jax]"' in warned
+    assert "numba is not installed" in warned and 'pip install "numba>=0.60"' in warned
     assert wrote == "True"
     assert location.startswith(str(venv))  # the wheel's copy, not this checkout

@@ -194,11 +194,9 @@ def numba_available():
     except ImportError:
         if not _warned_no_numba:
             _warned_no_numba.append(True)
-            backend = keras.backend.backend()
-            extra = {"tensorflow": "cpu"}.get(backend, backend)
             warnings.warn(
                 "tb_gradviz: numba is not installed, so statistics are computed without the fused "
-                f'host kernel (slower); pip install "tb_gradviz[{extra}]" installs it',
+                'host kernel (slower); pip install "numba>=0.60" installs it',
                 stacklevel=3,
             )
         return False

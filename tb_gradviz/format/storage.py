@@ -21,7 +21,8 @@ import urllib.request
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
 # pathlib.Path("s3://b/run") is "s3:/b/run": a URL that lost a slash.
 _MANGLED_URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]+):/(?!/)")
-REMOTE_EXTRA = 'pip install "tb_gradviz[remote]"'
+# The packages of the `remote` extra, named so that the hint works however tb_gradviz was installed.
+REMOTE_EXTRA = 'pip install "boto3>=1.28" "fsspec>=2023.1" (the remote extra)'
 
 
 @dataclasses.dataclass(frozen=True)
