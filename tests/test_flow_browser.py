@@ -22,16 +22,20 @@ import time
 
 import pytest
 import synthetic
-from tbserver import get_json, running_tensorboard
-from test_e2e_browser import (  # noqa: F401 (fixture)
-    PLUGIN_FRAME,
-    _runs_loaded,
+from browser import (  # noqa: F401 (fixture)
+    FLOW,
+    GRID,
+    PANELS,
     browser,
-    expect,
     gradviz_page,
     keep_screenshot,
-    read_when_ready,
+    read_drawn,
+    runs_loaded,
+    show_section,
+    tab,
+    wait_drawn,
 )
+from tbserver import get_json, running_tensorboard
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -101,7 +105,7 @@ def tensorboard(tmp_path_factory):
     # The demo's own two runs (tb-gradviz demo writes them the same way).
     demos.train_plain_cnn(logdir / SIGMOID_RUN, "sigmoid", verbose=0)
     demos.train_plain_cnn(logdir / RELU_RUN, "relu_bn", verbose=0)
-    ready = _runs_loaded({BIG_RUN: big_steps, SIGMOID_RUN: STEPS[-1], RELU_RUN: STEPS[-1]})
+    ready = runs_loaded({BIG_RUN: big_steps, SIGMOID_RUN: STEPS[-1], RELU_RUN: STEPS[-1]})
     with running_tensorboard(logdir, root / "tensorboard.log", ready) as url:
         yield url, root, big_steps
 
@@ -139,12 +143,11 @@ _READ_CHART = """chart => {
 }"""
 
 
-def _read_chart(page, run, step=None, role=None):
-    """What the chart draws, once it draws `run`'s line (at `step`; with a point of `role`)."""
-    line = f'.flow-point.pin-0[data-run="{run}"]'
-    line += "" if step is None else f'[data-step="{step}"]'
-    line += "" if role is None else f'[data-role="{role}"]'
-    return read_when_ready(page, ".flow-chart", _READ_CHART, has=line)
+def _read_chart(frame, **state):
+    """What the chart draws, once the flow says it has drawn `state` (run=, step=, against=, ...)."""
+    return read_drawn(
+        frame, FLOW, f"view => ({_READ_CHART})(view.querySelector('.flow-chart'))", **state
+    )
 
 
 def _step(url, run, step=None):
@@ -241,23 +244,23 @@ def _check_grid_badges(frame, snapshot):
 
 def test_no_stray_null_under_the_gradient_flow_of_a_run_without_weights(page, tensorboard):
     """A run logged without weights has no update-ratio note under its chart: nothing, no "null"."""
-    frame = page.frame_locator(PLUGIN_FRAME)
+    frame = tab(page)
     frame.get_by_label("Run", exact=True).select_option(BIG_RUN)
-    assert _flow_children(page, BIG_RUN) == ["UL", "DIV"]
+    assert _flow_children(frame, BIG_RUN) == ["UL", "DIV"]
     assert "null" not in frame.locator(".flow-section").inner_text()
     # The demo's plain CNNs log their weights: the note is there.
     frame.get_by_label("Run", exact=True).select_option(RELU_RUN)
-    assert _flow_children(page, RELU_RUN) == ["UL", "DIV", "P"]
+    assert _flow_children(frame, RELU_RUN) == ["UL", "DIV", "P"]
 
 
-def _flow_children(page, run):
+def _flow_children(frame, run):
     """What the flow's box holds once it draws `run`: tag names, and any text as `text:…`."""
-    return read_when_ready(
-        page,
-        ".flow-container",
+    return read_drawn(
+        frame,
+        FLOW,
         """box => [...box.childNodes].map((node) =>
           node.nodeType === Node.ELEMENT_NODE ? node.tagName : `text:${node.textContent}`)""",
-        has=f'.flow-point[data-run="{run}"]',
+        run=run,
     )
 
 
@@ -268,23 +271,17 @@ def _timed(action, done):
     return time.perf_counter() - start
 
 
-def _wait_for_line(frame, run, step, pin="pin-0"):
-    frame.locator(f'.flow-point.{pin}[data-run="{run}"][data-step="{step}"]').first.wait_for()
-
-
 # ---------------------------------------------------------------- tests
 
 
 def test_gradient_flow_of_176_layers(page, tensorboard):
     url, root, last = tensorboard
-    frame = page.frame_locator(PLUGIN_FRAME)
-    frame.locator(".flow-chart").wait_for()
+    frame = tab(page)
     frame.get_by_label("Run", exact=True).select_option(BIG_RUN)
-    _wait_for_line(frame, BIG_RUN, last)
     snapshot = _step(url, BIG_RUN)
     assert len(snapshot["layers"]) >= BIG_LAYERS
-    frame.locator("h2", has_text=f"All layers of {BIG_RUN} at step {last}").wait_for()
-    chart = _read_chart(page, BIG_RUN, last)
+    wait_drawn(frame, GRID, run=BIG_RUN, step=last)
+    chart = _read_chart(frame, run=BIG_RUN, step=last)
     assert chart["hits"] == [layer["layer"] for layer in snapshot["layers"]]
     points = _check_points(chart, snapshot, BIG_RUN)
     assert len(points) >= 9 * BIG_LAYERS - 2 * 9  # every role and statistic of (nearly) every layer
@@ -301,10 +298,12 @@ def test_gradient_flow_of_176_layers(page, tensorboard):
         slider = frame.get_by_label("Step", exact=True)
         slider.focus()
         first_visit = _timed(
-            lambda: slider.press("Home"), lambda: _wait_for_line(frame, BIG_RUN, 1)
+            lambda: slider.press("Home"), lambda: wait_drawn(frame, FLOW, run=BIG_RUN, step=1)
         )
-        _check_points(_read_chart(page, BIG_RUN, 1), _step(url, BIG_RUN, 1), BIG_RUN)
-        cached = _timed(lambda: slider.press("End"), lambda: _wait_for_line(frame, BIG_RUN, last))
+        _check_points(_read_chart(frame, run=BIG_RUN, step=1), _step(url, BIG_RUN, 1), BIG_RUN)
+        cached = _timed(
+            lambda: slider.press("End"), lambda: wait_drawn(frame, FLOW, run=BIG_RUN, step=last)
+        )
         print(
             f"\nflow of {BIG_RUN}: first visit to step 1 {first_visit:.2f} s, back to step {last} {cached:.2f} s"
         )
@@ -321,26 +320,27 @@ def test_gradient_flow_of_176_layers(page, tensorboard):
     # A click on a layer's column opens it in "The layer"; back in "Across layers", it is the current one.
     name = snapshot["layers"][BIG_LAYERS // 2]["layer"]
     frame.locator(f'.flow-hit[data-layer="{name}"]').click()
-    frame.locator(".layer-name", has_text=name).wait_for()
+    wait_drawn(frame, PANELS, run=BIG_RUN, layer=name)
     assert frame.get_by_label("Layer", exact=True).input_value() == name
-    frame.get_by_role("tab", name="Across layers").click()
-    frame.locator(f'.flow-hit.current[data-layer="{name}"]').wait_for()
+    show_section(frame, "layers")
+    flow = wait_drawn(frame, FLOW, run=BIG_RUN, layer=name)
+    assert flow.locator(".flow-hit.current").evaluate_all(
+        "hits => hits.map((h) => h.dataset.layer)"
+    ) == [name]
 
 
 def test_gradient_flow_of_a_vanishing_plain_cnn(page, tensorboard):
     url, root, _ = tensorboard
-    frame = page.frame_locator(PLUGIN_FRAME)
-    frame.locator(".flow-chart").wait_for()
+    frame = tab(page)
     frame.get_by_label("Run", exact=True).select_option(SIGMOID_RUN)
-    _wait_for_line(frame, SIGMOID_RUN, STEPS[-1])
-    frame.locator("h2", has_text=f"All layers of {SIGMOID_RUN} at step {STEPS[-1]}").wait_for()
+    wait_drawn(frame, GRID, run=SIGMOID_RUN, step=STEPS[-1])
     snapshot = _step(url, SIGMOID_RUN)
     from tb_gradviz import demos
 
     assert (
         len(snapshot["layers"]) == demos.PLAIN_DEPTH + 3
     )  # the input's rescaling, the convolutions, pool, head
-    chart = _read_chart(page, SIGMOID_RUN, STEPS[-1])
+    chart = _read_chart(frame, run=SIGMOID_RUN, step=STEPS[-1], against=None)
     _check_points(chart, snapshot, SIGMOID_RUN)
     flags = _check_badges(chart, snapshot, SIGMOID_RUN)
     _check_grid_badges(frame, snapshot)
@@ -361,8 +361,7 @@ def test_gradient_flow_of_a_vanishing_plain_cnn(page, tensorboard):
 
     # The same network with BatchNorm and ReLU, overlaid: shared layers share a column.
     frame.get_by_label("Overlay run", exact=True).select_option(RELU_RUN)
-    _wait_for_line(frame, RELU_RUN, STEPS[-1])
-    chart = _read_chart(page, RELU_RUN, STEPS[-1])
+    chart = _read_chart(frame, run=SIGMOID_RUN, step=STEPS[-1], against=RELU_RUN)
     other = _step(url, RELU_RUN)
     _check_points(chart, snapshot, SIGMOID_RUN)
     _check_points(chart, other, RELU_RUN)
@@ -389,9 +388,7 @@ def test_gradient_flow_of_a_vanishing_plain_cnn(page, tensorboard):
     slider = frame.get_by_label("Step", exact=True)
     slider.focus()
     slider.press("Home")
-    _wait_for_line(frame, SIGMOID_RUN, STEPS[0])
-    _wait_for_line(frame, RELU_RUN, STEPS[0])
-    chart = _read_chart(page, RELU_RUN, STEPS[0])
+    chart = _read_chart(frame, run=SIGMOID_RUN, step=STEPS[0], against=RELU_RUN, kept=[STEPS[-1]])
     _check_points(chart, _step(url, SIGMOID_RUN, STEPS[0]), SIGMOID_RUN)
     _check_points(chart, _step(url, RELU_RUN, STEPS[0]), RELU_RUN)
     assert frame.locator(".flow-legend li:not(.stat-key)").all_text_contents() == [
@@ -410,9 +407,10 @@ def test_gradient_flow_of_a_vanishing_plain_cnn(page, tensorboard):
 
     # A click on a layer opens it in "The layer", and TensorBoard's dark mode reaches the chart.
     frame.locator('.flow-hit[data-layer="conv03"]').click()
-    frame.locator(".layer-name", has_text="conv03").wait_for()
-    frame.get_by_role("tab", name="Across layers").click()
-    frame.locator('.flow-hit.current[data-layer="conv03"]').wait_for()
+    wait_drawn(frame, PANELS, run=SIGMOID_RUN, layer="conv03")
+    show_section(frame, "layers")
+    flow = wait_drawn(frame, FLOW, run=SIGMOID_RUN, layer="conv03")
+    assert flow.locator('.flow-hit.current[data-layer="conv03"]').count() == 1
     page.get_by_role("button", name="Menu for changing light or dark theme").click()
     page.get_by_role("menuitem", name="Dark").click()
     frame.locator("html.dark-mode").wait_for(state="attached")

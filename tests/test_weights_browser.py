@@ -15,16 +15,21 @@ import math
 import eventdata
 import pytest
 import small_runs
-from tbserver import get_json, running_tensorboard
-from test_e2e_browser import (  # noqa: F401 (fixture)
-    PLUGIN_FRAME,
-    _runs_loaded,
+from browser import (  # noqa: F401 (fixture)
+    COMPARE,
+    GRID,
+    PANELS,
+    WEIGHTS_ROW,
     browser,
-    expect,
     gradviz_page,
     keep_screenshot,
-    read_when_ready,
+    read_drawn,
+    runs_loaded,
+    show_section,
+    tab,
+    wait_drawn,
 )
+from tbserver import get_json, running_tensorboard
 from test_flow_browser import UPDATE_PANEL, _check_points, _read_chart, _step
 
 from tb_gradviz.format import records
@@ -61,16 +66,17 @@ def tensorboard(tmp_path_factory):
     logdir = root / "logs"
     _train(logdir / WEIGHTS_RUN, weights=True)
     _train(logdir / PLAIN_RUN, weights=False)
-    ready = _runs_loaded({WEIGHTS_RUN: STEPS[-1], PLAIN_RUN: STEPS[-1]})
+    ready = runs_loaded({WEIGHTS_RUN: STEPS[-1], PLAIN_RUN: STEPS[-1]})
     with running_tensorboard(logdir, root / "tensorboard.log", ready) as url:
         yield url, root, eventdata.load(logdir / WEIGHTS_RUN)
 
 
 def _open(frame, run, layer):
+    """Opens `run`'s `layer` in the layer view, at the last step, once its panels are drawn."""
     frame.get_by_label("Run", exact=True).select_option(run)
+    wait_drawn(frame, PANELS, run=run)
     frame.get_by_label("Layer", exact=True).select_option(layer)
-    frame.locator(".layer-name", has_text=layer).wait_for()
-    frame.locator(f'.panel[data-tensor="activation"][data-step="{STEPS[-1]}"]').wait_for()
+    wait_drawn(frame, PANELS, run=run, layer=layer, step=STEPS[-1])
 
 
 def _update_record(log, layer, weight, step):
@@ -109,10 +115,9 @@ _READ_WEIGHTS = """section => [...section.querySelectorAll('.weight-row')].map((
 })"""
 
 
-def _read_weights(page, step):
-    """The weights row, once its panels show `step`."""
-    has = f'.panel[data-tensor^="weight/"][data-step="{step}"]'
-    return read_when_ready(page, ".weights-section", _READ_WEIGHTS, has=has)
+def _read_weights(frame, run, layer, step):
+    """The weights row, once it says it shows `run`'s `layer` at `step`."""
+    return read_drawn(frame, WEIGHTS_ROW, _READ_WEIGHTS, run=run, layer=layer, step=step)
 
 
 def _shown_number(text):
@@ -124,12 +129,10 @@ def test_weights_row_shows_the_recorded_weights_and_updates(browser, tensorboard
     url, root, log = tensorboard
     # Tall enough that the tab's frame holds the weights row whole, for its screenshot.
     with gradviz_page(browser, url, 1600, 2200) as page:
-        frame = page.frame_locator(PLUGIN_FRAME)
-        frame.locator(".layer-name").wait_for()
+        frame = tab(page)
         for layer, weights in WEIGHTS.items():
             _open(frame, WEIGHTS_RUN, layer)
-            frame.locator(f'.update-panel[data-step="{STEPS[-1]}"]').first.wait_for()
-            rows = _read_weights(page, STEPS[-1])
+            rows = _read_weights(frame, WEIGHTS_RUN, layer, STEPS[-1])
             assert [row["weight"] for row in rows] == weights
             for row in rows:
                 weight = row["weight"]
@@ -184,8 +187,7 @@ def test_weights_row_shows_the_recorded_weights_and_updates(browser, tensorboard
         slider = frame.get_by_label("Step", exact=True)
         slider.focus()
         slider.press("Home")
-        frame.locator(f'.panel[data-tensor="weight/kernel"][data-step="{STEPS[0]}"]').wait_for()
-        rows = _read_weights(page, STEPS[0])
+        rows = _read_weights(frame, WEIGHTS_RUN, layer, STEPS[0])
         assert all(
             row["update"]["step"] is None
             and "No update at or before this step" in row["update"]["empty"]
@@ -196,12 +198,13 @@ def test_weights_row_shows_the_recorded_weights_and_updates(browser, tensorboard
 
         # A layer without weights: no weights row at all.
         _open(frame, WEIGHTS_RUN, "pool")
-        expect(frame.locator(".weights-section")).to_be_hidden()
-        expect(frame.locator(".weight-row")).to_have_count(0)
+        wait_drawn(frame, WEIGHTS_ROW, run=WEIGHTS_RUN, layer="pool", step=STEPS[-1])
+        assert frame.locator(".weights-section").is_hidden()
+        assert frame.locator(".weight-row").count() == 0
 
         # The comparison keeps to the layer's own tensors; the weights' are offered apart.
         _open(frame, WEIGHTS_RUN, "conv")
-        frame.get_by_role("tab", name="Compare runs").click()
+        show_section(frame, "compare")
         assert frame.get_by_label("Tensor", exact=True).input_value() == "input_gradient"
         picker = frame.get_by_label("Tensor", exact=True)
         assert picker.locator(":scope > option").all_text_contents() == [
@@ -220,16 +223,17 @@ def test_weights_row_shows_the_recorded_weights_and_updates(browser, tensorboard
         assert frame.get_by_label("Against run", exact=True).locator(
             "option"
         ).all_text_contents() == ["(none)"]
-        frame.locator(".run-legend li").first.wait_for()
-        assert frame.locator(".run-legend li").all_text_contents() == [WEIGHTS_RUN]
+        charts = wait_drawn(
+            frame, COMPARE, run=WEIGHTS_RUN, layer="conv", tensor="weight_gradient/kernel"
+        )
+        assert charts.locator(".run-legend li").all_text_contents() == [WEIGHTS_RUN]
         picker.select_option("input_gradient")
-        frame.locator(".run-legend li").nth(1).wait_for()
-        assert frame.locator(".run-legend li").all_text_contents() == [WEIGHTS_RUN, PLAIN_RUN]
+        wait_drawn(frame, COMPARE, layer="conv", tensor="input_gradient", against=PLAIN_RUN)
+        assert charts.locator(".run-legend li").all_text_contents() == [WEIGHTS_RUN, PLAIN_RUN]
 
         # The grid's columns stay the three roles, with each layer's update ratio beside them.
-        frame.get_by_role("tab", name="Across layers").click()
-        grid = frame.locator("table.layer-grid")
-        expect(grid.locator("thead th").last).to_have_text("Update ratio")
+        show_section(frame, "layers")
+        grid = wait_drawn(frame, GRID, run=WEIGHTS_RUN, step=STEPS[-1]).locator("table.layer-grid")
         headers = grid.locator("thead th").all_text_contents()
         assert headers[-1] == "Update ratio" and len(headers) == 9
         snapshot = _step(url, WEIGHTS_RUN)
@@ -246,14 +250,10 @@ def test_weights_row_shows_the_recorded_weights_and_updates(browser, tensorboard
 def test_gradient_flow_shows_weight_gradients_and_update_ratios(browser, tensorboard):
     url, root, _ = tensorboard
     with gradviz_page(browser, url, 1600, 1400, fragment="gradviz&view=layers") as page:
-        frame = page.frame_locator(PLUGIN_FRAME)
-        frame.locator(".flow-chart").wait_for()
+        frame = tab(page)
         frame.get_by_label("Run", exact=True).select_option(WEIGHTS_RUN)
-        frame.locator(
-            f'.flow-point[data-run="{WEIGHTS_RUN}"][data-role="{UPDATE_PANEL}"]'
-        ).first.wait_for()
         snapshot = _step(url, WEIGHTS_RUN)
-        chart = _read_chart(page, WEIGHTS_RUN, role=UPDATE_PANEL)
+        chart = _read_chart(frame, run=WEIGHTS_RUN, step=STEPS[-1])
         assert [panel["role"] for panel in chart["panels"]] == [
             "output_gradient",
             "input_gradient",
@@ -293,10 +293,7 @@ def test_gradient_flow_shows_weight_gradients_and_update_ratios(browser, tensorb
         slider = frame.get_by_label("Step", exact=True)
         slider.focus()
         slider.press("Home")
-        frame.locator(
-            f'.flow-point[data-run="{WEIGHTS_RUN}"][data-step="{STEPS[0]}"]'
-        ).first.wait_for()
-        chart = _read_chart(page, WEIGHTS_RUN, STEPS[0])
+        chart = _read_chart(frame, run=WEIGHTS_RUN, step=STEPS[0])
         assert [panel["role"] for panel in chart["panels"]][-1] == UPDATE_PANEL
         _check_points(chart, _step(url, WEIGHTS_RUN, STEPS[0]), WEIGHTS_RUN)
         assert not [p for p in chart["points"] if p["role"] == UPDATE_PANEL]
@@ -313,17 +310,15 @@ def test_a_run_without_weights_looks_as_before(browser, tensorboard):
         layer["weights"] == [] and layer["updates"] == [] for layer in runs[PLAIN_RUN]["layers"]
     )
     with gradviz_page(browser, url) as page:
-        frame = page.frame_locator(PLUGIN_FRAME)
-        frame.locator(".layer-name").wait_for()
+        frame = tab(page)
         _open(frame, PLAIN_RUN, "conv")
         assert frame.locator(".panels .panel").count() == 3
         assert frame.locator(".weights-section").is_hidden()
         assert frame.locator(".weight-row, .update-panel, .update-chart").count() == 0
         assert frame.locator(".heatmap-figure").count() == 3
 
-        frame.get_by_role("tab", name="Across layers").click()
-        frame.locator(f'.flow-point[data-run="{PLAIN_RUN}"]').first.wait_for()
-        chart = _read_chart(page, PLAIN_RUN)
+        show_section(frame, "layers")
+        chart = _read_chart(frame, run=PLAIN_RUN, step=STEPS[-1])
         assert [panel["role"] for panel in chart["panels"]] == [
             "output_gradient",
             "input_gradient",
@@ -331,10 +326,10 @@ def test_a_run_without_weights_looks_as_before(browser, tensorboard):
         ]
         _check_points(chart, _step(url, PLAIN_RUN), PLAIN_RUN)
         assert frame.locator(".flow-update-note").count() == 0
-        frame.locator("h2", has_text=f"All layers of {PLAIN_RUN} at step {STEPS[-1]}").wait_for()
-        assert "Update ratio" not in frame.locator("table.layer-grid thead").text_content()
+        grid = wait_drawn(frame, GRID, run=PLAIN_RUN, step=STEPS[-1])
+        assert "Update ratio" not in grid.locator("table.layer-grid thead").text_content()
 
-        frame.get_by_role("tab", name="Compare runs").click()
+        show_section(frame, "compare")
         picker = frame.get_by_label("Tensor", exact=True)
         assert picker.locator("option").all_text_contents() == [
             "activation",
