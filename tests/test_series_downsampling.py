@@ -245,3 +245,18 @@ def test_a_downsampled_series_reads_no_histogram(logdir):
     one = body(step=SPIKE, width=1)
     assert one["histogram"]["counts"] == [whole["histogram"]["counts"][SPIKE - 1]]
     assert provider.reads == [stats, histograms]
+
+
+def test_a_step_at_or_after_the_last_reads_each_series_last_point_alone(logdir):
+    gradviz, provider = counting_plugin(logdir)
+    body = gradviz.series_impl(context.RequestContext(), "", "run", LAYER, TENSOR, step=STEPS + 5)
+    assert body["steps"] == [STEPS] and body["stats"]["max"] == [2 * STEPS]
+    assert body["histogram"]["counts"] == [
+        summaries.linear_histogram(values_at(STEPS))[:, 2].astype(int).tolist()
+    ]
+    assert sorted(provider.reads) == [
+        ("gradviz", [records.stats_tag(LAYER, TENSOR)]),
+        ("histograms", [records.histogram_tag(LAYER, TENSOR)]),
+    ]
+    # Each read as its last point (downsample 1), not every step of it.
+    assert [key[4] for key in gradviz._caches.series.keys_by_use()] == [1, 1]

@@ -68,7 +68,9 @@ class LayerImpls:
         more steps than `width` is sent downsampled, without them. When every
         row sent has its histogram (`width` None, or one `step`), both series
         are read at once; otherwise the stats first (usually cached), and
-        the histograms after, only if the series is not downsampled.
+        the histograms after, only if the series is not downsampled. With a
+        `step`, both are read only as far as its row needs (`RunStore.read_at`:
+        at or after a series' last step, its last point alone).
 
         Args:
           ctx: the request's `tensorboard.context.RequestContext`.
@@ -86,23 +88,22 @@ class LayerImpls:
         """
         run_store = self._store(ctx, experiment, run)
         found = run_store.tensor(layer, tensor)
-        histogram_tag = found.content["histogram_tag"]
-
-        def read_histograms(read):
-            return read(
-                {histogram_tag: found.histograms}, records.HISTOGRAM, histogram_metadata.PLUGIN_NAME
-            )
-
-        histograms = None
-        if found.histograms is not None and (width is None or step is not None):
-            histograms = read_histograms(run_store.read_later)
-        tag = records.stats_tag(layer, tensor)
-        stats = run_store.read({tag: found.stats}, records.STATS)[tag]
+        tag, histogram_tag = records.stats_tag(layer, tensor), found.content["histogram_tag"]
+        listed = {histogram_tag: found.histograms} if found.histograms is not None else {}
+        histogram_args = (listed, records.HISTOGRAM, histogram_metadata.PLUGIN_NAME)
+        later = None
+        if listed and (width is None or step is not None):
+            later = run_store.read_later(*histogram_args, limit=step)
+        if step is None:
+            stats = run_store.read({tag: found.stats}, records.STATS)[tag]
+        else:
+            stats = run_store.read_at({tag: found.stats}, records.STATS, step)[tag]
         stats = _at_or_before(stats, step, f"{layer!r} {tensor!r} has no step")
-        if histograms is not None:
-            histograms = histograms.result()[histogram_tag]
-        elif found.histograms is not None and not responses.downsampled(stats, width):
-            histograms = read_histograms(run_store.read)[histogram_tag]
+        histograms = None
+        if later is not None:
+            histograms = later.result()[histogram_tag]
+        elif listed and not responses.downsampled(stats, width):
+            histograms = run_store.read(*histogram_args)[histogram_tag]
         return responses.series_body(run, found.content, stats, histograms, width)
 
     def routing_impl(self, ctx, experiment, run, layer, step=None):

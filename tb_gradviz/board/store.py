@@ -290,11 +290,15 @@ class RunStore:
         """
         return self._read_cached(time_series_by_tag, layout, plugin_name, ALL_SAMPLES)[0]
 
-    def read_later(self, time_series_by_tag, layout, plugin_name=metadata.PLUGIN_NAME):
-        """Like `read`, on a reader thread: returns a future of its result."""
-        return self._caches.readers.submit(self.read, time_series_by_tag, layout, plugin_name)
+    def read_later(self, time_series_by_tag, layout, plugin_name=metadata.PLUGIN_NAME, limit=None):
+        """Like `read` (`read_at` with a `limit`), on a reader thread: returns a future of its
+        result."""
+        if limit is None:
+            return self._caches.readers.submit(self.read, time_series_by_tag, layout, plugin_name)
+        read = self.read_at
+        return self._caches.readers.submit(read, time_series_by_tag, layout, limit, plugin_name)
 
-    def read_at(self, time_series_by_tag, layout, limit):
+    def read_at(self, time_series_by_tag, layout, limit, plugin_name=metadata.PLUGIN_NAME):
         """Like `read`, for series whose rows up to step `limit` are all that is needed.
 
         A series whose last step is `<= limit`, and whose full decoding is not
@@ -305,7 +309,7 @@ class RunStore:
         result, full, last_only = {}, {}, {}
         for tag, time_series in time_series_by_tag.items():
             cached = self._caches.series.get(
-                self._key(metadata.PLUGIN_NAME, tag, ALL_SAMPLES), version(time_series)
+                self._key(plugin_name, tag, ALL_SAMPLES), version(time_series)
             )
             if cached is not None:
                 result[tag] = cached
@@ -320,11 +324,11 @@ class RunStore:
             return len(series.steps) == 1 and int(series.steps[0]) == time_series.max_step
 
         last, refused = self._read_cached(
-            last_only, layout, metadata.PLUGIN_NAME, 1, accept=is_listed_last_point
+            last_only, layout, plugin_name, 1, accept=is_listed_last_point
         )
         result.update(last)
         full.update(refused)
-        result.update(self.read(full, layout))
+        result.update(self.read(full, layout, plugin_name))
         return result
 
     def _key(self, plugin_name, tag, downsample):
