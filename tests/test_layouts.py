@@ -259,6 +259,8 @@ def test_cli_summarises_checks_and_exports_every_earlier_layout(layout, capsys):
             "units_recorded": number(layout) >= 5,
             "flags": [],
             "onsets": [],
+            # No layout kept recorded a loss scale (none trained with LossScaleOptimizer).
+            "loss_scale": None,
         }
         for run in runs
     ]
