@@ -1,12 +1,9 @@
 // Entry of the GradViz tab. TensorBoard loads data/plugin_entry.html in an
 // iframe, imports this module and calls render().
 
-import * as captions from './captions.js';
-import * as compare from './compare.js';
+import {AcrossLayersSection} from './acrosslayers.js';
 import {CompareSection} from './comparesection.js';
 import {markDrawn} from './drawn.js';
-import * as flow from './flow.js';
-import * as flowmodel from './flowmodel.js';
 import {connectToHost, followHost} from './host.js';
 import * as layout from './layout.js';
 import * as model from './model.js';
@@ -48,14 +45,10 @@ class App {
     this.weights = []; // per weight of the selected layer (weights=True): weightsview.renderWeights' entries
     this.cache = new AnswerCache();
     // Each view that fetches draws only its latest request's answer, and only for the state it still shows.
-    this.requests = {aside: new LatestRequest(), precision: new LatestRequest(), grid: new LatestRequest(),
-      flow: new LatestRequest()};
+    this.requests = {aside: new LatestRequest(), precision: new LatestRequest()};
     // Answers that arrive after the selection moved on are dropped.
     this.generation = 0;
     this.stepTimer = null;
-    this.flowRun = null; // the run overlaid on the gradient flow; null: none
-    this.keptSteps = []; // steps the gradient flow keeps as extra lines
-    this.flowView = null; // what the gradient flow last drew, redrawn when its width changes
     // What TensorBoard's URL asks for (a shared link): used until the first view is shown.
     this.wanted = urlstate.readHostState(window);
     // The section shown. Only it fetches and draws; the others catch up when shown.
@@ -74,14 +67,12 @@ class App {
     ui.stepSlider.addEventListener('input', () => this.selectStep(this.steps[Number(ui.stepSlider.value)]));
     ui.logToggle.addEventListener('change', () => this.view === 'layer' && this.renderLayer());
     ui.reloadButton.addEventListener('click', () => this.reload());
-    ui.flowRunSelect.addEventListener('change', () => {
-      this.flowRun = ui.flowRunSelect.value || null;
-      this.loadFlow();
+    this.acrossLayers = new AcrossLayersSection(ui, {
+      snapshot: (run, step) => this.snapshot(run, step),
+      openLayerAt: (layer, step) => this.openLayerAt(layer, step),
+      fail: (error) => this.fail(error),
+      isShown: () => this.view === 'layers',
     });
-    ui.keepStepButton.addEventListener('click', () => {
-      if (this.step !== null) this.setKeptSteps(flowmodel.keepStep(this.keptSteps, this.step));
-    });
-    new ResizeObserver(() => this.renderFlow()).observe(ui.flow);
     this.routeMap = new RoutingMapView(ui.routeMap, (run, layer, step) =>
       this.cached(['routing_map', run, layer, step], () => fetchRoutingMap(run, layer, step)));
     // Over time: where each flag began, then layers over time; a click there opens a layer at a step.
@@ -149,10 +140,9 @@ class App {
   }
 
   async selectRun(run) {
-    if (run !== this.run) this.setKeptSteps([], false);
     this.run = run;
     this.ui.runSelect.value = run;
-    this.setFlowOptions();
+    this.acrossLayers.setRun(run, this.runs);
     const layers = this.runs.find((entry) => entry.run === run)?.layers ?? [];
     layout.setOptions(this.ui.layerSelect,
       layers.map((layer) => ({value: layer.layer, label: `${layer.layer} (${layer.layer_class ?? '?'})`})),
@@ -269,11 +259,8 @@ class App {
     if (this.view === 'layer') {
       this.renderLayer();
     } else if (this.view === 'layers') {
-      // The flow first: both wait for the same /step answer, and the grid takes longer to draw.
-      this.stepTimer = setTimeout(() => {
-        this.loadFlow();
-        this.loadGrid();
-      }, STEP_VIEWS_DELAY_MS);
+      this.acrossLayers.select(this.layer.layer, step);
+      this.stepTimer = setTimeout(() => this.acrossLayers.load(), STEP_VIEWS_DELAY_MS);
     } else if (this.view === 'timeline') {
       if (this.timeShown?.run === run && this.timeShown.runs === this.runs) return;
       this.timeShown = {run, runs: this.runs};
@@ -344,85 +331,5 @@ class App {
   /** A run at the latest step `<= step` (/step), shared by the grid and the gradient flow. */
   snapshot(run, step) {
     return this.cached(['step', run, step], () => model.fetchStep(run, step));
-  }
-
-  async loadGrid() {
-    const {run, step} = this;
-    if (run === null || step === null) return;
-    const ticket = this.requests.grid.start({run, step});
-    const current = () => this.requests.grid.isCurrent(ticket, {run: this.run, step: this.step});
-    let snapshot;
-    try {
-      snapshot = await this.snapshot(run, step);
-    } catch (error) {
-      if (current()) this.fail(error);
-      return;
-    }
-    if (!current()) return;
-    // Choosing a layer in the grid brings the keyboard (and the view) back up to its panels.
-    const layers = this.runs.find((entry) => entry.run === run)?.layers ?? [];
-    compare.renderLayerGrid(this.ui.grid, this.ui.gridTitle, snapshot, {
-      currentLayer: this.layer?.layer,
-      layerOf: (name) => layers.find((layer) => layer.layer === name),
-      onSelect: (name) => this.openLayerAt(name, this.step),
-    });
-    markDrawn(this.ui.grid, {run, step, layer: this.layer?.layer ?? null});
-  }
-
-  // ---------------------------------------------------------- gradient flow
-
-  setFlowOptions() {
-    const others = this.runs.filter(({run}) => run !== this.run).map(({run}) => ({value: run}));
-    if (!others.some(({value}) => value === this.flowRun)) this.flowRun = null;
-    layout.setOptions(this.ui.flowRunSelect, [{value: '', label: '(none)'}, ...others], this.flowRun ?? '');
-  }
-
-  setKeptSteps(steps, load = true) {
-    this.keptSteps = steps;
-    flow.renderKeptSteps(this.ui.keptSteps, steps, (step) => this.setKeptSteps(steps.filter((s) => s !== step)));
-    if (load) this.loadFlow();
-  }
-
-  /** Fetches /step for every line of the gradient flow: each run at the slider's step and the kept ones. */
-  async loadFlow() {
-    const {run, step, flowRun, keptSteps} = this;
-    if (run === null || step === null) return;
-    const state = () => ({run: this.run, step: this.step, against: this.flowRun, kept: this.keptSteps});
-    const ticket = this.requests.flow.start(state());
-    const wanted = flowmodel.wantedLines(run, flowRun, step, keptSteps);
-    let snapshots;
-    try {
-      // A run with no step at or before the one asked for (404) has no line there.
-      snapshots = await Promise.all(wanted.map(({run: name, requested}) =>
-        this.snapshot(name, requested).catch((error) => (error.status === 404 ? null : Promise.reject(error)))));
-    } catch (error) {
-      if (this.requests.flow.isCurrent(ticket, state())) this.fail(error);
-      return;
-    }
-    if (!this.requests.flow.isCurrent(ticket, state())) return;
-    const lines = flowmodel.distinctLines(wanted, snapshots);
-    const entryOf = (name) => this.runs.find((entry) => entry.run === name);
-    const names = (name) => entryOf(name)?.layers.map(({layer}) => layer) ?? [];
-    const shown = (flowRun ? [run, flowRun] : [run]).map(entryOf);
-    this.flowView = {
-      slots: flowmodel.alignLayers(names(run), flowRun ? names(flowRun) : null),
-      lines,
-      roles: flowmodel.flowRoles(shown),
-      updates: flowmodel.hasUpdates(shown),
-      onSelect: (name) => this.openLayerAt(name, this.step),
-      drawn: {run, step, against: flowRun, kept: keptSteps},
-    };
-    this.ui.flowSummary.textContent = lines.filter(({pin}) => pin === 0)
-      .map(({snapshot}) => captions.flagSummary(snapshot)).join(' ');
-    this.renderFlow(true);
-  }
-
-  /** Draws the gradient flow at the width of its box; without `force`, only when that width changed. */
-  renderFlow(force = false) {
-    const width = this.ui.flow.clientWidth;
-    if (!this.flowView || this.view !== 'layers' || (!force && Math.abs(width - this.flowView.width) < 1)) return;
-    this.flowView.width = width;
-    flow.renderFlow(this.ui.flow, {...this.flowView, width: width || 1200, currentLayer: this.layer?.layer});
-    markDrawn(this.ui.flow, {...this.flowView.drawn, layer: this.layer?.layer ?? null});
   }
 }
