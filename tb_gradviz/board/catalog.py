@@ -119,6 +119,34 @@ def layer_index(run, time_series_by_tag, skip_warning):
     return {name: layer for name, layer in layers.items() if layer["tensors"]}
 
 
+# Each kind of a layer's records, in the order `store.RunStore.series_by_kind` reads them: its
+# key in a layer of `layer_index`, and its layout.
+KINDS = {
+    "stats": ("tensors", records.STATS),
+    "routing": ("routing", records.ROUTING),
+    "units": ("units", records.UNITS),
+    "updates": ("updates", records.UPDATE),
+    "precision": ("precision", records.PRECISION),
+}
+
+
+def listed_by_kind(layers):
+    """`{kind: {tag: time series}}` of every record of `layers` (of `layer_index`), by `KINDS`."""
+
+    def entries(key):
+        for layer in layers.values():
+            found = layer[key]
+            if isinstance(found, dict):
+                yield from found.values()
+            elif found is not None:
+                yield found
+
+    return {
+        kind: {listed.tag: listed.time_series for listed in entries(key)}
+        for kind, (key, _) in KINDS.items()
+    }
+
+
 def weight_updates(layer):
     """A layer's `updates` (of a `layer_index` entry) in the order of its weights.
 

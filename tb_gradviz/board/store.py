@@ -29,16 +29,6 @@ ALL_SAMPLES = 10**8
 # steps per series).
 _READ_BATCH_TAGS = 16
 
-# Each kind of a layer's records (`RunStore.series_by_kind`), in the order read: its key in a
-# layer of the layer index, and its layout.
-_KINDS = {
-    "stats": ("tensors", records.STATS),
-    "routing": ("routing", records.ROUTING),
-    "units": ("units", records.UNITS),
-    "updates": ("updates", records.UPDATE),
-    "precision": ("precision", records.PRECISION),
-}
-
 
 class RunStore:
     """The tb_gradviz series of one run, for one request.
@@ -255,28 +245,18 @@ class RunStore:
     # Reading.
 
     def series_by_kind(self, layers, limit=None):
-        """`{"stats" | "routing" | "units" | "updates" | "precision": {tag: Series}}` of `layers`.
+        """`{kind: {tag: Series}}` of every record of `layers`, by kind (`catalog.KINDS`).
 
         Args:
           layers: the run's layer index (`layers`), or a part of it.
           limit: None to read every series whole; a step to read only what
             each series' rows up to it need (`read_at`).
         """
-
-        def entries(key):
-            for layer in layers.values():
-                found = layer[key]
-                if isinstance(found, dict):
-                    yield from found.values()
-                elif found is not None:
-                    yield found
-
         result = {}
-        for kind, (key, layout) in _KINDS.items():
-            found = {listed.tag: listed.time_series for listed in entries(key)}
-            result[kind] = (
-                self.read(found, layout) if limit is None else self.read_at(found, layout, limit)
-            )
+        for kind, found in catalog.listed_by_kind(layers).items():
+            layout = catalog.KINDS[kind][1]
+            read = self.read(found, layout) if limit is None else self.read_at(found, layout, limit)
+            result[kind] = read
         return result
 
     def read(self, time_series_by_tag, layout, plugin_name=metadata.PLUGIN_NAME):
