@@ -10,14 +10,13 @@ reading every series again.
 import contextlib
 import os
 import pathlib
-import re
 import subprocess
 import time
 
 import pytest
 import synthetic
+from browser import GRID, PANELS, WAIT_MS, PageProblems, browser, tab, wait_drawn  # noqa: F401
 from tbserver import get_json, running_tensorboard
-from test_e2e_browser import PLUGIN_FRAME, PageProblems, browser  # noqa: F401 (fixture)
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -114,60 +113,59 @@ def test_layer_view_of_200_layers_x_1000_steps_stays_responsive(browser, large_l
         pid = _tensorboard_pid(url.rsplit(":", 1)[1])
         loaded_rss_mb = _rss_mb(pid)
         page = browser.new_page(viewport={"width": 1600, "height": 1000})
-        page.set_default_timeout(120_000)
+        page.set_default_timeout(WAIT_MS)
         problems = PageProblems(page)
         times = {}
         try:
-            frame = page.frame_locator(PLUGIN_FRAME)
-            panel = frame.locator('.panel[data-tensor="input_gradient"]')
-            grid_title = frame.locator("h2", has_text="All layers of")
-
+            frame = tab(page)
             times["first view"] = _timed(
                 lambda: page.goto(f"{url}/#gradviz"),
-                lambda: panel.and_(frame.locator(f'[data-step="{STEPS}"]')).wait_for(),
+                lambda: wait_drawn(frame, PANELS, layer=names[0], step=STEPS),
             )
             # The grid is in "Across layers", fetched when that section is first shown.
             across = frame.get_by_role("tab", name="Across layers")
             the_layer = frame.get_by_role("tab", name="The layer")
             across.click()
-            grid_title.filter(has_text=re.compile(f"at step {STEPS}$")).wait_for()
+            wait_drawn(frame, GRID, step=STEPS)
             times["first view + grid"] = time.perf_counter() - start - loaded_s
             assert frame.locator("table.layer-grid tbody tr").count() == LAYERS
+            assert (
+                frame.locator("h2", has_text="All layers of")
+                .text_content()
+                .endswith(f"at step {STEPS}")
+            )
             assert frame.get_by_label("Layer", exact=True).input_value() == names[0]
             the_layer.click()
 
             layer_select = frame.get_by_label("Layer", exact=True)
             times["switch layer"] = _timed(
                 lambda: layer_select.select_option(names[150]),
-                lambda: frame.locator(".layer-name", has_text=names[150]).wait_for(),
+                lambda: wait_drawn(frame, PANELS, layer=names[150], step=STEPS),
             )
-            panel.and_(frame.locator(f'[data-step="{STEPS}"]')).wait_for()
 
             slider = frame.get_by_label("Step", exact=True)
             slider.focus()
             cpu_before_first_step = _cpu_s(pid)
             times["step to first"] = _timed(
                 lambda: slider.press("Home"),
-                lambda: panel.and_(frame.locator('[data-step="1"]')).wait_for(),
+                lambda: wait_drawn(frame, PANELS, layer=names[150], step=1),
             )
             times["grid at first step"] = _timed(
-                across.click,
-                lambda: grid_title.filter(has_text=re.compile(r"at step 1$")).wait_for(),
+                across.click, lambda: wait_drawn(frame, GRID, step=1)
             )
             first_grid_cpu_s = _cpu_s(pid) - cpu_before_first_step
             times["grid at next step"] = _timed(
                 lambda: slider.press("ArrowRight"),
-                lambda: grid_title.filter(has_text=re.compile(r"at step 2$")).wait_for(),
+                lambda: wait_drawn(frame, GRID, step=2),
             )
             times["step forward"] = _timed(
                 the_layer.click,
-                lambda: panel.and_(frame.locator('[data-step="2"]')).wait_for(),
+                lambda: wait_drawn(frame, PANELS, layer=names[150], step=2),
             )
             times["switch layer back"] = _timed(
                 lambda: layer_select.select_option(names[3]),
-                lambda: frame.locator(".layer-name", has_text=names[3]).wait_for(),
+                lambda: wait_drawn(frame, PANELS, layer=names[3], step=2),
             )
-            panel.and_(frame.locator('[data-step="2"]')).wait_for()
             rss_mb = _rss_mb(pid)
         finally:
             page.close()

@@ -12,9 +12,8 @@ import re
 
 import pytest
 import synthetic
-from playwright.sync_api import expect
+from browser import HEATMAPS, PANELS, browser, expect, wait_drawn  # noqa: F401 (fixture)
 from tbserver import running_tensorboard
-from test_e2e_browser import browser  # noqa: F401 (fixture)
 from test_timeline_browser import SAMPLES, _all_loaded, _tab
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
@@ -62,9 +61,8 @@ def test_the_layer_view_of_ten_thousand_steps_draws_a_one_step_spike(
         ) as url,
         _tab(browser, url, "gradviz", screenshot=tmp_path / "series.png") as (_, frame),
     ):
-        frame.locator(f'.panel[data-tensor="output_gradient"][data-step="{STEPS}"]').wait_for()
-        chart = frame.locator('.heatmap-figure[data-tensor="output_gradient"] svg.spread')
-        chart.wait_for()
+        heatmaps = wait_drawn(frame, HEATMAPS, run="long", step=STEPS)
+        chart = heatmaps.locator('.heatmap-figure[data-tensor="output_gradient"] svg.spread')
         columns = int(chart.get_attribute("data-columns"))
         plot = chart.bounding_box()["width"] * PLOT_WIDTH / CHART_WIDTH
         # About one column per pixel (the width asked for is rounded up to 100): never one per step.
@@ -81,5 +79,5 @@ def test_the_layer_view_of_ten_thousand_steps_draws_a_one_step_spike(
         assert spike > 1000 * elsewhere, (spike, elsewhere)
         # A click opens the column's last step, a real step, with its exact record.
         chart.click(position=position)
-        frame.locator(f'.panel[data-tensor="output_gradient"][data-step="{last}"]').wait_for()
+        wait_drawn(frame, PANELS, run="long", step=last)
         assert frame.locator(".step-value").inner_text().split()[0] == str(last)

@@ -8,12 +8,13 @@ layer at that step.
 """
 
 import contextlib
+import json
 import re
 
 import pytest
 import synthetic
+from browser import PANELS, TIMELINE, browser, gradviz_page, show_section, tab, wait_drawn  # noqa: F401
 from tbserver import get_json, running_tensorboard
-from test_e2e_browser import PLUGIN_FRAME, PageProblems, browser  # noqa: F401 (fixture)
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -37,17 +38,12 @@ def long_run(tmp_path_factory):
 @contextlib.contextmanager
 def _tab(browser, url, fragment, screenshot=None):  # noqa: F811
     """Yields `(page, frame)` of the tab at `url/#fragment`; on leaving, the page threw nothing."""
-    page = browser.new_page(viewport={"width": 1400, "height": 1000})
-    page.set_default_timeout(120_000)
-    problems = PageProblems(page)
-    try:
-        page.goto(f"{url}/#{fragment}")
-        yield page, page.frame_locator(PLUGIN_FRAME)
-    finally:
-        if screenshot is not None:
-            page.screenshot(path=str(screenshot), full_page=True)
-        page.close()
-    assert problems.errors == [], problems.errors
+    with gradviz_page(browser, url, 1400, 1000, fragment) as page:
+        try:
+            yield page, tab(page)
+        finally:
+            if screenshot is not None:
+                page.screenshot(path=str(screenshot), full_page=True)
 
 
 def test_the_tab_at_ten_thousand_steps_draws_and_opens_a_cell(browser, long_run, tmp_path):  # noqa: F811
@@ -68,6 +64,8 @@ def test_the_tab_says_when_the_histograms_are_a_sample(browser, long_run, tmp_pa
         ) as url,
         _tab(browser, url, "gradviz&view=timeline") as (_, frame),
     ):
+        wait_drawn(frame, TIMELINE, run="long")
+        # The note needs the layer view's steps too: its text is the state waited for.
         note = frame.locator(".timeline-sample")
         note.filter(has_text="a sample").wait_for()
         kept = int(
@@ -83,10 +81,9 @@ def test_the_tab_says_when_the_histograms_are_a_sample(browser, long_run, tmp_pa
 def _check_long_run(browser, url, names, tmp_path):  # noqa: F811
     """The page at every step kept: no error, the layer view, the time view and a click on it."""
     with _tab(browser, url, "gradviz", screenshot=tmp_path / "timeline.png") as (_, frame):
-        frame.locator(f'.panel[data-tensor="input_gradient"][data-step="{STEPS}"]').wait_for()
-        frame.get_by_role("tab", name="Over time").click()
-        canvas = frame.locator("canvas.timeline-canvas")
-        canvas.wait_for()
+        wait_drawn(frame, PANELS, run="long", step=STEPS)
+        show_section(frame, "timeline")
+        canvas = wait_drawn(frame, TIMELINE, run="long").locator("canvas.timeline-canvas")
         assert int(canvas.get_attribute("data-rows")) == LAYERS
         columns = int(canvas.get_attribute("data-columns"))
         box = canvas.bounding_box()
@@ -102,12 +99,13 @@ def _check_long_run(browser, url, names, tmp_path):  # noqa: F811
         tip = frame.locator(".timeline-tip")
         assert tip.inner_text().startswith(f"{names[1]}, steps ")
         canvas.click(position={"x": box["width"] / 3, "y": box["height"] / 2})
-        layer = frame.get_by_label("Layer", exact=True)
-        frame.locator(".layer-name", has_text=names[1]).wait_for()
-        assert layer.input_value() == names[1]
-        step = int(frame.locator(".step-value").inner_text().split()[0])
+        panels = wait_drawn(frame, PANELS, run="long", layer=names[1])
+        assert frame.get_by_label("Layer", exact=True).input_value() == names[1]
+        step = json.loads(panels.get_attribute("data-drawn"))["step"]
         assert 0.3 * STEPS < step < 0.37 * STEPS, step
-        frame.locator(f'.panel[data-tensor="input_gradient"][data-step="{step}"]').wait_for()
+        assert int(frame.locator(".step-value").inner_text().split()[0]) == step
+        input_gradient = panels.locator('.panel[data-tensor="input_gradient"]')
+        assert input_gradient.get_attribute("data-step") == str(step)
 
 
 def test_a_link_opens_its_run_layer_and_step_and_the_url_follows(browser, long_run, tmp_path):  # noqa: F811
@@ -117,11 +115,11 @@ def test_a_link_opens_its_run_layer_and_step_and_the_url_follows(browser, long_r
     ) as url:
         fragment = f"gradviz&run=long&layer={names[2].replace('/', '%2F')}&step=1234"
         with _tab(browser, url, fragment) as (page, frame):
-            frame.locator('.panel[data-tensor="input_gradient"][data-step="1234"]').wait_for()
+            wait_drawn(frame, PANELS, run="long", layer=names[2], step=1234)
             assert frame.get_by_label("Layer", exact=True).input_value() == names[2]
             # Moving on writes the new choice into TensorBoard's URL.
             frame.get_by_label("Layer", exact=True).select_option(names[0])
-            frame.locator(".layer-name", has_text=names[0]).wait_for()
+            wait_drawn(frame, PANELS, run="long", layer=names[0], step=1234)
             page.wait_for_url(
                 re.compile(r"#gradviz&run=long&layer=block0%2Fpool&step=1234&view=layer$")
             )
