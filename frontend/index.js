@@ -3,7 +3,7 @@
 
 import {AcrossLayersSection} from './acrosslayers.js';
 import {CompareSection} from './comparesection.js';
-import {markDrawn} from './drawn.js';
+import {markDrawn, markWhenDrawn} from './drawn.js';
 import {connectToHost, followHost} from './host.js';
 import * as layout from './layout.js';
 import * as model from './model.js';
@@ -275,15 +275,15 @@ class App {
     if (!this.layer) return;
     const {ui, step} = this;
     views.renderLayerTitle(ui.layerTitle, this.layer, step);
-    views.renderPanels(ui.panels, this.layer, this.tensors, {step, logarithmic: ui.logToggle.checked});
-    weightsview.renderWeights(ui.weights, this.layer, this.weights, {step, logarithmic: ui.logToggle.checked});
+    const panels = views.renderPanels(ui.panels, this.layer, this.tensors, {step, logarithmic: ui.logToggle.checked});
+    const weights = weightsview.renderWeights(ui.weights, this.layer, this.weights, {step, logarithmic: ui.logToggle.checked});
     this.renderAside();
     views.renderHeatmaps(ui.heatmaps, this.layer, this.tensors, step,
       (chosen) => this.selectStep(this.steps[Math.max(0, model.latestIndexAtOrBefore(this.steps, chosen))]));
     this.routeMap.update(this.run, this.layer, step);
     this.renderPrecision();
-    const drawn = {run: this.run, layer: this.layer.layer, step, logarithmic: ui.logToggle.checked};
-    for (const element of [ui.layerTitle, ui.panels, ui.weights, ui.heatmaps]) markDrawn(element, drawn);
+    markWhenDrawn([ui.layerTitle, ui.panels, ui.weights, ui.heatmaps],
+      {run: this.run, layer: this.layer.layer, step, logarithmic: ui.logToggle.checked}, Promise.all([panels, weights]));
   }
 
   /**
