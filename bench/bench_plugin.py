@@ -214,14 +214,11 @@ def browser_view(base, steps, timeout_s):
         start = time.perf_counter()
         page.goto(f"{base}/#gradviz")
         frame = page.frame_locator(common.PLUGIN_FRAME)
-        for tensor in TENSORS:
-            frame.locator(
-                f'.panel[data-tensor="{tensor}"][data-step="{steps}"] svg.histogram rect.bar'
-            ).first.wait_for()
+        common.wait_drawn(frame, common.browser.PANELS, step=steps)
         view = time.perf_counter() - start
         # The grid is in the tab's "Across layers" section, which loads when shown.
         frame.get_by_role("tab", name="Across layers").click()
-        frame.locator("table.layer-grid tbody tr").first.wait_for()
+        common.wait_drawn(frame, common.browser.GRID, step=steps)
         grid = time.perf_counter() - start
     return view, grid
 

@@ -61,10 +61,9 @@ def measure_routes(url, layer):
 
 def measure_browser(url, names, steps):
     def drawn(frame, layer):
-        frame.locator(".layer-name", has_text=layer).wait_for()
-        for tensor in TENSORS:
-            frame.locator(f'.panel[data-tensor="{tensor}"][data-step="{steps}"]').wait_for()
-            frame.locator(f'.heatmap-figure[data-tensor="{tensor}"] svg.spread').wait_for()
+        # The layer's panels and its charts over steps say they show it (tests/browser.py).
+        for view in (common.browser.PANELS, common.browser.HEATMAPS):
+            common.wait_drawn(frame, view, layer=layer, step=steps)
 
     with common.chromium_page(1400, 1000, 300) as (page, errors):
         begin = time.perf_counter()

@@ -7,13 +7,13 @@ served by `tensorboard` as README says for a long run
 (playwright, /usr/bin/chromium) at 1400 x 1000. Timed from Python around
 playwright calls, so each figure includes a few ms of playwright's own:
 
-- first render: `page.goto` until the layer view shows its input-gradient
-  panel at the run's last step with full records;
+- first render: `page.goto` until the layer view says it has drawn the
+  run's last step with full records (its `data-drawn` marker, tests/browser.py);
 - step change: the Step slider moved one position (a key press) until the
-  panel shows the new step, `--repeats` times (median and largest);
-- time view: the "Over time" section opened until its canvas is drawn (the
-  server's first /timeline of the run: cold), then the page reloaded until
-  it is drawn again (warm: the page's own load included).
+  layer view says it has drawn the new step, `--repeats` times (median and largest);
+- time view: the "Over time" section opened until it says it has drawn the
+  run (the server's first /timeline of the run: cold), then the page reloaded
+  until it says so again (warm: the page's own load included).
 
     python bench/bench_tab_browser.py --logdir /tmp/long_run --json bench/results/tab_browser.json
 """
@@ -28,29 +28,27 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench_long_run  # noqa: E402
 import common  # noqa: E402
 
+# The views' elements that say which state they have drawn (tests/browser.py).
+PANELS, TIMELINE = common.browser.PANELS, common.browser.TIMELINE
 
-def _panel(frame, step):
-    return frame.locator(f'.panel[data-tensor="input_gradient"][data-step="{step}"]')
 
-
-def measure(base, last_full, repeats):
+def measure(base, last_full, full_every, repeats):
     with common.chromium_page(1400, 1000, 180) as (page, errors):
         begin = time.perf_counter()
         page.goto(f"{base}/#gradviz&run=long")
         frame = page.frame_locator(common.PLUGIN_FRAME)
-        _panel(frame, last_full).wait_for()
+        common.wait_drawn(frame, PANELS, run="long", step=last_full)
         first_render = time.perf_counter() - begin
         slider = frame.get_by_label("Step", exact=True)
         changes = []
-        for _ in range(repeats):
-            before = frame.locator(".step-value").inner_text()
+        # The layer view's steps are those with full records: one position left is one
+        # `full_every` earlier.
+        for step in range(
+            last_full - full_every, last_full - (repeats + 1) * full_every, -full_every
+        ):
             begin = time.perf_counter()
             slider.press("ArrowLeft")
-            step_text = frame.locator(".step-value")
-            while step_text.inner_text() == before:
-                time.sleep(0.001)
-            step = int(step_text.inner_text().split()[0])
-            _panel(frame, step).wait_for()
+            common.wait_drawn(frame, PANELS, run="long", step=step)
             changes.append(time.perf_counter() - begin)
         times = {}
         for name in ("cold", "warm"):
@@ -59,12 +57,9 @@ def measure(base, last_full, repeats):
                 # The page again, from its URL, which now opens the time view.
                 page.reload()
                 frame = page.frame_locator(common.PLUGIN_FRAME)
-                frame.locator("canvas.timeline-canvas").wait_for(state="attached")
-            # The section's tab, where the page has sections (the view is on the page if not).
-            section = frame.get_by_role("tab", name="Over time")
-            if section.count() and section.get_attribute("aria-selected") != "true":
-                section.click()
-            frame.locator("canvas.timeline-canvas[data-columns]").wait_for()
+            else:
+                frame.get_by_role("tab", name="Over time").click()
+            common.wait_drawn(frame, TIMELINE, run="long")
             times[name] = time.perf_counter() - begin
         columns = int(frame.locator("canvas.timeline-canvas").get_attribute("data-columns"))
         assert errors == [], errors
@@ -94,7 +89,9 @@ def main():
     last_full = ((args.steps - 1) // args.full_every) * args.full_every + 1
     with bench_long_run.running_tensorboard(root, args.steps, args.full_every) as served:
         base, load_s, sampler, rss_mb = served
-        row = dict(written, load_s=load_s, **measure(base, last_full, args.repeats))
+        row = dict(
+            written, load_s=load_s, **measure(base, last_full, args.full_every, args.repeats)
+        )
         row["peak_rss_mb"] = sampler.peak_kb / 1024
     common.print_table("the tab in Chromium on a long run", [row], [(k, k, "{:.4g}") for k in row])
     print("RESULT", {k: (round(v, 4) if isinstance(v, float) else v) for k, v in row.items()})

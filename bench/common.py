@@ -195,18 +195,11 @@ def child_command(script, args, options=CHILD_OPTIONS):
     return command
 
 
-CHROMIUM = "/usr/bin/chromium"  # Debian's: playwright's own download needs the network
-# Headless as root, with nothing that reaches for the network.
-CHROMIUM_ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
-PLUGIN_FRAME = 'iframe[src*="plugin_entry.html?name=gradviz"]'
+# The browser tests' helpers (tests/browser.py): Chromium's path and offline flags, the tab's
+# frame, and `wait_drawn`, the wait until a view says it has drawn the state asked for.
+sys.path.append(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests"))
+import browser  # noqa: E402, F401
+from browser import CHROMIUM, CHROMIUM_ARGS, PLUGIN_FRAME, wait_drawn  # noqa: E402, F401
 
 
 @contextlib.contextmanager
