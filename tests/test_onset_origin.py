@@ -190,3 +190,76 @@ def test_gradients_that_vanish_behind_a_layer_are_named_at_the_first_layer_the_b
     )
     assert {f["layer"] for f in result["flags"] if f["flag"] == "vanishing"} == {"a", "b"}
     assert "at d" in vanishing["detail"]
+
+
+def test_each_flag_is_named_in_the_pass_its_rule_reads_on_a_written_run(tmp_path):
+    # Two float16 layers a and b raise every flag at step 2 at once: dead channels (forward
+    # pass: a first), a NaN in a's output gradient and in b's activation (forward pass first:
+    # b), and gradients that underflow in both (backward pass: b first).
+    from test_flags_from_digest import tensor
+
+    from tb_gradviz.format import events, records
+
+    rng = np.random.default_rng(0)
+    log = events.EventLog(tmp_path)
+    for step in (1, 2):
+        written = []
+        for index, layer in enumerate(("a", "b")):
+            activation = rng.normal(size=40)
+            gradient = rng.normal(size=40) * (1e-7 if step == 2 else 1.0)
+            if step == 2 and layer == "b":
+                activation[0] = np.nan
+            if step == 2 and layer == "a":
+                gradient[0] = np.nan
+            written += tensor(layer, index, records.ACTIVATION, activation, "float16")
+            written += tensor(layer, index, records.OUTPUT_GRADIENT, gradient, "float16")
+            written += events.units_records(
+                layer,
+                records.units_vector([False, step == 2, False, False]),
+                {"layer_index": index, "tensor": records.ACTIVATION, "channel_axis": -1},
+            )
+        log.write(step, written)
+    log.close()
+    _, onsets, _ = onsets_of(tmp_path, ".")
+    where = {flag: (o["step"], o["layer"], o["tensor"]) for flag, o in onsets.items()}
+    assert where == {
+        "nonfinite": (2, "b", "activation"),
+        "dead": (2, "a", "activation"),
+        "underflow": (2, "b", "output_gradient"),
+    }
+
+
+def test_the_step_order_is_the_forward_pass_then_the_backward_pass_nested_models_at_their_ends():
+    from tb_gradviz.board import origin
+
+    def layer(name, *roles):
+        return {"layer": name, "tensors": {f"{role}": {"role": role} for role in roles}}
+
+    layers = [
+        layer("a", "activation", "output_gradient", "input_gradient"),
+        layer("block", "activation", "input_gradient", "output_gradient"),
+        layer("block/inner", "activation", "input_gradient", "output_gradient"),
+        layer("d", "activation", "input_gradient", "output_gradient"),
+    ]
+    layers[3]["tensors"].update(
+        {"weight/kernel": {"role": "weight"}, "weight_gradient/kernel": {"role": "weight_gradient"}}
+    )
+    named = [(layers[i]["layer"], t) for i, t in origin.step_order(layers)]
+    assert named == [
+        ("a", "activation"),
+        ("block/inner", "activation"),
+        ("block", "activation"),
+        ("d", "weight/kernel"),
+        ("d", "activation"),
+        ("d", "output_gradient"),
+        ("d", "weight_gradient/kernel"),
+        ("d", "input_gradient"),
+        ("block", "output_gradient"),
+        ("block/inner", "output_gradient"),
+        ("block/inner", "input_gradient"),
+        ("block", "input_gradient"),
+        ("a", "output_gradient"),
+        ("a", "input_gradient"),
+    ]
+    backward = [(layers[i]["layer"], t) for i, t in origin.step_order(layers, (origin.BACKWARD,))]
+    assert backward == named[5:]
