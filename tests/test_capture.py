@@ -230,18 +230,27 @@ def test_resnet50_nested_in_sequential_logs_its_two_pooling_layers(tmp_path):
     )
 
 
-def test_float32_subnormals_count_as_zeros_on_device():
-    # XLA on the CPU flushes float32 subnormals to zero (docs/FORMAT.md).
+def test_float32_subnormals_are_counted_on_device_as_on_the_host():
+    # XLA on the CPU flushes float32 subnormals to zero; the device statistics count them as
+    # the host does, as non-zero values in magnitude bin 0 of their sign (docs/FORMAT.md).
     from tb_gradviz.capture import assemble, device_statistics
     from tb_gradviz.capture.backends import tf_statistics
 
-    values = tf.constant([1e-45, -1e-40, 0.0, 1.0], tf.float32)
+    array = np.array([1e-45, -1e-40, 0.0, 1.0], np.float32)
     with tf.device("/CPU:0"):
-        results = tf_statistics.compiled([[0]], [False])([values], tf.constant(1.0, tf.float64))
+        compiled = tf_statistics.compiled([[0]], [False], "stepped")
+        results = compiled([tf.constant(array)], tf.constant(1.0, tf.float64))
     (row,) = device_statistics.tensor_rows([[0]], results, [4])
-    record = records.decode_stats(assemble.summary_of_row(row)[1])
-    assert record["zeros"] == 3
-    assert sum(record["log_counts"]["positive"]) + sum(record["log_counts"]["negative"]) == 1
+    stats = assemble.summary_of_row(row)[1]
+    record = records.decode_stats(stats)
+    assert record["zeros"] == 1
+    negative, positive = record["log_counts"]["negative"], record["log_counts"]["positive"]
+    assert {j: c for j, c in enumerate(negative) if c} == {0: 1}  # -1e-40
+    assert {j: c for j, c in enumerate(positive) if c} == {0: 1, 25: 1}  # 1e-45; 1.0
+    host = summaries.stats_vector(array)  # what the host kernel computes
+    exact = np.ones(records.STATS_LENGTH, bool)
+    exact[records.SUMMED_STATS] = False
+    np.testing.assert_array_equal(stats[exact], host[exact])
 
 
 def chain_model_and_batch(seed):

@@ -10,6 +10,7 @@ of magnitudes for rows that cancel). Like tests/test_backends.py, this file
 is meant to run under every KERAS_BACKEND.
 """
 
+import contextlib
 import functools
 import re
 
@@ -145,6 +146,106 @@ def test_device_counts_equal_the_host_kernel(mode):
         np.testing.assert_allclose(
             stats[~exact], host_stats[~exact], rtol=SUM_RTOL, atol=SUM_ATOL * scale
         )
+
+
+def specials(dtype):
+    """Zeros, NaN, Inf, 1 and 2, and a subnormal between (1e-40 in float32), the smallest normal,
+    the largest and the smallest subnormal of `dtype`: each of both signs."""
+    import ml_dtypes
+
+    as_dtype = ml_dtypes.bfloat16 if dtype == "bfloat16" else np.dtype(dtype)
+    info = ml_dtypes.finfo(as_dtype)
+    tiny, smallest = float(info.smallest_normal), float(info.smallest_subnormal)
+    largest = tiny - smallest  # the largest subnormal, exactly
+    between = 1e-40 if dtype == "float32" else tiny * 2.0**-5
+    magnitudes = [between, 1.0, 2.0, tiny, largest, smallest]
+    values = [v for m in magnitudes for v in (-m, m)] + [0.0, -0.0, np.inf, -np.inf]
+    values += [np.nan, -np.nan]  # NaN with the sign bit set too
+    array = np.array(values, np.float64).astype(as_dtype)
+    assert np.count_nonzero(array.astype(np.float64) == 0) == 2  # +-0.0: no subnormal is 0
+    return array
+
+
+# What `summaries.stats_vector` records of float32's or float64's `specials`: 2 zeros, 2 NaN,
+# +Inf and -Inf, and in each sign's magnitude bins 1 and 2 in bin 25 ([1, 3.16)), the four tiny
+# values in bin 0 (below 1e-12).
+SPECIAL_COUNTS = {"count": 18, "zeros": 2, "nan": 2, "pos_inf": 1, "neg_inf": 1}
+SPECIAL_BINS = {0: 4, 25: 2}
+
+
+def assert_counts_of_specials(stats, err_msg=""):
+    record = records.decode_stats(stats)
+    assert {k: record[k] for k in SPECIAL_COUNTS} == SPECIAL_COUNTS, err_msg
+    for side in ("negative", "positive"):
+        bins = dict((j, c) for j, c in enumerate(record["log_counts"][side]) if c)
+        assert bins == SPECIAL_BINS, (err_msg, side, bins)
+
+
+@pytest.fixture(
+    params=[False, True] if BACKEND == "torch" else [False],
+    ids=lambda flushed: "flushing" if flushed else "as-is",
+)
+def flushing(request):
+    """Whether the statistics run with subnormals flushed to zero, as XLA runs on the CPU: on
+    PyTorch, whose CPU kernels keep them, once as they are and once flushed
+    (`torch.set_flush_denormal`, around the statistics only: numpy's reference is not flushed)."""
+    if not request.param:
+        return contextlib.nullcontext
+    import torch
+
+    @contextlib.contextmanager
+    def flushed():
+        assert torch.set_flush_denormal(True)
+        try:
+            yield
+        finally:
+            torch.set_flush_denormal(False)
+
+    return flushed
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
+def test_device_subnormals_zeros_nan_and_inf_are_counted_as_on_the_host(dtype, mode, flushing):
+    """Every count of each sign's subnormals, zeros, NaN and Inf, the extrema and the histogram
+    equal the definition's and the host kernel's, also on a device that flushes subnormals to
+    zero (XLA on the CPU), with and without a loss scale."""
+    pytest.importorskip("numba")
+    from tb_gradviz.capture import kernels
+
+    arrays = [specials(dtype)]
+    if dtype == "float32":  # the tensor that lost its row: zeros 2, negative bin 0 -1
+        arrays.append(np.array([-1e-40, 1e-40, -1, 2], np.float32))
+    for divisor in (None, 1024.0):
+        with flushing():
+            rows = run_statistics(arrays, divisor, mode=mode)
+        for r, (array, row) in enumerate(zip(arrays, rows)):
+            captured = array.astype(np.float64)
+            message = f"{dtype} / {divisor}, row {r}"
+            assert_row_is_the_definition(row, captured / (divisor or 1.0), message, captured)
+            host = kernels.summary(assemble.host_array(array), divisor, precision=True)
+            for record, expected in zip(assemble.summary_of_row(row), host):
+                exact = np.ones(expected.shape[-1], bool)
+                if expected.shape == (records.STATS_LENGTH,):
+                    exact[records.SUMMED_STATS] = False
+                np.testing.assert_array_equal(record[..., exact], expected[..., exact], message)
+        if dtype == "float32" and divisor is None:
+            assert_counts_of_specials(assemble.summary_of_row(rows[0])[1])
+            record = records.decode_stats(assemble.summary_of_row(rows[1])[1])
+            assert record["zeros"] == 0
+            assert [record["log_counts"][s][0] for s in ("negative", "positive")] == [1, 1]
+
+
+def test_device_counts_of_float64_subnormals_equal_the_host(mode, flushing):
+    """float64 subnormals too: each count compares bits where a flushing device's comparison
+    would see 0 (the extrema and sums are the device's float64 arithmetic, docs/FORMAT.md)."""
+    array = specials("float64")
+    with flushing():
+        (row,) = run_statistics([array], mode=mode)
+    stats = assemble.summary_of_row(row)[1]
+    assert_counts_of_specials(stats)
+    counts = np.r_[records.STAT_COUNT : records.STAT_NEG_INF + 1, records.NEGATIVE_BINS.start :]
+    expected = summaries.stats_vector(array)
+    np.testing.assert_array_equal(stats[counts], expected[counts])
 
 
 def test_tensors_of_many_sizes_and_dtypes_get_their_own_rows(mode):
@@ -415,3 +516,34 @@ def test_working_memory_of_resnet50_with_all_layers_is_a_small_multiple_of_its_l
     assert len(tensors) > 900 and len(groups) > 5  # 177 layers with their weights
     assert temp <= 4 * largest_group, (temp, largest_group, sum(sizes))
     assert temp <= sum(sizes) / 4, (temp, largest_group, sum(sizes))
+
+
+def test_float32_subnormals_through_a_reshape_are_recorded_as_on_the_host():
+    """A tensor of each sign's subnormals beside zeros, NaN and Inf, captured with
+    statistics="device": every record equals the host's (where the device counted the subnormals
+    as zeros and in a magnitude bin, a negative bin made the reader drop the tensor)."""
+    from tb_gradviz.capture import probe, selection
+
+    values = specials("float32")
+    model = keras.Sequential([keras.Input((values.size,)), keras.layers.Reshape((6, 3))])
+    model.compile("sgd", "mse")
+    x, y = values[None, :], np.zeros((1, 6, 3), np.float32)
+    chosen = selection.select_layers(model, ["reshape*"])
+    host, _ = probe.new_capture(model, chosen, statistics="host").run(x, y)
+    device, _ = probe.new_capture(model, chosen, statistics="device").run(x, y)
+    assert [tag for tag, _, _ in host] == [tag for tag, _, _ in device]
+    kinds = {tag.rsplit("/", 1)[1] for tag, _, _ in device}
+    assert {"stats", "precision"} <= kinds, kinds
+    summed = np.zeros(records.STATS_LENGTH, bool)
+    summed[records.SUMMED_STATS] = True
+    for (tag, expected, _), (_, record, _) in zip(host, device):
+        if tag.endswith("/stats"):
+            np.testing.assert_array_equal(record[~summed], expected[~summed], err_msg=tag)
+            np.testing.assert_allclose(record[summed], expected[summed], rtol=SUM_RTOL, err_msg=tag)
+            assert np.all(record[records.NEGATIVE_BINS.start :] >= 0), tag
+        elif tag.endswith("/routing"):
+            np.testing.assert_allclose(record, expected, rtol=SUM_RTOL, err_msg=tag)
+        else:
+            np.testing.assert_array_equal(record, expected, err_msg=tag)
+    (activation,) = [r for tag, r, _ in device if tag.endswith("activation/stats")]
+    assert_counts_of_specials(activation)

@@ -24,6 +24,9 @@ field, exactly, as long as the product is a normal float64, which holds for
 every tensor of float32 or narrower (and float64 ones whose largest
 finite magnitude is at least about `2**-760`).
 
+The statistics read the same bits (`float_bits`): zero and sign, and
+`widened`, each value as float64 exactly, float32 subnormals included.
+
 Imports keras and numpy only.
 """
 
@@ -55,18 +58,44 @@ def width(dtype):
     return 64 if keras.backend.standardize_dtype(dtype) == "float64" else 32
 
 
-def magnitude_bits(values, bits_width):
-    """The bit patterns of `|values|`: as float32 (float16 and bfloat16 widen exactly), or float64.
+def float_bits(values, bits_width):
+    """The bit patterns of `values`, sign included: as float32 (float16 and bfloat16 widen
+    exactly), or float64.
 
     Args:
       values: floating-point values, in their own dtype.
       bits_width: 32 or 64 (`width`).
     """
+    wide = "float64" if bits_width == 64 else "float32"
+    return ops.view(ops.cast(values, wide), _BITS_DTYPE[bits_width])
+
+
+def magnitude_bits(bits, bits_width):
+    """The bit patterns of `|x|` from those of `x` (`float_bits`)."""
+    mask = np.iinfo(np.int64).max if bits_width == 64 else 0x7FFFFFFF
+    return ops.bitwise_and(bits, _constant(mask, _BITS_DTYPE[bits_width]))
+
+
+def widened(values, bits, bits_width):
+    """`values` as float64, exactly, float32 subnormals included.
+
+    A cast widens normal values, zeros, NaN and Inf exactly on every device,
+    but one that runs with flush-to-zero (XLA on the CPU) turns a float32
+    subnormal into 0 (or compares it as 0): those are rebuilt from their
+    bits, `significand * 2**-149` with their sign, a normal float64 that no
+    device flushes. float64 values are returned as they are.
+
+    Args:
+      values: the values, in their own dtype.
+      bits: their `float_bits`.
+      bits_width: the width of those bits.
+    """
     if bits_width == 64:
-        bits = ops.view(ops.cast(values, "float64"), "int64")
-        return ops.bitwise_and(bits, _constant(np.iinfo(np.int64).max, "int64"))
-    bits = ops.view(ops.cast(values, "float32"), "int32")
-    return ops.bitwise_and(bits, _constant(0x7FFFFFFF, "int32"))
+        return ops.cast(values, "float64")
+    significand = ops.cast(ops.bitwise_and(bits, _constant(0x7FFFFF, "int32")), "float64")
+    step = ops.where(ops.less(bits, 0), _float64(-(2.0**-149)), _float64(2.0**-149))
+    subnormal = ops.less(magnitude_bits(bits, 32), _constant(1 << 23, "int32"))
+    return ops.where(subnormal, significand * step, ops.cast(values, "float64"))
 
 
 def finite_amax_bits(bits, bits_width, axis):
@@ -152,6 +181,10 @@ def _keys(bound_bits, bits_width):
 
 def _constant(value, dtype):
     return ops.convert_to_tensor(np.array(value, dtype=dtype))
+
+
+def _float64(value):
+    return _constant(value, "float64")
 
 
 def _int64(value):

@@ -21,9 +21,12 @@ kernel's.
   bins come from cumulative counts against `records.LOG_EDGES`, the linear
   buckets from a one-hot comparison of each value's bucket,
   `floor((v - low) / width)`, in float64 as the definition.
-- Values are widened to float64 inside the reductions, so counts and
-  extrema equal `summaries.stats_vector`'s and `linear_histogram`'s exactly,
-  and the sums differ from numpy's only in the order of float64 additions.
+- Values are widened to float64 inside the reductions, exactly, float32
+  subnormals too, which a device that flushes subnormals to zero would turn
+  into 0 (`device_precision.widened`); zero and sign are read from the bits.
+  So counts and extrema equal `summaries.stats_vector`'s and
+  `linear_histogram`'s exactly, and the sums differ from numpy's only in the
+  order of float64 additions.
 - How a group is walked depends on what compiles it (`MODES`). XLA on an
   accelerator fuses each comparison into its reduction, so a pass is one
   read of the group (`"fused"`). XLA on the CPU materialises the input of
@@ -80,6 +83,7 @@ class Rows:
     finite_values: object  # float64: the values, 0 where not finite
     bits: object  # int: `device_precision.magnitude_bits` of the values as captured
     bits_width: int  # 32 or 64: the width of `bits`
+    signed_bits: object  # int: `device_precision.float_bits`, the sign included
     buckets: int = records.HISTOGRAM_BUCKETS
     low: object = None  # second pass: the finite minimum (+inf without finite values)
     high: object = None  # second pass: the finite maximum (-inf without finite values)
@@ -125,14 +129,19 @@ def _below(rows, keys):
     return ops.less(rows.bits, keys)
 
 
+def _signed(rows, compare):
+    """`compare(bits, 0)`: `<= 0` are the negative values and +-0, `> 0` the positive ones."""
+    return compare(rows.signed_bits, ops.zeros_like(rows.signed_bits))
+
+
 FIRST_PASS_COUNTS = (
-    Count("zeros", lambda r, _: ops.equal(r.values, 0.0)),
+    Count("zeros", lambda r, _: ops.equal(r.bits, ops.zeros_like(r.bits))),
     Count("nans", lambda r, _: ops.isnan(r.values)),
     Count("pos_inf", lambda r, _: ops.equal(r.values, np.inf)),
     Count("neg_inf", lambda r, _: ops.equal(r.values, -np.inf)),
     # The magnitude bins: negative side with the zeros (in its bin 0), positive side.
-    Count("nonpositive", lambda r, _: ops.logical_and(r.finite, ops.less_equal(r.values, 0.0))),
-    Count("positive", lambda r, _: ops.greater(r.finite_values, 0.0)),
+    Count("nonpositive", lambda r, _: ops.logical_and(r.finite, _signed(r, ops.less_equal))),
+    Count("positive", lambda r, _: ops.logical_and(r.finite, _signed(r, ops.greater))),
     Count("negative_at_least", lambda r, t: ops.less_equal(r.finite_values, -t), _log_edges),
     Count("positive_at_least", lambda r, t: ops.greater_equal(r.finite_values, t), _log_edges),
     # The zeros, then the values below each precision boundary, as captured.
@@ -195,12 +204,14 @@ def group_statistics(
             block = stacked
         else:
             block = ops.stack([ops.slice(t, [start], [length]) for t in rows])
-        bits = ops.expand_dims(device_precision.magnitude_bits(block, bits_width), 1)
-        v = ops.expand_dims(ops.cast(block, "float64"), 1)
+        signed = device_precision.float_bits(block, bits_width)
+        bits = ops.expand_dims(device_precision.magnitude_bits(signed, bits_width), 1)
+        v = ops.expand_dims(device_precision.widened(block, signed, bits_width), 1)
         if divisor is not None:
             v = _divide(v, divisor, like=v)
         finite = ops.isfinite(v)
-        return Rows(v, finite, ops.where(finite, v, 0.0), bits, bits_width, buckets)
+        signed = ops.expand_dims(signed, 1)
+        return Rows(v, finite, ops.where(finite, v, 0.0), bits, bits_width, signed, buckets)
 
     def first_pass(rows):
         v, finite = rows.values, rows.finite
