@@ -47,7 +47,8 @@ if expect is not None:
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parent.parent
 
-# The views, by the element that carries their `data-drawn` marker, and what it names.
+# The views, by the element that carries their `data-drawn` marker, and what it names. The
+# time view, the onset table and the routing map add `error` when the fetch failed.
 LAYER_TITLE = ".layer-title"  # run, layer, step, logarithmic
 PANELS = ".layer-main > .panels"  # run, layer, step, logarithmic
 HEATMAPS = ".heatmaps"  # run, layer, step, logarithmic
