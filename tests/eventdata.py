@@ -4,10 +4,52 @@ import math
 
 import numpy as np
 import pytest
-from tensorboard.backend.event_processing import event_accumulator
+from tensorboard.backend.event_processing import (
+    data_provider,
+    event_accumulator,
+    plugin_event_multiplexer,
+)
+from tensorboard.plugins import base_plugin
 from tensorboard.util import tensor_util
 
+from tb_gradviz.board import plugin
 from tb_gradviz.format import digest, metadata, records, summaries
+
+# Every point of every plugin kept by the Python loader.
+WHOLE = {"gradviz": 0, "histograms": 0, "gradviz_digest": 0}
+
+
+class ReadingProvider(data_provider.MultiplexerDataProvider):
+    """TensorBoard's own data provider, which calls `on_read(plugin name, sorted tags)` before
+    each `read_tensors`: tests count, inspect or slow the plugin's reads there. By default it
+    keeps them in `reads`."""
+
+    def __init__(self, *args):
+        super().__init__(*args)
+        self.reads = []
+
+    def on_read(self, plugin_name, tags):
+        self.reads.append((plugin_name, tags))
+
+    def read_tensors(self, ctx, *, experiment_id, plugin_name, downsample, run_tag_filter):
+        self.on_read(plugin_name, sorted(run_tag_filter.tags))
+        return super().read_tensors(
+            ctx,
+            experiment_id=experiment_id,
+            plugin_name=plugin_name,
+            downsample=downsample,
+            run_tag_filter=run_tag_filter,
+        )
+
+
+def plugin_over(logdir, provider_class=ReadingProvider):
+    """`(GradVizPlugin, provider)` over `logdir`, read by the Python loader with every point."""
+    multiplexer = plugin_event_multiplexer.EventMultiplexer(tensor_size_guidance=WHOLE)
+    multiplexer.AddRunsFromDirectory(str(logdir))
+    multiplexer.Reload()
+    provider = provider_class(multiplexer, str(logdir))
+    context_ = base_plugin.TBContext(logdir=str(logdir), data_provider=provider)
+    return plugin.GradVizPlugin(context_), provider
 
 
 def load(logdir):

@@ -1,44 +1,27 @@
 """The plugin's caches are bounded in entries and in bytes, and the lock of a read lives only while
 the read is in flight: neither grows with what a long-running TensorBoard has served."""
 
+import eventdata
 import synthetic
 from tensorboard import context
-from tensorboard.backend.event_processing import data_provider, plugin_event_multiplexer
-from tensorboard.plugins import base_plugin
 
-from tb_gradviz.board import plugin, routes, series
+from tb_gradviz.board import routes, series
 from tb_gradviz.format import records
 
 ENTRY = series.ENTRY_BYTES
 
 
-class LockCountingProvider(data_provider.MultiplexerDataProvider):
+class LockCountingProvider(eventdata.ReadingProvider):
     """Records each `read_tensors` as `(tags, reading locks alive while it reads)`."""
 
-    def __init__(self, *args):
-        super().__init__(*args)
-        self.reads = []
-        self.locks = None
+    locks = None
 
-    def read_tensors(self, ctx, *, experiment_id, plugin_name, downsample, run_tag_filter):
-        self.reads.append((sorted(run_tag_filter.tags), len(self.locks)))
-        return super().read_tensors(
-            ctx,
-            experiment_id=experiment_id,
-            plugin_name=plugin_name,
-            downsample=downsample,
-            run_tag_filter=run_tag_filter,
-        )
+    def on_read(self, plugin_name, tags):
+        self.reads.append((tags, len(self.locks)))
 
 
-def gradviz_over(logdir, provider_class=data_provider.MultiplexerDataProvider):
-    multiplexer = plugin_event_multiplexer.EventMultiplexer(
-        tensor_size_guidance={"gradviz": 0, "histograms": 0, "gradviz_digest": 0}
-    )
-    multiplexer.AddRunsFromDirectory(str(logdir))
-    multiplexer.Reload()
-    provider = provider_class(multiplexer, str(logdir))
-    return plugin.GradVizPlugin(base_plugin.TBContext(logdir=str(logdir), data_provider=provider))
+def gradviz_over(logdir, provider_class=eventdata.ReadingProvider):
+    return eventdata.plugin_over(logdir, provider_class)[0]
 
 
 def test_a_cache_keeps_at_most_its_entries_and_bytes_least_recently_used_dropped_first():

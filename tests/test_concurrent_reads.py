@@ -8,6 +8,7 @@ TensorBoard with its data server held 4.5 GB when every request read it.
 import threading
 import time
 
+import eventdata
 import numpy as np
 from tensorboard import context
 from tensorboard.backend.event_processing import data_provider, plugin_event_multiplexer
@@ -18,34 +19,17 @@ from tb_gradviz.board import plugin, timeline
 from tb_gradviz.format import digest
 
 
-class CountingProvider(data_provider.MultiplexerDataProvider):
-    """Counts each tag's `read_tensors`, each slowed down so that requests overlap."""
+class SlowProvider(eventdata.ReadingProvider):
+    """Keeps each tag read, each read slowed down so that requests overlap."""
 
-    def __init__(self, *args):
-        super().__init__(*args)
-        self.reads = []
-
-    def read_tensors(self, ctx, *, experiment_id, plugin_name, downsample, run_tag_filter):
-        self.reads += sorted(run_tag_filter.tags)
+    def on_read(self, plugin_name, tags):
+        self.reads += tags
         time.sleep(0.5)
-        return super().read_tensors(
-            ctx,
-            experiment_id=experiment_id,
-            plugin_name=plugin_name,
-            downsample=downsample,
-            run_tag_filter=run_tag_filter,
-        )
 
 
 def test_timelines_asked_at_once_at_several_widths_read_the_digest_once(tmp_path):
     write(tmp_path / "run")
-    multiplexer = plugin_event_multiplexer.EventMultiplexer(tensor_size_guidance=WHOLE)
-    multiplexer.AddRunsFromDirectory(str(tmp_path))
-    multiplexer.Reload()
-    provider = CountingProvider(multiplexer, str(tmp_path))
-    gradviz = plugin.GradVizPlugin(
-        base_plugin.TBContext(logdir=str(tmp_path), data_provider=provider)
-    )
+    gradviz, provider = eventdata.plugin_over(tmp_path, SlowProvider)
     bodies = {}
 
     def timeline(width):

@@ -11,16 +11,15 @@ import json
 import urllib.error
 import urllib.request
 
+import eventdata
 import numpy as np
 import pytest
 import synthetic
 import tbserver
 from tensorboard import context
-from tensorboard.backend.event_processing import data_provider, plugin_event_multiplexer
-from tensorboard.plugins import base_plugin
 from test_plugin import PREFIX, make_app
 
-from tb_gradviz.board import plugin, series, timeline
+from tb_gradviz.board import series, timeline
 from tb_gradviz.format import events, records, summaries
 
 STEPS = 25
@@ -194,38 +193,8 @@ def test_routing_at_a_step_is_the_latest_record_at_or_before_it(tmp_path):
     assert routing(step="x")[0] == 400
 
 
-class CountingProvider(data_provider.MultiplexerDataProvider):
-    """Records each `read_tensors` as `(plugin name, tags)`."""
-
-    def __init__(self, *args):
-        super().__init__(*args)
-        self.reads = []
-
-    def read_tensors(self, ctx, *, experiment_id, plugin_name, downsample, run_tag_filter):
-        self.reads.append((plugin_name, sorted(run_tag_filter.tags)))
-        return super().read_tensors(
-            ctx,
-            experiment_id=experiment_id,
-            plugin_name=plugin_name,
-            downsample=downsample,
-            run_tag_filter=run_tag_filter,
-        )
-
-
-def counting_plugin(logdir):
-    """`(GradVizPlugin, CountingProvider)` over `logdir`, every point kept."""
-    multiplexer = plugin_event_multiplexer.EventMultiplexer(
-        tensor_size_guidance={"gradviz": 0, "histograms": 0}
-    )
-    multiplexer.AddRunsFromDirectory(str(logdir))
-    multiplexer.Reload()
-    provider = CountingProvider(multiplexer, str(logdir))
-    context_ = base_plugin.TBContext(logdir=str(logdir), data_provider=provider)
-    return plugin.GradVizPlugin(context_), provider
-
-
 def test_a_downsampled_series_reads_no_histogram(logdir):
-    gradviz, provider = counting_plugin(logdir)
+    gradviz, provider = eventdata.plugin_over(logdir)
     stats = ("gradviz", [records.stats_tag(LAYER, TENSOR)])
     histograms = ("histograms", [records.histogram_tag(LAYER, TENSOR)])
 
@@ -248,7 +217,7 @@ def test_a_downsampled_series_reads_no_histogram(logdir):
 
 
 def test_a_step_at_or_after_the_last_reads_each_series_last_point_alone(logdir):
-    gradviz, provider = counting_plugin(logdir)
+    gradviz, provider = eventdata.plugin_over(logdir)
     body = gradviz.series_impl(context.RequestContext(), "", "run", LAYER, TENSOR, step=STEPS + 5)
     assert body["steps"] == [STEPS] and body["stats"]["max"] == [2 * STEPS]
     assert body["histogram"]["counts"] == [
