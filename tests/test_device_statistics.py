@@ -213,7 +213,7 @@ def test_device_subnormals_zeros_nan_and_inf_are_counted_as_on_the_host(dtype, m
     from tb_gradviz.capture import kernels
 
     arrays = [specials(dtype)]
-    if dtype == "float32":  # the tensor that lost its row: zeros 2, negative bin 0 -1
+    if dtype == "float32":  # no zeros: one value in each sign's magnitude bin 0
         arrays.append(np.array([-1e-40, 1e-40, -1, 2], np.float32))
     for divisor in (None, 1024.0):
         with flushing():
@@ -520,8 +520,8 @@ def test_working_memory_of_resnet50_with_all_layers_is_a_small_multiple_of_its_l
 
 def test_float32_subnormals_through_a_reshape_are_recorded_as_on_the_host():
     """A tensor of each sign's subnormals beside zeros, NaN and Inf, captured with
-    statistics="device": every record equals the host's (where the device counted the subnormals
-    as zeros and in a magnitude bin, a negative bin made the reader drop the tensor)."""
+    statistics="device": every record equals the host's, and no magnitude bin is negative (the
+    reader leaves such a row out)."""
     from tb_gradviz.capture import probe, selection
 
     values = specials("float32")

@@ -51,9 +51,8 @@ def test_rows_left_out_are_reported_with_their_steps_and_why():
 
 
 def test_a_malformed_row_in_an_event_file_is_left_out_with_a_warning_naming_it(tmp_path, caplog):
-    """The row the device statistics wrote when they counted float32 subnormals as zeros and in
-    a magnitude bin (negative bin 0 is -1): `export` leaves it out, and says so, naming the run,
-    the tag and the step."""
+    """A stats row whose negative magnitude bin 0 is -1 (subnormals counted both as zeros and
+    in the bin): `export` leaves it out and says so, naming the run, the tag and the step."""
     import io
     import json
     import sys

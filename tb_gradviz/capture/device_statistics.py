@@ -21,12 +21,11 @@ kernel's.
   bins come from cumulative counts against `records.LOG_EDGES`, the linear
   buckets from a one-hot comparison of each value's bucket,
   `floor((v - low) / width)`, in float64 as the definition.
-- Values are widened to float64 inside the reductions, exactly, float32
-  subnormals too, which a device that flushes subnormals to zero would turn
-  into 0 (`device_precision.widened`); zero and sign are read from the bits.
-  So counts and extrema equal `summaries.stats_vector`'s and
-  `linear_histogram`'s exactly, and the sums differ from numpy's only in the
-  order of float64 additions.
+- Values are widened to float64 exactly (`device_precision.widened`: float32
+  subnormals too, which a device that flushes to zero would make 0), zero
+  and sign read from the bits, so counts and extrema equal
+  `summaries.stats_vector`'s and `linear_histogram`'s exactly, and the sums
+  differ from numpy's only in the order of float64 additions.
 - How a group is walked depends on what compiles it (`MODES`). XLA on an
   accelerator fuses each comparison into its reduction, so a pass is one
   read of the group (`"fused"`). XLA on the CPU materialises the input of
