@@ -113,3 +113,18 @@ def test_each_row_left_out_is_logged_once_however_often_its_series_is_decoded(ca
         "0, 1, 2, 3, 4, 5, 6, 7, 8, 9 and 2 more: why",
     ]
     assert {r.levelname for r in caplog.records} == {"WARNING"}
+
+
+def test_rows_left_out_past_the_rows_remembered_are_named_again_never_left_unnamed(
+    caplog, monkeypatch
+):
+    monkeypatch.setattr(series, "_MAX_NAMED_ROWS", 2)
+    left_out = series.LeftOutRows()
+    with caplog.at_level("WARNING", logger="tb_gradviz"):
+        for steps in ([1, 2], [1, 2], [1, 2, 3], [1, 2, 3]):
+            left_out("run", "a/stats", steps, "why")
+    assert [r.getMessage() for r in caplog.records] == [
+        "tb_gradviz leaves out 2 row(s) of run 'run', tag 'a/stats', at step(s) 1, 2: why",
+        "tb_gradviz leaves out 1 row(s) of run 'run', tag 'a/stats', at step(s) 3: why",
+        "tb_gradviz leaves out 1 row(s) of run 'run', tag 'a/stats', at step(s) 3: why",
+    ]

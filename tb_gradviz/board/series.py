@@ -32,8 +32,9 @@ _CACHE_MAX_BODIES = 16
 _CACHE_MAX_BODY_BYTES = 512 << 20
 # What an entry costs besides its value: its key, version and bookkeeping.
 ENTRY_BYTES = 256
-# The steps a warning of rows left out names, at most.
+# The steps a warning of rows left out names, at most; the rows remembered as named, at most.
 _NAMED_STEPS = 10
+_MAX_NAMED_ROWS = 1 << 16
 
 logger = logging.getLogger(__name__)
 
@@ -203,7 +204,9 @@ class LeftOutRows:
     """Logs the rows of a series that a decode leaves out, naming the run, the tag and the steps.
 
     Each row once: a series is decoded again whenever points are added to
-    it, and the rows already named are not named again.
+    it, and the rows already named are not named again. At most
+    `_MAX_NAMED_ROWS` rows are remembered; past them a row may be named again,
+    never left unnamed.
     """
 
     def __init__(self):
@@ -213,7 +216,8 @@ class LeftOutRows:
     def __call__(self, run, tag, steps, reason):
         with self._lock:
             new = [step for step in steps if (run, tag, step) not in self._named]
-            self._named.update((run, tag, step) for step in new)
+            if len(self._named) + len(new) <= _MAX_NAMED_ROWS:
+                self._named.update((run, tag, step) for step in new)
         if not new:
             return
         named = ", ".join(str(step) for step in new[:_NAMED_STEPS])
