@@ -185,3 +185,14 @@ def test_series_bench_times_the_downsampled_route_and_the_layer_view(tmp_path):
     assert 0 < row["spread_columns"] <= 300
     assert row["series_input_gradient_bytes"] < row["series_input_gradient_whole_bytes"] / 2
     assert row["warm_layer_change_s"] > 0 and row["first_render_s"] > 0
+
+
+def test_divergence_bench_runs_each_kind_of_model_and_reads_its_onsets(tmp_path):
+    pytest.importorskip("tensorflow")
+    cases = "cnn_lr_ramp,transformer_high_lr,mixed_overflow"
+    rows = run_smoke(tmp_path, "bench_divergence.py", "--cases", cases)
+    assert [row["case"] for row in rows] == cases.split(",")
+    for row in rows:
+        # 30 steps end before the learning rate starts to grow: nothing diverges.
+        assert row["steps_run"] == 30 and row["divergence_step"] is None
+        assert row["every_n_batches"] == 10 and isinstance(row["onsets"], list)
