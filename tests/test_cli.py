@@ -14,8 +14,7 @@ import numpy as np
 import pytest
 
 from tb_gradviz import cli
-from tb_gradviz.board import health
-from tb_gradviz.format import records
+from tb_gradviz.format import health, records
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -7,10 +7,10 @@ import pytest
 import synthetic
 import test_onset
 
-from tb_gradviz.board import health, onset, snapshot
+from tb_gradviz.board import onset, snapshot
 from tb_gradviz.board.columns import records_columns
 from tb_gradviz.cli.logs import open_logdir
-from tb_gradviz.format import digest, events, metadata, records, summaries
+from tb_gradviz.format import digest, events, health, metadata, records, summaries
 
 
 def both_paths(logdir, run):

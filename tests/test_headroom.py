@@ -1,4 +1,4 @@
-"""The underflow and overflow flags (board/headroom.py) from precision records."""
+"""The underflow and overflow flags (format/headroom.py) from precision records."""
 
 import eventdata
 import numpy as np
@@ -6,8 +6,7 @@ import pytest
 import synthetic
 import test_plugin
 
-from tb_gradviz.board import headroom
-from tb_gradviz.format import records, summaries
+from tb_gradviz.format import headroom, records, summaries
 
 
 def layer_of(layer_dtype, **tensors):

@@ -12,8 +12,7 @@ import pytest  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from tb_gradviz import GradVizCallback, cli  # noqa: E402
-from tb_gradviz.board import health  # noqa: E402
-from tb_gradviz.format import records  # noqa: E402
+from tb_gradviz.format import health, records  # noqa: E402
 
 layers = keras.layers
 

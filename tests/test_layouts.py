@@ -21,8 +21,8 @@ from tensorboard.plugins import base_plugin
 from werkzeug import test as werkzeug_test
 
 from tb_gradviz import cli
-from tb_gradviz.board import health, plugin
-from tb_gradviz.format import records
+from tb_gradviz.board import plugin
+from tb_gradviz.format import health, records
 
 LAYOUTS = pathlib.Path(__file__).parent / "data" / "layouts"
 LAYOUT_DIRS = sorted(LAYOUTS.glob("layout*"))

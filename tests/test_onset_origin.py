@@ -230,7 +230,7 @@ def test_each_flag_is_named_in_the_pass_its_rule_reads_on_a_written_run(tmp_path
 
 
 def test_the_step_order_is_the_forward_pass_then_the_backward_pass_nested_models_at_their_ends():
-    from tb_gradviz.board import origin
+    from tb_gradviz.format import origin
 
     def layer(name, *roles):
         return {"layer": name, "tensors": {f"{role}": {"role": role} for role in roles}}

@@ -10,9 +10,9 @@ import synthetic
 from test_plugin import PREFIX, make_app
 
 from tb_gradviz import cli
-from tb_gradviz.board import health, timeline
+from tb_gradviz.board import timeline
 from tb_gradviz.capture import budget
-from tb_gradviz.format import events, records, summaries
+from tb_gradviz.format import events, health, records, summaries
 
 WHOLE = {"gradviz": 0, "histograms": 0, "gradviz_digest": 0}
 LAYERS = ("a", "b", "c")

@@ -9,7 +9,7 @@ import pytest
 import test_onset
 from test_plugin import PREFIX, make_app
 
-from tb_gradviz.board import health
+from tb_gradviz.format import health
 
 keras = pytest.importorskip("keras")
 

@@ -18,8 +18,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from tb_gradviz.board import headroom, responses, snapshot
-from tb_gradviz.format import digest, records
+from tb_gradviz.board import responses, snapshot
+from tb_gradviz.format import digest, headroom, records
 
 
 class Columns(NamedTuple):

@@ -13,7 +13,7 @@ flag over the passes its rule reads). Served by `/onset`, printed by
 
 import numpy as np
 
-from tb_gradviz.board import headroom, health
+from tb_gradviz.format import headroom, health
 
 
 def onset_body(run, steps, columns, ratio=health.DEFAULT_RATIO, listed=None):

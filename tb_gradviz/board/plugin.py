@@ -15,7 +15,6 @@ from tensorboard.plugins import base_plugin
 
 from tb_gradviz.board import (
     columns,
-    health,
     layer_impls,
     loss_scale,
     onset,
@@ -25,7 +24,7 @@ from tb_gradviz.board import (
     snapshot,
     timeline,
 )
-from tb_gradviz.format import digest, metadata, records
+from tb_gradviz.format import digest, health, metadata, records
 
 
 class GradVizPlugin(layer_impls.LayerImpls, base_plugin.TBPlugin):

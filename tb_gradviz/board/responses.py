@@ -10,9 +10,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from tb_gradviz.board import health
 from tb_gradviz.board.series import downsampled_columns
-from tb_gradviz.format import records, routing_map, summaries
+from tb_gradviz.format import health, records, routing_map, summaries
 
 LOG_EDGES = records.LOG_EDGES.tolist()
 

@@ -8,8 +8,8 @@ Imports neither TensorFlow nor Keras.
 
 import numpy as np
 
-from tb_gradviz.board import catalog, headroom, health, responses
-from tb_gradviz.format import digest, records, summaries
+from tb_gradviz.board import catalog, responses
+from tb_gradviz.format import digest, headroom, health, records, summaries
 
 
 def _stats_row(values):

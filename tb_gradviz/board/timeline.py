@@ -20,9 +20,8 @@ computes in, or in float16 for a float32 layer.
 
 import numpy as np
 
-from tb_gradviz.board import headroom, health
 from tb_gradviz.board.series import column_starts, envelope
-from tb_gradviz.format import records
+from tb_gradviz.format import headroom, health, records
 
 DEFAULT_WIDTH = 1000
 MAX_WIDTH = 10000

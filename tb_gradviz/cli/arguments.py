@@ -4,9 +4,9 @@ import argparse
 import functools
 import math
 
-from tb_gradviz.board import health
 from tb_gradviz.cli.demo import DEFAULT_PORT
 from tb_gradviz.cli.status import EXIT_CODES_HELP, CommandError
+from tb_gradviz.format import health
 
 
 class _Parser(argparse.ArgumentParser):

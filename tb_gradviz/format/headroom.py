@@ -33,8 +33,7 @@ the step and halving its scale.
 
 import numpy as np
 
-from tb_gradviz.board import origin
-from tb_gradviz.format import digest, precision, records
+from tb_gradviz.format import digest, origin, precision, records
 
 UNDERFLOW_SHARE = 0.01
 FLAGS = ("underflow", "overflow")

@@ -1,10 +1,11 @@
 """Training-health flags, decided from the recorded statistics.
 
-Numpy only. The plugin serves the flags in `/step` and `/onset`, and
-`tb-gradviz check` and `summary` print them, so the tab, the CLI and a CI job
-judge alike. Nothing here costs the callback anything: the flags read what
-every log event already writes (the stats, units and precision records, or
-the per-event digest that holds their counts). Each rule is one function
+Numpy only, in the format so that both sides judge alike: the plugin serves
+the flags in `/step` and `/onset`, `tb-gradviz check` and `summary` print
+them, and the callback judges each log event to keep its full records where
+a flag is first raised (`full_records`). The flags read what every log event
+already writes (the stats, units and precision records, or the per-event
+digest that holds their counts). Each rule is one function
 over `[layers, steps]` arrays (`verdicts`): `/step` applies it to one step of
 the full records or of the digest, `/onset` to every step of the digest.
 
@@ -39,8 +40,7 @@ import math
 
 import numpy as np
 
-from tb_gradviz.board import headroom, origin
-from tb_gradviz.format import records
+from tb_gradviz.format import headroom, origin, records
 
 FLAGS = ("nonfinite", "vanishing", "exploding", "dead", *headroom.FLAGS)
 DEFAULT_RATIO = 1000.0
