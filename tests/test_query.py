@@ -20,7 +20,7 @@ ROUTES = {
     "/routing": ({"run": "run", "layer": LAYER}, ("step",)),
     "/step": ({"run": "run"}, ("step", "ratio")),
     "/routing_map": ({"run": "run", "layer": LAYER}, ("step",)),
-    "/timeline": ({"run": "run"}, ("field", "role", "width", "ratio")),
+    "/timeline": ({"run": "run"}, ("field", "role", "width", "ratio", "start", "end")),
     "/onset": ({"run": "run"}, ("ratio",)),
 }
 
@@ -28,6 +28,8 @@ ROUTES = {
 ALLOWED = {
     "width": f"width must be a whole number from 1 to {timeline.MAX_WIDTH}",
     "step": "step must be a decimal integer of at most 40 characters",
+    "start": "start must be a decimal integer of at most 40 characters",
+    "end": "end must be a decimal integer of at most 40 characters",
     "ratio": "ratio must be a finite number above 1, in decimal of at most 40 characters",
     "field": f"field must be one of {', '.join(timeline.FIELDS)}",
     "role": f"role must be one of {', '.join(records.ROLES)}",
@@ -36,8 +38,15 @@ ALLOWED = {
 BAD = ["\u00b2", "9" * 5000, "-1", "1e3", "", " 5", "5 ", "0x10", "\u0664", "1_0", "5\n", "+5"]
 
 # The bad values that are allowed values of some arguments, and what a route then answers: a
-# negative step has no logged step at or before it; a ratio may be written with an exponent.
-VALID = {("step", "-1"): 404, ("ratio", "1e3"): 200, ("ratio", "+5"): 200}
+# negative step has no logged step at or before it (nor a range that ends there), a range that
+# starts there holds them all; a ratio may be written with an exponent.
+VALID = {
+    ("step", "-1"): 404,
+    ("end", "-1"): 404,
+    ("start", "-1"): 200,
+    ("ratio", "1e3"): 200,
+    ("ratio", "+5"): 200,
+}
 
 
 @pytest.fixture(scope="module")
@@ -119,6 +128,7 @@ def test_a_step_beyond_int64_is_the_latest_step(client):
 def test_values_are_parsed_as_their_kind():
     assert query.width("0010") == 10
     assert query.step("-12") == -12
+    assert query.start("30") == 30 and query.end("9" * 40) == query.INT64_MAX
     assert query.ratio("1.5e3") == 1500.0 and query.ratio(".5e1") == 5.0 and query.ratio("2.") == 2
     assert query.field("rms") == "rms" and query.role("activation") == "activation"
     for text in ("1.", "1", "1e400", "inf", "nan", "."):
@@ -126,7 +136,9 @@ def test_values_are_parsed_as_their_kind():
             query.ratio(text)
 
 
-_KEYS = st.sampled_from(["run", "layer", "tensor", "step", "width", "ratio", "field", "role"])
+_KEYS = st.sampled_from(
+    ["run", "layer", "tensor", "step", "width", "ratio", "field", "role", "start", "end"]
+)
 _VALUES = st.one_of(
     st.sampled_from(["run", LAYER, "activation", "1", "3", "1e3", "rms", "input_gradient", ""]),
     st.text(max_size=50),

@@ -107,6 +107,33 @@ def test_a_run_without_digest_is_a_404_and_bad_arguments_are_400(client):
         assert status == 400 and message in body, body
 
 
+def test_a_step_range_comes_back_at_one_column_per_step_with_the_flags_of_the_whole_run(client):
+    status, whole = get(client, run="run", width="1000")
+    status, body = get(client, run="run", width="1000", start="30", end="45")
+    assert status == 200
+    assert (body["start"], body["end"], body["steps"]) == (30, 45, 16)
+    assert whole["start"] is None and whole["end"] is None
+    assert body["columns"]["first_step"] == body["columns"]["last_step"] == list(range(30, 46))
+    by_layer = {row["layer"]: row for row in body["layers"]}
+    assert list(by_layer) == list(LAYERS)
+    assert by_layer["b"]["flags"]["exploding"] == [37 - 30]
+    assert by_layer["a"]["flags"]["nonfinite"] == []  # from step 60 on: after the range
+    # Each cell is the whole run's cell of that step.
+    for row, whole_row in zip(body["layers"], whole["layers"]):
+        assert row["rms"]["max"] == whole_row["rms"]["max"][29:45]
+    # Only a start, or only an end: the range runs to the run's last step, or from its first.
+    _, tail = get(client, run="run", start="91", width="3")
+    assert tail["steps"] == 10 and tail["columns"]["first_step"] == [91, 94, 97]
+    assert tail["layers"][0]["flags"]["nonfinite"] == [0, 1, 2]
+    _, head = get(client, run="run", end="5")
+    assert head["columns"]["last_step"] == [1, 2, 3, 4, 5]
+    # Between two logged steps, at none.
+    status, text = get(client, run="run", start="101", end="200")
+    assert status == 404 and "run 'run' has no logged step from step 101 to step 200" in text
+    status, text = get(client, run="run", start="45", end="30")
+    assert status == 400 and "start must be at most end; received start=45, end=30" in text
+
+
 def test_ten_thousand_steps_come_back_as_the_width_asked(tmp_path):
     synthetic.write_large_run(tmp_path / "long", layers=3, steps=10_000, variants=4)
     client = make_app(tmp_path, samples_per_plugin=WHOLE)[0]

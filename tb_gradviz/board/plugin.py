@@ -58,7 +58,7 @@ class GradVizPlugin(layer_impls.LayerImpls, base_plugin.TBPlugin):
             "/timeline": json_route(
                 self.timeline_impl,
                 ("run",),
-                ("field", "role", "width", "ratio"),
+                ("field", "role", "width", "ratio", "start", "end"),
                 encodings=self._encodings,
             ),
             "/onset": json_route(self.onset_impl, ("run",), ("ratio",)),
@@ -115,9 +115,18 @@ class GradVizPlugin(layer_impls.LayerImpls, base_plugin.TBPlugin):
         return body
 
     def _digest_columns(self, run_store, layers):
-        """The run's `columns.Columns` from its digest, or None without one."""
+        """The run's `columns.Columns` from its digest, or None without one; each layer holds
+        the run's `optimizer` columns where it has a loss-scale record (`format/stalled.py`)."""
         found = columns.digest_columns(layers, columns.read_digests(run_store))
-        return found if len(found.steps) and found.layers else None
+        if not (len(found.steps) and found.layers):
+            return None
+        record = self._loss_scale_series(run_store)
+        if record is not None:
+            fields, series = record
+            optimizer = loss_scale.step_columns(fields, series.steps, series.values, found.steps)
+            for layer in found.layers:
+                layer["optimizer"] = optimizer
+        return found
 
     def onset_impl(self, ctx, experiment, run, ratio=health.DEFAULT_RATIO):
         """Returns the `/onset` body: where each flag was first raised in a run (`onset`).
@@ -174,6 +183,8 @@ class GradVizPlugin(layer_impls.LayerImpls, base_plugin.TBPlugin):
         role=records.OUTPUT_GRADIENT,
         width=timeline.DEFAULT_WIDTH,
         ratio=health.DEFAULT_RATIO,
+        start=None,
+        end=None,
     ):
         """Returns the `/timeline` body: every layer over every logged step, from the digest.
 
@@ -181,19 +192,25 @@ class GradVizPlugin(layer_impls.LayerImpls, base_plugin.TBPlugin):
           ctx: the request's `tensorboard.context.RequestContext`.
           experiment: the experiment id.
           run: a run name.
-          field, role, width, ratio: as `timeline.timeline_body` takes them.
+          field, role, width, ratio, start, end: as `timeline.timeline_body` takes them.
 
         Returns:
           A dict as described in docs/API.md. The same object while the run's
           digest and budget series have no new point: callers do not change it.
 
         Raises:
-          NotFoundError: no such run, or it has no digest (written before digests).
+          InvalidArgumentError: `start` is after `end`.
+          NotFoundError: no such run, it has no digest (written before digests), or no
+            logged step from `start` to `end`.
         """
+        if start is not None and end is not None and start > end:
+            raise errors.InvalidArgumentError(
+                f"start must be at most end; received start={start}, end={end}"
+            )
         run_store = self._store(ctx, experiment, run)
         found = run_store.digests()
         budget = run_store.budget()
-        key = (experiment, run, field, role, width, ratio)
+        key = (experiment, run, field, role, width, ratio, start, end)
         current = (
             tuple((tag, series.version(d.time_series)) for tag, d in found.items()),
             None if budget is None else series.version(budget.time_series),
@@ -206,21 +223,24 @@ class GradVizPlugin(layer_impls.LayerImpls, base_plugin.TBPlugin):
         with self._caches.reading([("timeline", experiment, run)]):
             body = self._caches.bodies.get(key, current)
             if body is None:
-                body = self._timeline_body(run_store, field, role, width, ratio)
+                body = self._timeline_body(run_store, field, role, width, ratio, start, end)
                 body["budget"] = self.budget_impl(ctx, experiment, run)
                 self._caches.bodies.put(key, current, body)
         return body
 
-    def _timeline_body(self, run_store, field, role, width, ratio):
+    def _timeline_body(self, run_store, field, role, width, ratio, start, end):
         """Builds the `/timeline` body from the run's digest columns, those `/onset` judges."""
         run = run_store.run
         found = self._digest_columns(run_store, run_store.layers())
-        if found is not None:
-            body = timeline.timeline_body(run, found, field, role, width, ratio)
-        if found is None or body is None:
+        if found is None:
             raise errors.NotFoundError(
                 f"run {run!r} has no digest (it was written by a tb_gradviz without one)"
             )
+        body = timeline.timeline_body(run, found, field, role, width, ratio, start, end)
+        if body is None:
+            first = "its first" if start is None else f"step {start}"
+            last = "its last" if end is None else f"step {end}"
+            raise errors.NotFoundError(f"run {run!r} has no logged step from {first} to {last}")
         return body
 
     def budget_impl(self, ctx, experiment, run):
@@ -249,13 +269,18 @@ class GradVizPlugin(layer_impls.LayerImpls, base_plugin.TBPlugin):
           experiment: the experiment id.
           run: a run name.
         """
-        run_store = self._store(ctx, experiment, run)
+        record = self._loss_scale_series(self._store(ctx, experiment, run))
+        if record is None:
+            return None
+        fields, series = record
+        return loss_scale.skipped_steps(fields, series.steps, series.values)
+
+    def _loss_scale_series(self, run_store):
+        """`(fields, series)` of the run's loss-scale record, or None without one."""
         found = run_store.loss_scale()
         if found is None:
             return None
         layout = loss_scale.layout(found.fields)
         series = run_store.read({found.tag: found.time_series}, layout, digest.PLUGIN_NAME)
         series = series[found.tag]
-        if series is None:
-            return None
-        return loss_scale.skipped_steps(found.fields, series.steps, series.values)
+        return None if series is None else (found.fields, series)

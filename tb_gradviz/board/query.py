@@ -66,15 +66,25 @@ def name(text):
     return text
 
 
-def step(text):
-    """A step: a decimal integer, clamped to int64 (steps are int64; a route takes the latest
-    step at or before it)."""
-    value = _integer(text)
-    if value is None:
-        raise not_allowed(
-            "step", f"a decimal integer of at most {MAX_NUMBER_CHARS} characters", text
-        )
-    return min(max(value, INT64_MIN), INT64_MAX)
+def _step_named(argument):
+    def parse(text):
+        value = _integer(text)
+        if value is None:
+            raise not_allowed(
+                argument, f"a decimal integer of at most {MAX_NUMBER_CHARS} characters", text
+            )
+        return min(max(value, INT64_MIN), INT64_MAX)
+
+    return parse
+
+
+step = _step_named("step")
+step.__doc__ = """A step: a decimal integer, clamped to int64 (steps are int64; a route takes the
+latest step at or before it)."""
+start = _step_named("start")
+start.__doc__ = """The first step of a range (`/timeline`): a decimal integer, clamped to int64."""
+end = _step_named("end")
+end.__doc__ = """The last step of a range (`/timeline`): a decimal integer, clamped to int64."""
 
 
 def width(text):
@@ -116,6 +126,8 @@ PARSERS = {
     "layer": name,
     "tensor": name,
     "step": step,
+    "start": start,
+    "end": end,
     "width": width,
     "ratio": ratio,
     "field": field,

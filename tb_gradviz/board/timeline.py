@@ -54,8 +54,10 @@ def timeline_body(
     role=records.OUTPUT_GRADIENT,
     width=DEFAULT_WIDTH,
     ratio=health.DEFAULT_RATIO,
+    start=None,
+    end=None,
 ):
-    """The `/timeline` body (docs/API.md), or None when the run has no logged step.
+    """The `/timeline` body (docs/API.md), or None when the run has no logged step in the range.
 
     Args:
       run: the run name.
@@ -65,12 +67,20 @@ def timeline_body(
       role: whose tensors' values they show (`records.ROLES`).
       width: the most columns.
       ratio: the vanishing / exploding ratio.
+      start, end: the first and last step shown (None: the run's first, its last). The flags
+        are judged over every logged step first, so a step's flags are those `/step` gives it
+        whatever the range.
     """
     steps, layers = found
     if not len(steps) or not layers:
         return None
-    starts = column_starts(len(steps), width)
-    ends = np.append(starts[1:], len(steps)) - 1
+    low = 0 if start is None else int(np.searchsorted(steps, start, side="left"))
+    high = len(steps) if end is None else int(np.searchsorted(steps, end, side="right"))
+    if low >= high:
+        return None
+    shown = slice(low, high)
+    starts = column_starts(high - low, width)
+    ends = np.append(starts[1:], high - low) - 1
     judged = health.verdicts(layers, ratio)
     body_rows = []
     for i, layer in enumerate(layers):
@@ -78,11 +88,13 @@ def timeline_body(
         body_rows.append(
             {
                 "layer": layer["layer"],
-                field: envelope(values, starts),
+                field: envelope(values[shown], starts),
                 **extra,
                 # The columns where each flag is raised at one of the steps at least.
                 "flags": {
-                    flag: np.flatnonzero(np.logical_or.reduceat(judged[flag][i], starts)).tolist()
+                    flag: np.flatnonzero(
+                        np.logical_or.reduceat(judged[flag][i][shown], starts)
+                    ).tolist()
                     for flag in health.FLAGS
                 },
             }
@@ -91,10 +103,12 @@ def timeline_body(
         "run": run,
         "field": field,
         "role": role,
-        "steps": len(steps),
+        "steps": high - low,
+        "start": start,
+        "end": end,
         "columns": {
-            "first_step": steps[starts].tolist(),
-            "last_step": steps[ends].tolist(),
+            "first_step": steps[shown][starts].tolist(),
+            "last_step": steps[shown][ends].tolist(),
         },
         "layers": body_rows,
     }
