@@ -6,6 +6,7 @@ from tb_gradviz.capture import arguments, loss_scale, probe, selection
 from tb_gradviz.capture import budget as budget_module
 from tb_gradviz.capture import weights as weights_module
 from tb_gradviz.format import events, metadata, records
+from tb_gradviz.format import full_records as full_records_module
 from tb_gradviz.format import routing_map as routing_map_module
 
 
@@ -88,6 +89,13 @@ class GradVizCallback(keras.callbacks.Callback):
         repeated `fit` calls with the same callback. Each log event records
         the interval used and the measured share. Without a budget, a
         warning says once when logging passes 10 % of training time.
+      full_records: which log events write their full records (histograms,
+        stats, precision, routing, units, routing maps, updates); every event
+        writes its digest, which the flags, the onset and the time views
+        read. An int N (default 100): every event of the first N, then at
+        spacings of 1, 2, 3, ... events, about sqrt(2 x events) more; and
+        always at an event where a flag is first raised and the event before
+        it (`full_records.Keeper`, docs/FORMAT.md). "all" keeps every event.
 
     Raises:
       TypeError: an argument's type is not one allowed.
@@ -113,6 +121,7 @@ class GradVizCallback(keras.callbacks.Callback):
         routing_map_origin=None,
         weights=False,
         budget=None,
+        full_records=full_records_module.DEFAULT_FIRST,
     ):
         super().__init__()
         location = arguments.check_log_dir(log_dir)
@@ -139,6 +148,8 @@ class GradVizCallback(keras.callbacks.Callback):
         self._budget = budget_module.Budget(
             budget, asked=self.every_n_batches or self.every_n_epochs
         )
+        # Which events write their full records: the schedule, the flags seen, the held event.
+        self._keeper = full_records_module.Keeper(full_records_module.check_first(full_records))
         # Last: a source's first batch is read only once every other argument is valid.
         self._probe = arguments.probe_batch(probe_data)
         self._log = events.EventLog(location)
@@ -251,7 +262,8 @@ class GradVizCallback(keras.callbacks.Callback):
         self._budget.log_ended()
         written += self._budget.records()
         written += loss_scale.records(self.model)
-        self._log.write(step, written)
+        for at, kept, wall_time in self._keeper.writes(step, written):
+            self._log.write(at, kept, wall_time=wall_time, add_digest=False)
         if self.stop_on_nonfinite:
             nonfinite = [
                 tag

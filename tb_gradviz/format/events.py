@@ -155,7 +155,7 @@ class EventLog:
         self._with_digest = with_digest
         self._uploader = upload.Uploader(self.location) if self.location.is_remote else None
 
-    def write(self, step, records, wall_time=None):
+    def write(self, step, records, wall_time=None, add_digest=True):
         """Writes one event holding `records` at `step`, and flushes it.
 
         Args:
@@ -163,9 +163,12 @@ class EventLog:
           records: iterable of `(tag, array, summary_metadata)`; the digest
             is added.
           wall_time: seconds since the epoch; defaults to now.
+          add_digest: False to write `records` as they are (they hold their
+            digest, or are the full records of an event whose digest is
+            written: `full_records.Keeper`).
         """
         records = list(records)
-        if self._with_digest:
+        if self._with_digest and add_digest:
             records += digest.digest_records(records)
         first_values = {tag for tag, _, _ in records} - self._tags_with_metadata
         summary = summary_proto(records, first_values.__contains__)

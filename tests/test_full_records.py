@@ -1,0 +1,124 @@
+"""Full records on a schedule, the digest at every event (`full_records=`, format/full_records.py).
+
+Real fits write the runs; the steps of each record are read back through
+TensorBoard's own event reader.
+"""
+
+import eventdata
+import numpy as np
+import pytest
+
+from tb_gradviz.format import digest, full_records, records
+
+keras = pytest.importorskip("keras")
+
+STEPS = 60
+NAN_STEP = 36
+# full_records=4: every event of the first 4 (steps 1-4), then spacings 1, 2, 3, ...:
+# events 4, 6, 9, 13, 18, 24, 31, 39, 48, 58, at steps one above.
+SCHEDULED = [1, 2, 3, 4, 5, 7, 10, 14, 19, 25, 32, 40, 49, 59]
+
+
+def test_the_schedule_keeps_the_first_events_then_spacings_that_grow_by_one():
+    kept = [i for i in range(60) if full_records.scheduled(i, 4)]
+    assert kept == [0, 1, 2, 3, 4, 6, 9, 13, 18, 24, 31, 39, 48, 58]
+    assert [i for i in range(12) if full_records.scheduled(i, 0)] == [0, 2, 5, 9]
+    assert all(full_records.scheduled(i, None) for i in range(100))
+    # About first + sqrt(2 * (n - first)) of n events.
+    n = 10_000
+    count = sum(full_records.scheduled(i, full_records.DEFAULT_FIRST) for i in range(n))
+    assert count == 100 + 140  # T_140 = 9870 <= 9900 < T_141 = 10011
+
+
+@pytest.mark.parametrize(
+    "value, error",
+    [("some", TypeError), (1.5, TypeError), (True, TypeError), (-1, ValueError)],
+)
+def test_a_bad_full_records_is_refused_naming_what_is_allowed(value, error):
+    with pytest.raises(error, match=r"number of log events >= 0 or 'all'.*Received: full_records"):
+        full_records.check_first(value)
+
+
+class Scale(keras.layers.Layer):
+    """Multiplies its input by a non-trainable factor that a callback changes during fit."""
+
+    def build(self, input_shape):
+        self.factor = self.add_weight(shape=(), initializer="ones", trainable=False, name="factor")
+
+    def call(self, x):
+        return x * self.factor
+
+
+class SetFactorAt(keras.callbacks.Callback):
+    """Sets the factor to `value` at the end of optimizer step `step`, before the callbacks
+    after it in the list log that step."""
+
+    def __init__(self, layer, step, value):
+        super().__init__()
+        self.layer, self.step, self.value = layer, step, value
+
+    def on_train_batch_end(self, batch, logs=None):
+        if int(keras.ops.convert_to_numpy(self.model.optimizer.iterations)) == self.step:
+            self.layer.factor.assign(self.value)
+
+
+def fit_cnn(log_dir, nan_step=None, full=4):
+    """A tiny CNN (tanh, so no channel is dead) fitted STEPS steps, logged at every one."""
+    from tb_gradviz import GradVizCallback
+
+    keras.utils.set_random_seed(0)
+    scale = Scale(name="scale")
+    model = keras.Sequential(
+        [
+            keras.Input((6, 6, 2)),
+            keras.layers.Conv2D(3, 3, padding="same", activation="tanh", name="conv"),
+            scale,
+            keras.layers.MaxPooling2D(2, name="pool"),
+            keras.layers.Flatten(name="flatten"),
+            keras.layers.Dense(3, name="head"),
+        ]
+    )
+    model.compile(keras.optimizers.SGD(0.01), "mse")
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(STEPS * 2, 6, 6, 2)).astype("float32")
+    y = rng.normal(size=(STEPS * 2, 3)).astype("float32")
+    callbacks = [] if nan_step is None else [SetFactorAt(scale, nan_step, float("nan"))]
+    callbacks.append(
+        GradVizCallback(
+            log_dir,
+            (x[:4], y[:4]),
+            layers=["conv", "scale", "pool", "head"],
+            every_n_batches=1,
+            full_records=full,
+        )
+    )
+    model.fit(x, y, batch_size=2, epochs=1, verbose=0, shuffle=False, callbacks=callbacks)
+
+
+def steps_of(log, tag):
+    return [step for step, _ in eventdata.values(log, tag)]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("full_records")
+    fit_cnn(root / "nan", nan_step=NAN_STEP)
+    return root
+
+
+def test_full_records_follow_the_schedule_and_a_nan_s_onset_keeps_its_step_and_the_one_before(
+    runs,
+):
+    log = eventdata.load(runs / "nan")
+    (tag,) = eventdata.digest_tags(log)
+    assert steps_of(log, tag) == list(range(1, STEPS + 1))
+    expected = sorted(SCHEDULED + [NAN_STEP - 1, NAN_STEP])
+    full = [t for t in eventdata.tensor_tags(log) if not t.startswith(digest.TAG_PREFIX)]
+    assert full
+    for t in full:
+        assert steps_of(log, t) == expected, t
+    assert steps_of(log, records.histogram_tag("scale", records.ACTIVATION)) == expected
+    # The records at the onset hold the NaN; those of the step before do not.
+    stats = dict(eventdata.values(log, records.stats_tag("scale", records.ACTIVATION)))
+    assert records.decode_stats(stats[NAN_STEP])["nan"] > 0
+    assert records.decode_stats(stats[NAN_STEP - 1])["nan"] == 0
