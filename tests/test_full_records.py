@@ -4,10 +4,13 @@ Real fits write the runs; the steps of each record are read back through
 TensorBoard's own event reader.
 """
 
+import json
+
 import eventdata
 import numpy as np
 import pytest
 
+from tb_gradviz.board import kept
 from tb_gradviz.format import digest, full_records, records
 
 keras = pytest.importorskip("keras")
@@ -122,3 +125,41 @@ def test_full_records_follow_the_schedule_and_a_nan_s_onset_keeps_its_step_and_t
     stats = dict(eventdata.values(log, records.stats_tag("scale", records.ACTIVATION)))
     assert records.decode_stats(stats[NAN_STEP])["nan"] > 0
     assert records.decode_stats(stats[NAN_STEP - 1])["nan"] == 0
+
+
+def run_cli(*args):
+    import contextlib
+    import io
+
+    from tb_gradviz import cli
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        status = cli.main([*map(str, args)])
+    return status, out.getvalue()
+
+
+def test_summary_and_export_name_the_steps_with_full_records(runs):
+    expected = sorted(SCHEDULED + [NAN_STEP - 1, NAN_STEP])
+    status, out = run_cli("summary", runs / "nan")
+    assert status == 0
+    assert (
+        "full records at 16 of 60 logged steps: 1-5, 7, 10, 14, 19, 25, 32, 35-36, 40, 49, 59; "
+        "the others have the digest only" in out
+    )
+    status, out = run_cli("export", runs / "nan", "--format", "json")
+    assert status == 0
+    (entry,) = json.loads(out)["steps"]
+    assert entry == {"run": ".", "logged": list(range(1, STEPS + 1)), "full": expected}
+    # The onset check names is a step with full records.
+    status, out = run_cli("check", runs / "nan", "--format", "json")
+    (run,) = json.loads(out)["runs"]
+    (nonfinite,) = [o for o in run["onsets"] if o["flag"] == "nonfinite"]
+    assert nonfinite["step"] == NAN_STEP
+
+
+def test_describe_counts_the_middle_groups_past_the_ones_shown():
+    assert kept.describe([1, 2, 3, 5, 7, 8]) == "1-3, 5, 7-8"
+    assert kept.describe([1, 3, 5, 7, 9, 11, 12], shown=4) == "1, 3, ... 2 more steps ..., 9, 11-12"
+    assert kept.describe([1, 3, 5, 7, 9, 10], shown=4) == "1, 3, ... 1 more step ..., 7, 9-10"
+    assert kept.describe([]) == ""

@@ -15,6 +15,7 @@ from tensorboard.plugins import base_plugin
 
 from tb_gradviz.board import (
     columns,
+    kept,
     layer_impls,
     loss_scale,
     onset,
@@ -259,6 +260,16 @@ class GradVizPlugin(layer_impls.LayerImpls, base_plugin.TBPlugin):
         layout = timeline.budget_layout(fields)
         series = run_store.read({tag: time_series}, layout, digest.PLUGIN_NAME)[tag]
         return timeline.budget_body(fields, series)
+
+    def full_records_impl(self, ctx, experiment, run):
+        """Returns `{"logged": [steps], "full": [steps]}`: the run's logged steps and those with
+        full records (`kept.full_record_steps`); the others have the digest only.
+
+        Raises:
+          NotFoundError: no such run, or it holds no tb_gradviz data.
+        """
+        run_store = self._store(ctx, experiment, run)
+        return kept.full_record_steps(run_store, run_store.layers())
 
     def loss_scale_impl(self, ctx, experiment, run):
         """Returns the steps the run's `LossScaleOptimizer` skipped (`loss_scale.skipped_steps`),

@@ -22,6 +22,12 @@ def run_export(args):
     if args.format == "json":
         maps = list(export_routing_maps(gradviz, ctx, experiment, runs))
         body = {"format_version": EXPORT_FORMAT_VERSION, "series": series, "routing_maps": maps}
+        steps = [
+            dict(run=run["run"], **gradviz.full_records_impl(ctx, experiment, run["run"]))
+            for run in runs
+        ]
+        if any(s["full"] != s["logged"] for s in steps):  # a run with every step's as before
+            body["steps"] = steps
         if updates:  # a run without weights=True exports what it always did
             body["updates"] = updates
         write_json(body, text)

@@ -2,7 +2,7 @@
 
 import math
 
-from tb_gradviz.board import loss_scale
+from tb_gradviz.board import kept, loss_scale
 from tb_gradviz.cli.logs import open_logdir, runs_of
 from tb_gradviz.cli.precision import PRECISION_COLUMNS, precision_rows
 from tb_gradviz.cli.status import EXIT_NO_DATA, CommandError
@@ -22,6 +22,9 @@ def run_summary(args):
             continue
         print(f"run {run['run']}  (step {snapshot['step']})")
         print(table(summary_rows(snapshot, run["layers"])))
+        steps = gradviz.full_records_impl(ctx, experiment, run["run"])
+        if steps["full"] != steps["logged"]:
+            print("\n" + kept.line(steps))
         updates = update_rows(snapshot)
         if updates:
             print(

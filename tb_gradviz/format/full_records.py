@@ -9,8 +9,8 @@ record under `metadata.PLUGIN_NAME` or the histograms plugin) are tens of
 kilobytes per layer, so they are written only
 
 * at the events the schedule names (`scheduled`): every event of the first
-  `first` ones, then at spacings that grow by one event each time (2, 3,
-  4, ... events), so that a run of `n` events keeps about
+  `first` ones, then at spacings that grow by one event each time (1, 2,
+  3, ... events), so that a run of `n` events keeps about
   `first + sqrt(2 * (n - first))` of them; `first=None` keeps every event;
 * at an event where a flag (`health.FLAGS`) is first raised by any layer,
   and at the event before it: a log event's full records are held in memory,
@@ -69,7 +69,7 @@ def scheduled(index, first):
     """Whether the schedule keeps the full records of log event `index` (0 for the first).
 
     Every event below `first`; after them, the events `first + T - 1` for the
-    triangular numbers `T` = 1, 3, 6, 10, ... (spacings 2, 3, 4, ...).
+    triangular numbers `T` = 1, 3, 6, 10, ... (spacings 1, 2, 3, ... after event `first - 1`).
     `first=None` keeps every event.
     """
     if first is None or index < first:
