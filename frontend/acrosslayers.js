@@ -42,9 +42,15 @@ export class AcrossLayersSection {
     new ResizeObserver(() => this.renderFlow()).observe(ui.flow);
   }
 
-  /** The tab's run among its `runs`: a new run drops the kept steps; the others can be overlaid. */
+  /**
+   * The tab's run among its `runs`: a new run drops the kept steps, and the step, which is the
+   * previous run's until `select` gives the new one's; the others can be overlaid.
+   */
   setRun(run, runs) {
-    if (run !== this.run) this.setKeptSteps([], false);
+    if (run !== this.run) {
+      this.setKeptSteps([], false);
+      this.step = null;
+    }
     this.run = run;
     this.runs = runs;
     const others = runs.filter((entry) => entry.run !== run).map((entry) => ({value: entry.run}));

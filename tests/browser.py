@@ -18,6 +18,7 @@ import os
 import pathlib
 import re
 import shutil
+import time
 
 import pytest
 from tbserver import get_json
@@ -159,8 +160,8 @@ def gradviz_page(browser, url, width=1600, height=1000, fragment="gradviz"):
     try:
         page.goto(f"{url}/#{fragment}")
         yield page
-        assert problems.errors == []
-        assert problems.dialogs == []
+        assert problems.errors == [], problems.errors
+        assert problems.dialogs == [], problems.dialogs
     finally:
         page.close()
 
@@ -233,6 +234,35 @@ def read_drawn(frame, selector, reader, **state):
     draws the same state anew) can interleave with.
     """
     return wait_drawn(frame, selector, **state).evaluate(reader)
+
+
+class HeldRequests:
+    """Holds back the page's requests whose URL `matches` until `release()`: a test sees what
+    a view shows while its answer is on its way, whatever the machine's speed."""
+
+    def __init__(self, page, matches):
+        self.page = page
+        self.routes = []
+        self.released = False
+        page.route(matches, self._hold)
+
+    def _hold(self, route):
+        if self.released:
+            route.continue_()
+        else:
+            self.routes.append(route)
+
+    def wait(self):
+        """Returns once a request is held (each round trip to the page lets the handler run)."""
+        deadline = time.monotonic() + WAIT_MS / 1000
+        while not self.routes:
+            assert time.monotonic() < deadline, "no request to hold was made"
+            self.page.evaluate("0")
+
+    def release(self):
+        self.released = True
+        for route in self.routes:
+            route.continue_()
 
 
 def show_section(frame, view):

@@ -9,6 +9,7 @@ run written without precision records, which shows no share at all.
 
 import math
 import re
+import urllib.error
 import urllib.parse
 
 import eventdata
@@ -19,6 +20,7 @@ from browser import (  # noqa: F401 (fixture)
     FLOW,
     GRID,
     TIMELINE,
+    HeldRequests,
     browser,
     expect,
     gradviz_page,
@@ -203,3 +205,36 @@ def test_the_depth_by_time_view_colours_by_the_share_that_flushes(browser, tenso
             expect(tip).to_have_text(re.compile(pattern))
             shown = float(re.match(pattern, tip.inner_text())[1])
             assert shown == pytest.approx(share, rel=5e-3), (layer["layer"], shown, share)
+
+
+def test_a_new_run_asks_for_no_step_of_the_previous_run(browser, tensorboard):  # noqa: F811
+    """The gradient flow of a new run whose series are still on their way: overlaying a run then
+    asks /step for nothing at the previous run's step. The float32 run's last step (4) comes
+    before the mixed run's first (5), so such a request was answered 404."""
+    url, _ = tensorboard
+    last = get_json(f"{url}/data/plugin/gradviz/step?run={FLOAT32}")["step"]
+    first = get_json(f"{url}/data/plugin/gradviz/step?run={MIXED}")["step"]
+    with pytest.raises(urllib.error.HTTPError, match="404"):
+        get_json(f"{url}/data/plugin/gradviz/step?run={MIXED}&step={last}")
+    asked = []
+    with gradviz_page(browser, url, fragment=f"gradviz&run={FLOAT32}&view=layers") as page:
+        page.on(
+            "request",
+            lambda request: (
+                "/step?" in request.url
+                and asked.append(
+                    dict(urllib.parse.parse_qsl(urllib.parse.urlsplit(request.url).query))
+                )
+            ),
+        )
+        frame = tab(page)
+        wait_drawn(frame, FLOW, run=FLOAT32, step=last)
+        held = HeldRequests(
+            page, lambda address: "/series?" in address and f"run={MIXED}&" in address
+        )
+        frame.get_by_label("Run", exact=True).select_option(MIXED)
+        held.wait()
+        frame.get_by_label("Overlay run", exact=True).select_option(OLD)
+        held.release()
+        wait_drawn(frame, FLOW, run=MIXED, step=first, against=OLD)
+    assert {"run": MIXED, "step": str(last)} not in asked, asked

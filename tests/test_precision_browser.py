@@ -1,11 +1,18 @@
 """The layer view's precision panel in Chromium against /step (the unscaled mixed_float16 demo)."""
 
 import json
-import time
 import urllib.parse
 
 import pytest
-from browser import PRECISION, WAIT_MS, artifacts_dir, browser, gradviz_page, tab, wait_drawn  # noqa: F401
+from browser import (  # noqa: F401 (fixture)
+    PRECISION,
+    HeldRequests,
+    artifacts_dir,
+    browser,
+    gradviz_page,
+    tab,
+    wait_drawn,
+)
 from tbserver import get_json, running_tensorboard
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
@@ -117,14 +124,6 @@ def test_the_precision_panel_names_a_layer_only_once_its_table_is_drawn(
     """While the new layer's series are held back, the panel keeps the previous layer's marker
     and table; once they are answered, the marker names the new layer and the table is its."""
     url, snapshot = mixed_run
-    held, released = [], []
-
-    def hold(route):
-        if released:
-            route.continue_()
-        else:
-            held.append(route)
-
     with gradviz_page(browser, url) as page:
         frame = tab(page)
         # The layer the tab opens on (a max pool), once its panel is drawn.
@@ -132,19 +131,13 @@ def test_the_precision_panel_names_a_layer_only_once_its_table_is_drawn(
         first = json.loads(panel.get_attribute("data-drawn"))["layer"]
         assert first != LAYER
         assert _shown_table(panel) == _served_table(_layer(snapshot, first))
-        page.route(lambda address: "/series?" in address and f"layer={LAYER}&" in address, hold)
+        held = HeldRequests(page, lambda url: "/series?" in url and f"layer={LAYER}&" in url)
         frame.get_by_label("Layer", exact=True).select_option(LAYER)
-        # Each round trip to the page lets the route handler run: until the series are held.
-        deadline = time.monotonic() + WAIT_MS / 1000
-        while not held:
-            assert time.monotonic() < deadline, f"no /series of {LAYER} was asked for"
-            page.evaluate("0")
+        held.wait()
         assert panel.get_attribute("data-drawn") == (
             f'{{"layer":"{first}","run":"{RUN}","step":{snapshot["step"]}}}'
         )
         assert _shown_table(panel) == _served_table(_layer(snapshot, first))
-        released.append(True)
-        for route in held:
-            route.continue_()
+        held.release()
         wait_drawn(frame, PRECISION, run=RUN, layer=LAYER, step=snapshot["step"])
         assert _shown_table(panel) == _served_table(_layer(snapshot, LAYER))
