@@ -192,6 +192,7 @@ class App {
     const weightSeries = weights.flatMap(({values, gradient}) => [values, gradient]).filter(Boolean);
     this.steps = model.unionSteps([...tensors, ...weightSeries].map(({series}) => series.steps));
     this.timeline.noteLayerSteps(name, this.steps);
+    this.ui.fullRecords.textContent = model.fullRecordsLine(this.steps);
     const asked = step ?? this.wanted.step;
     if (asked !== null) {
       this.step = asked;

@@ -72,6 +72,7 @@ export function createLayout(root) {
   const flowSummary = html('p', {className: 'flow-summary'});
   const flow = html('div', {className: 'flow-container'});
   const layerTitle = html('h2', {className: 'layer-title'});
+  const fullRecords = html('p', {className: 'hint full-records'});
   const panels = html('div', {className: 'panels'});
   const precision = html('section', {className: 'precision-section'});
   const weights = html('section', {className: 'weights-section', attrs: {hidden: ''}});
@@ -84,6 +85,7 @@ export function createLayout(root) {
 
   const layerSection = html('section', {className: 'layer-section'}, [
     layerTitle,
+    fullRecords,
     html('div', {className: 'layer-view'}, [
       html('div', {className: 'layer-main'}, [
         panels,
@@ -142,7 +144,7 @@ export function createLayout(root) {
   return {
     runSelect, layerSelect, stepSlider, stepOutput, logToggle, reloadButton,
     compareTensorSelect, compareRunSelect, flowRunSelect, keepStepButton,
-    status, keptSteps, flowSummary, flow, layerSection, layerTitle, panels, precision, weights, routeMap, aside, heatmaps, gridTitle, grid,
+    status, keptSteps, flowSummary, flow, layerSection, layerTitle, fullRecords, panels, precision, weights, routeMap, aside, heatmaps, gridTitle, grid,
     compareCharts, sections,
   };
 }

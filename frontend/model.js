@@ -175,6 +175,18 @@ export function unionSteps(stepLists) {
   return [...new Set(stepLists.flat())].sort((a, b) => a - b);
 }
 
+/**
+ * The layer view's line on the steps with full records: those of its series (`steps`, sorted),
+ * where the slider stops. The callback may keep them at some logged steps only (its
+ * `full_records=`); every logged step has the digest, which the flags and "Over time" read.
+ */
+export function fullRecordsLine(steps) {
+  if (steps.length === 0) return '';
+  const count = steps.length === 1 ? '1 step' : `${steps.length} steps, ${steps[0]} to ${steps[steps.length - 1]}`;
+  return `Full records (histograms, stats) at ${count}: the slider stops at each. A logged step `
+    + 'without them has the digest only, which the flags and "Over time" read.';
+}
+
 /** The index of the latest step `<= step` in a sorted list, or -1 if there is none. */
 export function latestIndexAtOrBefore(steps, step) {
   let low = 0;

@@ -93,6 +93,14 @@ test('latestIndexAtOrBefore finds the step the slider lands on', () => {
   assert.deepEqual(model.unionSteps([[4, 2], [2, 6]]), [2, 4, 6]);
 });
 
+test('the layer view names how many steps have full records, and the first and last', () => {
+  assert.equal(model.fullRecordsLine([]), '');
+  assert.equal(model.fullRecordsLine(series('clean', 'pool', 'activation').steps),
+    'Full records (histograms, stats) at 2 steps, 2 to 4: the slider stops at each. A logged step '
+    + 'without them has the digest only, which the flags and "Over time" read.');
+  assert.ok(model.fullRecordsLine([7]).startsWith('Full records (histograms, stats) at 1 step: '));
+});
+
 test('snapshotAt takes the latest step at or before, as /step does', () => {
   const input = series('clean', 'pool', 'input_gradient');
   const snapshot = model.snapshotAt(input, 3);
