@@ -244,6 +244,8 @@ export const FLAG_TITLES = {
   dead: 'dead units',
   underflow: 'underflow',
   overflow: 'overflow',
+  stalled: 'stalled',
+  skipped_steps: 'skipped steps',
 };
 
 /** The hover text of a flag's badge: its rule as /step serves it (`health.rules`), then its detail. */

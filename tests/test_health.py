@@ -223,15 +223,15 @@ def test_check_exit_statuses(tmp_path, capsys):
     out, err = capsys.readouterr()
     assert "conv   dead  activation  yes    2 of 4 channels never non-zero: 1, 3" in out
     assert (
-        "1 flag(s) among --fail-on nonfinite,vanishing,exploding,dead,underflow,overflow raised"
-        in err
+        "1 flag(s) among --fail-on nonfinite,vanishing,exploding,dead,underflow,overflow,stalled,"
+        "skipped_steps raised" in err
     )
     assert cli.main(["check", str(tmp_path), "--fail-on", "vanishing,exploding"]) == 0
     assert "conv   dead  activation  no" in capsys.readouterr().out
     assert cli.main(["check", str(tmp_path), "--fail-on", "dead,sleepy"]) == cli.EXIT_USAGE
     assert (
         "flags must be a comma-separated list of nonfinite, vanishing, exploding, dead, underflow, "
-        "overflow; received 'dead,sleepy'" in capsys.readouterr().err
+        "overflow, stalled, skipped_steps; received 'dead,sleepy'" in capsys.readouterr().err
     )
     assert cli.main(["check", str(tmp_path), "--ratio", "1"]) == cli.EXIT_USAGE
     assert cli.main(["check", str(tmp_path / "nothing")]) == cli.EXIT_USAGE  # no such folder

@@ -11,7 +11,11 @@ when its growth counter at the first event plus the steps applied since
 steps are then exactly the halvings. Otherwise the halvings (when the scale
 fell) are a lower bound. The first event is compared with the optimizer's
 initial scale, from a growth counter of 0 at step 0 (a fit that began at
-step 0). Numpy only, like the rest of the board.
+step 0). A record that holds the batches `fit` ran and the steps applied
+over them (`capture.loss_scale.BatchCount`) gives the steps skipped exactly,
+their difference, whatever the scale did; and, per log event, those since
+the previous one, which the `skipped_steps` flag judges (`step_columns`,
+`format/stalled.py`). Numpy only, like the rest of the board.
 """
 
 import math
@@ -35,15 +39,28 @@ def skipped_steps(fields, steps, values):
       values: `[events, fields]` the records.
 
     Returns:
-      `{"skipped", "exact", "first_scale", "last_scale", "step"}`: `skipped` the
-      steps skipped from the optimizer's first step to the last event
-      (`step`), exact when `exact` is true and a lower bound otherwise, and
-      the scale it began with and the one at the last event; None without
-      an event.
+      `{"skipped", "exact", "first_scale", "last_scale", "step", "batches"}`:
+      `skipped` the steps skipped from the optimizer's first step to the last
+      event (`step`), exact when `exact` is true and a lower bound otherwise,
+      the scale it began with and the one at the last event, and the train
+      steps `fit` ran to it (None when the record does not count them; then
+      `skipped` is read from the scale's halvings, else it is the batches
+      minus the steps applied); None without an event.
     """
     if not len(steps):
         return None
     column = {name: np.asarray(values)[:, i] for i, name in enumerate(fields)}
+    counted = _counted(column)
+    if counted is not None:
+        batches, applied = counted
+        return {
+            "skipped": int(batches[-1] - applied[-1]),
+            "exact": True,
+            "first_scale": float(column["initial_scale"][0]),
+            "last_scale": float(column["loss_scale"][-1]),
+            "step": int(steps[-1]),
+            "batches": int(batches[-1]),
+        }
     scale, counter = column["loss_scale"], column["growth_counter"]
     growth = column["growth_steps"]
     previous_scale = np.concatenate([column["initial_scale"][:1], scale[:-1]])
@@ -57,7 +74,50 @@ def skipped_steps(fields, steps, values):
         "first_scale": float(column["initial_scale"][0]),
         "last_scale": float(scale[-1]),
         "step": int(steps[-1]),
+        "batches": None,
     }
+
+
+def _counted(column):
+    """`(batches, applied)` `[events]` columns of a record that counts them at every event, or
+    None (a record without the fields, or an event not counted: a custom training loop)."""
+    if "batches" not in column or "applied" not in column:
+        return None
+    batches, applied = column["batches"], column["applied"]
+    if not (np.isfinite(batches).all() and np.isfinite(applied).all()):
+        return None
+    return batches, applied
+
+
+def step_columns(fields, record_steps, values, steps):
+    """The `optimizer` columns `format/stalled.py` judges, at a run's logged steps.
+
+    Args:
+      fields: the record's field names.
+      record_steps: `[events]` the loss-scale record's logged steps, in order.
+      values: `[events, fields]` the records.
+      steps: `[steps]` the steps of the run's columns (`columns.Columns.steps`).
+
+    Returns:
+      `{"batches", "skipped"}`: `[steps]` arrays of the train steps run and
+      the steps skipped since the previous log event (the first: since the
+      callback began counting); NaN at a step without a counted record.
+    """
+    batches = np.full(len(steps), np.nan)
+    skipped = np.full(len(steps), np.nan)
+    column = {name: np.asarray(values, np.float64)[:, i] for i, name in enumerate(fields)}
+    if "batches" not in column or "applied" not in column or not len(record_steps):
+        return {"batches": batches, "skipped": skipped}
+    # A count made NaN (unknown) from some event on stays so: the differences are NaN too.
+    ran = np.diff(np.concatenate([[0.0], column["batches"]]))
+    skips = ran - np.diff(np.concatenate([[0.0], column["applied"]]))
+    steps = np.asarray(steps, np.int64)
+    where = np.searchsorted(steps, np.asarray(record_steps, np.int64))
+    found = where < len(steps)
+    found[found] &= steps[where[found]] == np.asarray(record_steps)[found]
+    batches[where[found]] = ran[found]
+    skipped[where[found]] = skips[found]
+    return {"batches": batches, "skipped": skipped}
 
 
 def line(body):

@@ -123,6 +123,7 @@ def _at_step(layer, at):
         units=None if layer["units"] is None else cut(layer["units"]),
         precision={name: cut(p) for name, p in layer["precision"].items()},
         updates={name: cut(u) for name, u in layer.get("updates", {}).items()},
+        optimizer=None if layer.get("optimizer") is None else cut(layer["optimizer"]),
     )
 
 

@@ -156,6 +156,8 @@ class GradVizCallback(keras.callbacks.Callback):
         self._capture = None
         self._updates = None
         self._train_function = None
+        # The batches fit ran and the optimizer steps applied, for the loss-scale record.
+        self._batch_count = loss_scale.BatchCount()
 
     @property
     def chosen_layers(self):
@@ -174,6 +176,7 @@ class GradVizCallback(keras.callbacks.Callback):
         # hook once per `steps_per_execution` steps), epochs by the budget itself.
         position = self._step() if self.every_n_batches is not None else None
         self._budget.begin_fit(position, rebuilt=rebuilt)
+        self._batch_count.begin_fit(self._step())
 
     def _build(self):
         """Builds the probe pass, once per model."""
@@ -208,18 +211,23 @@ class GradVizCallback(keras.callbacks.Callback):
             self._updates = weights_module.Updates() if self.weights else None
 
     def on_epoch_end(self, epoch, logs=None):
+        # Without a batch hook the epoch's batches are the steps fit announced for it.
+        by_epoch = self.every_n_batches is None
+        self._batch_count.epoch_ended((self.params or {}).get("steps") if by_epoch else 0)
         if self.every_n_epochs is not None:
             self._budget.passed(1)
             if self._budget.due:
                 self.log_now()
 
     def _on_train_batch_end(self, batch, logs=None):
+        self._batch_count.batch_ended(batch)
         self._budget.passed(self._step() - self._budget.position)
         if self._budget.due:
             self.log_now()
 
     def on_train_end(self, logs=None):
         self._budget.end_fit()
+        self._batch_count.end_fit(self._step())
         self._log.close()
 
     def log_now(self, step=None):
@@ -261,7 +269,7 @@ class GradVizCallback(keras.callbacks.Callback):
             written += self._updates.records(self._capture.plans, step, host_weights)
         self._budget.log_ended()
         written += self._budget.records()
-        written += loss_scale.records(self.model)
+        written += loss_scale.records(self.model, self._batch_count)
         for at, kept, wall_time in self._keeper.writes(step, written):
             self._log.write(at, kept, wall_time=wall_time, add_digest=False)
         if self.stop_on_nonfinite:

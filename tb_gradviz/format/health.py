@@ -24,7 +24,10 @@ The rules (docs/health.md):
 * `dead`: channels of the layer's activation that are exactly zero for every
   probe example and position;
 * `underflow` / `overflow`: a gradient of a float16 or bfloat16 layer whose
-  values underflow / overflow that format at the run's loss scale (`headroom`).
+  values underflow / overflow that format at the run's loss scale (`headroom`);
+* `stalled` / `skipped_steps`: the layer's recorded weights did not change
+  since the previous log event / the optimizer skipped a share of the train
+  steps since then (`stalled`).
 
 With `weights=True`, each update record also gets a size (`update_size`):
 where the weight's update ratio, per optimizer step, stands against the
@@ -40,9 +43,9 @@ import math
 
 import numpy as np
 
-from tb_gradviz.format import headroom, origin, records
+from tb_gradviz.format import headroom, origin, records, stalled
 
-FLAGS = ("nonfinite", "vanishing", "exploding", "dead", *headroom.FLAGS)
+FLAGS = ("nonfinite", "vanishing", "exploding", "dead", *headroom.FLAGS, *stalled.FLAGS)
 DEFAULT_RATIO = 1000.0
 
 
@@ -62,6 +65,7 @@ def rules(ratio=DEFAULT_RATIO):
         f"layer {_REFERENCE}",
         "dead": "channels of the activation are exactly zero for every probe example and position",
         **headroom.rules(),
+        **stalled.rules(),
     }
 
 
@@ -235,6 +239,7 @@ def verdicts(layers, ratio=DEFAULT_RATIO):
         "dead": np.array(dead).reshape(len(layers), steps),
     }
     found.update(headroom.verdicts(layers, steps))
+    found.update(stalled.verdicts(layers, steps))
     return found
 
 
@@ -298,7 +303,11 @@ def flag_entries(layers, found, index, step, listed=None):
                 "tensor": _first_of_role(tensors, records.ACTIVATION),
             }
         )
-    return flags + headroom.flag_entries(layer, found, index, step)
+    return (
+        flags
+        + headroom.flag_entries(layer, found, index, step)
+        + stalled.flag_entries(layer, found, index, step)
+    )
 
 
 def _first_of_role(tensors, role):

@@ -45,6 +45,10 @@ PASSES = {
     "dead": (FORWARD,),
     "underflow": (BACKWARD,),
     "overflow": (BACKWARD,),
+    # The weights whose update ratio is 0 are read in the forward pass; a skipped step is
+    # the optimizer's, of no tensor (the first layer raising it is named).
+    "stalled": (FORWARD,),
+    "skipped_steps": (),
 }
 
 
