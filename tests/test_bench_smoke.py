@@ -60,6 +60,9 @@ def test_disk_bench_measures_growth_per_event(tmp_path):
     # Metadata goes out with the first event only, so later events are smaller and all alike.
     assert row["growth_min"] == row["growth_max"] < row["first_event_bytes"]
     assert 0 < row["bytes_per_tensor_per_event"] < 4096
+    # An event with the digest only is a small share of one with the full records.
+    assert 0 < row["digest_min"] <= row["digest_max"] < row["bytes_per_event"] / 10
+    assert row["full_events_of_10000"] == 240
 
 
 def test_plugin_bench_serves_both_loaders(tmp_path):
