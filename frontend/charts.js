@@ -227,19 +227,34 @@ export function stepScale(box, steps) {
 }
 
 /**
- * The first and last step under the plot, the axis title, and a vertical
- * line at `currentX` (null: none) marking `currentStep`.
+ * The steps under the plot, the axis title, and a vertical line at
+ * `currentX` (null: none) marking `currentStep`. The steps are the `first`
+ * and `last` at the plot's ends, or, given `ticks` (`{step, x}`), a tick
+ * and a label at each.
  */
-export function stepAxis(chart, box, {first, last, currentX, currentStep}) {
+export function stepAxis(chart, box, {first, last, currentX = null, currentStep, ticks = null}) {
   const y = box.height - STEP_LABEL_OFFSET;
   if (currentX !== null) {
     const x = round(currentX);
     chart.append(svg('line', {className: 'current-step', attrs: {x1: x, x2: x, y1: box.top, y2: box.baseline}},
       [tooltip(`step ${currentStep}`)]));
   }
-  chart.append(
-    svg('text', {className: 'tick', text: String(first), attrs: {x: box.left, y}}),
-    svg('text', {className: 'tick', text: String(last), attrs: {x: box.plotRight, y, 'text-anchor': 'end'}}),
-  );
+  if (ticks) {
+    const {baseline} = box;
+    chart.append(svg('line', {className: 'axis', attrs: {x1: box.left, x2: box.plotRight, y1: baseline, y2: baseline}}));
+    for (const {step, x} of ticks) {
+      const at = round(x);
+      chart.append(
+        svg('line', {className: 'axis', attrs: {x1: at, x2: at, y1: baseline, y2: baseline + 4}}),
+        svg('text', {className: 'tick step-tick', text: String(step),
+          attrs: {x: at, y, 'text-anchor': 'middle', 'data-step': step}}),
+      );
+    }
+  } else {
+    chart.append(
+      svg('text', {className: 'tick', text: String(first), attrs: {x: box.left, y}}),
+      svg('text', {className: 'tick', text: String(last), attrs: {x: box.plotRight, y, 'text-anchor': 'end'}}),
+    );
+  }
   axisTitle(chart, box, 'step');
 }

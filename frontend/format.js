@@ -15,6 +15,24 @@ export function linearTicks(max, target = 4) {
   return ticks;
 }
 
+/**
+ * Round values from `low` to `high` (both included when round), about `target` of them, a
+ * multiple of 1, 2 or 5 times a power of ten apart; `integer`: at least 1 apart (steps).
+ */
+export function niceTicks(low, high, target = 5, {integer = false} = {}) {
+  if (!(Number.isFinite(low) && Number.isFinite(high))) return [];
+  if (!(high > low)) return [low];
+  const raw = (high - low) / Math.max(1, target);
+  const power = 10 ** Math.floor(Math.log10(raw));
+  let step = [1, 2, 5, 10].map((m) => m * power).find((s) => s >= raw * (1 - 1e-9));
+  if (integer) step = Math.max(1, Math.round(step));
+  const ticks = [];
+  for (let k = Math.ceil(low / step - 1e-9); k * step <= high + step * 1e-9; k++) {
+    ticks.push(+(k * step).toPrecision(12));
+  }
+  return ticks;
+}
+
 /** Powers of ten from 1 to at least `max`, for a log count axis. */
 export function logTicks(max) {
   const ticks = [1];

@@ -1,91 +1,206 @@
-// The depth x time view: one canvas row per layer (model order), one column
-// per column of /timeline (about one per pixel), coloured by the chosen
-// field, flags marked. Hover says the values; click opens that layer at that step.
+// The depth x time view, drawn as a paper's heatmap: one row per layer (model
+// order, each named at its left), one column per column of /timeline (about
+// one per pixel), coloured by the chosen field on a colour bar with its scale,
+// flags as marks in their colours, each flag's onset (/onset) where it began,
+// and a step axis with round ticks (charts.stepAxis). The pointer's crosshair,
+// its reading and the drag that zooms are timelinepointer.js'.
 
-import {html} from './dom.js';
+import {FLAG_TITLES} from './captions.js';
+import * as charts from './charts.js';
+import {html, svg} from './dom.js';
+import * as layout from './timelinelayout.js';
 import * as timelinemodel from './timelinemodel.js';
+import {followPointer} from './timelinepointer.js';
 
-const ROW_HEIGHT = 6;
-const MIN_ROW_HEIGHT = 2;
-const MAX_HEIGHT = 720;
-const FLAG_COLOURS = {nonfinite: [255, 0, 255], exploding: [255, 64, 0], vanishing: [0, 200, 255], dead: [0, 0, 0]};
+const AXIS_HEIGHT = 36;
+// The colour bar: its width and height, and how many steps of colour it is drawn in.
+const BAR = {width: 320, height: 30, left: 12, right: 12, bar: 12, shades: 64};
+const NO_VALUE = 'rgb(200, 200, 200)';
 
 /**
  * Draws `matrix` (timelinemodel.timelineMatrix or differenceMatrix) into `container`.
  *
- * @param {HTMLElement} container emptied and filled
+ * @param {HTMLElement} container emptied and filled; it must be in the document (its width is read)
  * @param {object} matrix the rows, columns and colour range
- * @param {{width: number, onSelect: function(string, number): void}} options
- *   the drawing's width in CSS pixels, and what a click on a cell does (layer, step)
+ * @param {object} options `title`: the colour bar's (timelinelayout.colourTitle);
+ *   `onsets`: /onset's onsets to mark (those in the drawing's steps are);
+ *   `onSelect(layer, step)`: a click on a cell; `onZoom({start, end})`: a drag across steps
  * @returns {HTMLCanvasElement} the canvas
  */
-export function renderTimeline(container, matrix, {width, onSelect}) {
-  const rowHeight = Math.max(MIN_ROW_HEIGHT, Math.min(ROW_HEIGHT, Math.floor(MAX_HEIGHT / Math.max(1, matrix.rows.length))));
-  const height = Math.max(1, rowHeight * matrix.rows.length);
+export function renderTimeline(container, matrix, {title, onsets = [], onSelect, onZoom}) {
+  const rows = layout.rowLayout(matrix.rows.length);
+  const columns = matrix.columns.first_step.length;
+  const names = html('ol', {className: 'timeline-names', attrs: {'aria-label': 'Layers, in model order'}},
+    matrix.rows.map((row, i) => html('li', {className: i % rows.labelEvery ? 'timeline-name quiet' : 'timeline-name',
+      text: row.layer, attrs: {title: row.layer}})));
   const canvas = html('canvas', {className: 'timeline-canvas', attrs: {
-    width: String(Math.max(1, Math.round(width))), height: String(height),
-    'data-rows': String(matrix.rows.length), 'data-columns': String(matrix.columns.first_step.length),
+    height: String(rows.height), 'data-rows': String(matrix.rows.length), 'data-columns': String(columns),
     role: 'img', 'aria-label': `${timelinemodel.FIELD_TITLES[matrix.field] ?? matrix.field} of ${matrix.rows.length} layers `
-      + `over ${matrix.columns.first_step.length} columns of steps`,
+      + `over ${columns} columns of steps`,
   }});
-  // One canvas pixel per CSS pixel across; rows are whole pixels tall.
-  Object.assign(canvas.style, {display: 'block', width: '100%', height: `${height}px`, imageRendering: 'pixelated',
-    cursor: 'pointer'});
-  const tip = html('div', {className: 'timeline-tip', attrs: {role: 'status'}});
-  container.replaceChildren(html('div', {className: 'timeline-scale'}, scaleLegend(matrix)), canvas, tip);
-  draw(canvas, matrix, rowHeight);
-  const cellOf = (event) => {
-    const box = canvas.getBoundingClientRect();
-    return timelinemodel.cellAt(matrix, box.width, box.height, event.clientX - box.left, event.clientY - box.top);
-  };
-  canvas.addEventListener('mousemove', (event) => {
-    const cell = cellOf(event);
-    tip.textContent = cell ? timelinemodel.describeCell(matrix, cell) : '';
-  });
-  canvas.addEventListener('mouseleave', () => {
-    tip.textContent = '';
-  });
-  canvas.addEventListener('click', (event) => {
-    const cell = cellOf(event);
-    if (cell && onSelect) onSelect(matrix.rows[cell.row].layer, matrix.columns.last_step[cell.column]);
-  });
+  const marks = html('div', {className: 'timeline-marks'});
+  const plot = html('div', {className: 'timeline-plot'}, [canvas, marks]);
+  const scroller = html('div', {className: 'timeline-rows'}, [names, plot]);
+  for (const element of [names, plot]) element.style.setProperty('--row-height', `${rows.rowHeight}px`);
+  scroller.style.maxHeight = `${rows.viewport}px`;
+  scroller.style.gridTemplateColumns = `${layout.NAMES_WIDTH}px minmax(0, 1fr)`;
+  const axis = html('div', {className: 'timeline-axis-holder'});
+  const legend = html('div', {className: 'timeline-legend'});
+  const view = html('div', {className: 'timeline-view'}, [legend, scroller, axis]);
+  container.replaceChildren(view);
+
+  const width = Math.max(1, Math.floor(plot.clientWidth));
+  canvas.width = width;
+  canvas.style.height = `${rows.height}px`;
+  const swatches = flagLegend(legend, matrix, title);
+  draw(canvas, matrix, rows, flagColours(swatches));
+  const marked = markOnsets(marks, matrix, rows, onsets);
+  stepAxis(axis, matrix.columns, width);
+  followPointer({view, canvas, plot, names, matrix, onsets: marked, onSelect, onZoom});
   return canvas;
 }
 
-function draw(canvas, matrix, rowHeight) {
+// The legend: the colour bar with its title and ticks, the grey of no value, each flag's
+// mark and the onset's. Returns the flags' swatches, whose colours the canvas takes.
+function flagLegend(legend, matrix, title) {
+  const swatches = {};
+  const items = matrix.flags.map((flag) => {
+    swatches[flag] = html('span', {className: `timeline-swatch flag-${flag}`});
+    return html('li', {}, [swatches[flag], html('span', {text: FLAG_TITLES[flag] ?? flag})]);
+  });
+  legend.append(
+    html('figure', {className: 'timeline-colourbar'}, [
+      html('figcaption', {text: title}),
+      colourBar(matrix),
+    ]),
+    html('ul', {className: 'timeline-key', attrs: {'aria-label': 'Marks'}}, [
+      html('li', {}, [html('span', {className: 'timeline-swatch no-value'}), html('span', {text: 'no value'})]),
+      ...items,
+      html('li', {}, [html('span', {className: 'timeline-onset-key'}), html('span', {text: 'where a flag began'})]),
+    ]),
+  );
+  return swatches;
+}
+
+function flagColours(swatches) {
+  const colours = Object.fromEntries(Object.entries(swatches).map(([flag, swatch]) =>
+    [flag, getComputedStyle(swatch).backgroundColor]));
+  colours.background = getComputedStyle(document.body).backgroundColor;
+  return colours;
+}
+
+function colourBar(matrix) {
+  const {low, high, diverging, field} = matrix;
+  const inner = BAR.width - BAR.left - BAR.right;
+  const chart = svg('svg', {className: 'timeline-scale', attrs: {
+    viewBox: `0 0 ${BAR.width} ${BAR.height}`, width: BAR.width, height: BAR.height, 'aria-hidden': 'true'}});
+  const shade = inner / BAR.shades;
+  for (let i = 0; i < BAR.shades; i++) {
+    const value = low + ((i + 0.5) / BAR.shades) * (high - low);
+    const [r, g, b] = timelinemodel.colourOf(value, low, high, diverging);
+    chart.append(svg('rect', {attrs: {x: BAR.left + i * shade, y: 0, width: shade + 0.5, height: BAR.bar,
+      fill: `rgb(${r}, ${g}, ${b})`}}));
+  }
+  chart.append(svg('rect', {className: 'frame', attrs: {x: BAR.left, y: 0, width: inner, height: BAR.bar}}));
+  for (const {value, label} of layout.colourTicks(field, low, high, diverging)) {
+    const x = BAR.left + ((value - low) / (high - low)) * inner;
+    chart.append(
+      svg('line', {className: 'axis', attrs: {x1: x, x2: x, y1: BAR.bar, y2: BAR.bar + 3}}),
+      svg('text', {className: 'tick colour-tick', text: label, attrs: {x, y: BAR.bar + 14, 'text-anchor': 'middle'}}),
+    );
+  }
+  return chart;
+}
+
+function draw(canvas, matrix, rows, colours) {
   const context = canvas.getContext('2d');
   const {width, height} = canvas;
+  const count = matrix.rows.length;
   const columns = matrix.columns.first_step.length;
+  if (count === 0 || columns === 0) return; // nothing to colour (timelinemodel.timelineView says why)
   const image = context.createImageData(width, height);
-  const rows = matrix.rows.length;
-  if (rows === 0) return; // nothing to colour (timelinemodel.timelineView says why)
   // Each pixel takes the cell under it: one pass over the pixels, whatever the number of steps.
   const columnOfX = Array.from({length: width}, (_, x) => Math.min(columns - 1, Math.floor((x / width) * columns)));
-  for (let y = 0; y < height; y++) {
-    const r = Math.min(rows - 1, Math.floor((y / height) * rows));
+  for (let r = 0; r < count; r++) {
     const row = matrix.rows[r];
-    // The top third of a row's band shows its flags, the rest its value.
-    const flagBand = (y % rowHeight) < Math.max(1, Math.floor(rowHeight / 3));
-    for (let x = 0; x < width; x++) {
-      const c = columnOfX[x];
-      const flags = row.flags[c];
-      let colour = flagBand && flags.length ? FLAG_COLOURS[flags[0]]
-        : timelinemodel.colourOf(row.values[c], matrix.low, matrix.high, matrix.diverging);
-      if (colour === null) colour = [200, 200, 200];
-      const at = (y * width + x) * 4;
-      image.data[at] = colour[0];
-      image.data[at + 1] = colour[1];
-      image.data[at + 2] = colour[2];
-      image.data[at + 3] = 255;
+    const line = columnOfX.map((c) => timelinemodel.colourOf(row.values[c], matrix.low, matrix.high, matrix.diverging)
+      ?? [200, 200, 200]);
+    for (let y = r * rows.rowHeight; y < (r + 1) * rows.rowHeight; y++) {
+      for (let x = 0; x < width; x++) {
+        const at = (y * width + x) * 4;
+        image.data.set(line[x], at);
+        image.data[at + 3] = 255;
+      }
     }
   }
   context.putImageData(image, 0, 0);
+  drawFlags(context, matrix, rows, colours, width);
 }
 
-function scaleLegend(matrix) {
-  const title = timelinemodel.FIELD_TITLES[matrix.field] ?? matrix.field;
-  const range = `${matrix.diverging ? 'A - B, ' : ''}${title}: ${matrix.low.toPrecision(3)} (${matrix.diverging ? 'blue' : 'dark'}) `
-    + `to ${matrix.high.toPrecision(3)} (${matrix.diverging ? 'red' : 'yellow'}); grey: no value`;
-  const flags = 'flags: magenta non-finite, orange exploding, cyan vanishing, black dead channels';
-  return [html('span', {text: range}), html('span', {className: 'timeline-flags', text: flags})];
+// Each flag of a row in its lane from the top of the row (in the matrix' flags' order), over
+// the columns that raise it, at least 3 pixels wide, with a rim of the page's colour so that
+// it stands apart from the colours of the values.
+function drawFlags(context, matrix, rows, colours, width) {
+  const columns = matrix.columns.first_step.length;
+  const lane = Math.max(3, Math.round(rows.rowHeight / 4));
+  const xOf = (c) => (c * width) / columns;
+  matrix.rows.forEach((row, r) => {
+    const raised = matrix.flags.filter((flag) => row.flags.some((flags) => flags.includes(flag)));
+    raised.forEach((flag, k) => {
+      const y = r * rows.rowHeight + k * lane;
+      if (y + lane > (r + 1) * rows.rowHeight) return; // no room left in the row: the crosshair names it
+      for (let c = 0; c < columns; c++) {
+        if (!row.flags[c].includes(flag)) continue;
+        let end = c;
+        while (end + 1 < columns && row.flags[end + 1].includes(flag)) end++;
+        let [x0, x1] = [xOf(c), xOf(end + 1)];
+        if (x1 - x0 < 3) [x0, x1] = [(x0 + x1) / 2 - 1.5, (x0 + x1) / 2 + 1.5];
+        context.fillStyle = colours.background;
+        context.fillRect(Math.floor(x0) - 1, y, Math.ceil(x1 - x0) + 2, lane + 1);
+        context.fillStyle = colours[flag] ?? NO_VALUE;
+        context.fillRect(Math.floor(x0), y, Math.ceil(x1 - x0), lane);
+        c = end;
+      }
+    });
+  });
+}
+
+// Each onset of a flag the drawing marks, in its steps: a diamond at its layer's row and its
+// step, and a dashed line down the drawing at that step. Positions are shares of the width, so
+// a resize keeps them. Returns the onsets marked.
+function markOnsets(marks, matrix, rows, onsets) {
+  const marked = [];
+  const columns = matrix.columns;
+  const first = columns.first_step[0];
+  const last = columns.last_step.at(-1);
+  const rowOf = new Map(matrix.rows.map((row, i) => [row.layer, i]));
+  for (const onset of onsets) {
+    const row = rowOf.get(onset.layer);
+    if (row === undefined || !matrix.flags.includes(onset.flag) || onset.step < first || onset.step > last) continue;
+    const left = `${(100 * layout.stepPosition(columns, onset.step)).toFixed(3)}%`;
+    const text = `${FLAG_TITLES[onset.flag] ?? onset.flag} began at step ${onset.step} in ${onset.layer}`
+      + (onset.tensor ? ` (${onset.tensor})` : '');
+    const line = html('div', {className: `timeline-onset-line flag-${onset.flag}`});
+    const mark = html('div', {className: `timeline-onset flag-${onset.flag}`, attrs: {
+      title: text, role: 'img', 'aria-label': text, 'data-flag': onset.flag, 'data-step': onset.step,
+      'data-layer': onset.layer}});
+    line.style.left = left;
+    mark.style.left = left;
+    mark.style.top = `${(row + 0.5) * rows.rowHeight}px`;
+    marks.append(line, mark);
+    marked.push(onset);
+  }
+  return marked;
+}
+
+function stepAxis(holder, columns, width) {
+  const box = charts.chartBox({width: layout.NAMES_WIDTH + width, height: AXIS_HEIGHT,
+    left: layout.NAMES_WIDTH, right: 0, top: 0, bottom: AXIS_HEIGHT});
+  const first = columns.first_step[0];
+  const last = columns.last_step.at(-1);
+  const chart = charts.chartFrame(box, {className: 'timeline-axis', label: `steps ${first} to ${last}`});
+  chart.style.width = `${box.width}px`;
+  const ticks = layout.stepTicks(columns, width).map(({step, x}) => ({step, x: layout.NAMES_WIDTH + x}));
+  charts.stepAxis(chart, box, {first, last, ticks});
+  holder.replaceChildren(chart);
 }

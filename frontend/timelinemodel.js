@@ -11,9 +11,10 @@ export const FIELD_TITLES = {
   update_ratio: 'log10 update ratio',
   flush_share: 'share that flushes to zero',
 };
-export const FLAGS = ['nonfinite', 'exploding', 'vanishing', 'dead'];
+// The flags the view marks, in the order of their lanes in a row (every flag of /step).
+export const FLAGS = ['nonfinite', 'exploding', 'vanishing', 'dead', 'underflow', 'overflow'];
 // Fields shown on a log scale; the zero and flush shares are plain fractions.
-const LOG_FIELDS = new Set(['rms', 'max_abs', 'update_ratio']);
+export const LOG_FIELDS = new Set(['rms', 'max_abs', 'update_ratio']);
 
 /** Requested widths are multiples of this many columns (below it, the drawing's own width). */
 export const WIDTH_STEP = 50;
@@ -30,12 +31,13 @@ export function columnsFor(pixels) {
 }
 
 /**
- * Fetches /timeline: every layer of a run over its logged steps, at most
- * `width` columns (about one per pixel of the drawing).
+ * Fetches /timeline: every layer of a run over its logged steps (those from `range.start` to
+ * `range.end` when a range is given), at most `width` columns (about one per pixel of the drawing).
  */
-export async function fetchTimeline(run, {field = 'rms', role = 'output_gradient', width}, fetchImpl) {
-  return fetchJson('timeline', {run, field, role, width: Math.max(1, Math.min(10000, Math.round(width)))},
-    fetchImpl);
+export async function fetchTimeline(run, {field = 'rms', role = 'output_gradient', width, range = null}, fetchImpl) {
+  const params = {run, field, role, width: Math.max(1, Math.min(10000, Math.round(width)))};
+  if (range) Object.assign(params, {start: range.start, end: range.end});
+  return fetchJson('timeline', params, fetchImpl);
 }
 
 /** A cell's shown value: the column's largest (a spike is what the envelope keeps), on the field's scale. */
@@ -53,17 +55,20 @@ export function shownValue(field, envelope, column) {
  */
 export function timelineMatrix(body) {
   const columns = body.columns.first_step.length;
+  // `FLAGS` first, then any other flag the server judges, in its order.
+  const named = new Set(FLAGS);
+  for (const layer of body.layers) for (const flag of Object.keys(layer.flags)) named.add(flag);
   const rows = body.layers.map((layer) => {
     const envelope = layer[body.field];
     const values = Array.from({length: columns}, (_, c) => shownValue(body.field, envelope, c));
     const flags = Array.from({length: columns}, () => []);
-    for (const flag of FLAGS) {
+    for (const flag of named) {
       for (const c of layer.flags[flag] ?? []) flags[c].push(flag);
     }
     // `format`: what a flush share is taken in (float16, or the format the layer computes in).
     return {layer: layer.layer, values, flags, envelope, ...(layer.format && {format: layer.format})};
   });
-  return withRange({rows, columns: body.columns, field: body.field, diverging: false});
+  return withRange({rows, columns: body.columns, field: body.field, diverging: false, flags: [...named]});
 }
 
 function withRange(matrix) {
@@ -103,7 +108,7 @@ export function differenceMatrix(a, b) {
     });
     return {layer: row.layer, values, flags: row.flags, envelope: row.envelope};
   });
-  return withRange({rows, columns: a.columns, field: a.field, diverging: true});
+  return withRange({rows, columns: a.columns, field: a.field, diverging: true, flags: a.flags});
 }
 
 /**
@@ -120,9 +125,11 @@ export function timelineView(body, other = null) {
       + 'subtract. Choose another run under "Minus run", or (none).'};
   }
   const columns = body.columns.first_step.length;
-  const status = `${body.layers.length} layers, ${body.steps} logged steps`
+  const zoomed = (body.start ?? null) !== null || (body.end ?? null) !== null;
+  const range = zoomed ? ` from step ${body.columns.first_step[0]} to ${body.columns.last_step.at(-1)}` : '';
+  const status = `${body.layers.length} layers, ${body.steps} logged steps${range}`
     + (columns < body.steps ? ` in ${columns} columns` : '') + (other ? `, minus ${other.run}` : '') + '.'
-    + budgetText(body.budget);
+    + (zoomed ? ' Zoomed in: "Whole run" or Escape goes back.' : '') + budgetText(body.budget);
   return {matrix, status};
 }
 

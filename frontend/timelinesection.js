@@ -1,10 +1,14 @@
 // The "over time" section: its controls (what the colour shows, a run to
-// subtract) and the depth x time canvas, fetched at one column per pixel.
+// subtract, the way back from a zoom) and the depth x time view, fetched at
+// one column per pixel of the steps shown: the whole run, or the range a drag
+// picked.
 
 import {hintedSection, html, labelled} from './dom.js';
 import {markDrawn} from './drawn.js';
+import {fetchOnset} from './onset.js';
 import {LatestRequest} from './requests.js';
 import {renderTimeline} from './timeline.js';
+import * as layout from './timelinelayout.js';
 import * as timelinemodel from './timelinemodel.js';
 
 // How long the chart's size must hold still before the view asks for another width.
@@ -37,6 +41,9 @@ export class TimelineSection {
     this.fieldSelect = html('select', {attrs: {name: 'timeline-field'}},
       CHOICES.map(({value, label}) => html('option', {text: label, attrs: {value}})));
     this.againstSelect = html('select', {attrs: {name: 'timeline-against'}});
+    this.range = null; // the steps shown, {start, end}, or null: the whole run
+    this.wholeRun = html('button', {className: 'timeline-whole', text: 'Whole run',
+      attrs: {type: 'button', disabled: '', title: 'Show every logged step again (Escape)'}});
     this.status = html('p', {className: 'timeline-status', attrs: {role: 'status'}});
     this.sampleNote = html('p', {className: 'timeline-sample'});
     this.logged = null; // the run's logged steps: {count, first, last}, from /timeline
@@ -45,11 +52,13 @@ export class TimelineSection {
     this.element = hintedSection('timeline-section', 'Layers over time',
       'Rows: every logged layer in model order, input at the top. Columns: the logged steps, oldest on the left, '
       + 'grouped to about one per pixel; each cell shows the largest value of its steps, so a one-step spike '
-      + 'stays visible. The top of a row marks the training-health flags. Hover for the values; click to open '
-      + 'that layer at that step.', [
+      + 'stays visible. Coloured marks at the top of a row are the training-health flags, a diamond where each '
+      + 'flag began. Hover for the values; click to open that layer at that step; drag across steps to zoom '
+      + 'into them ("Whole run" or Escape goes back).', [
       html('div', {className: 'toolbar'}, [
         labelled('Colour', this.fieldSelect),
         labelled('Minus run', this.againstSelect),
+        this.wholeRun,
       ]),
       this.status,
       this.chart,
@@ -57,6 +66,13 @@ export class TimelineSection {
     ]);
     this.fieldSelect.addEventListener('change', () => this.load());
     this.againstSelect.addEventListener('change', () => this.load());
+    this.wholeRun.addEventListener('click', () => this.zoom(null));
+    document.addEventListener('keydown', (event) => {
+      // Only while the view is on the page and zoomed, and not from a control's own keys.
+      if (event.key !== 'Escape' || this.range === null || this.element.offsetParent === null) return;
+      if (event.target instanceof HTMLSelectElement) return;
+      this.zoom(null);
+    });
     this.width = 0;
     this.requests = new LatestRequest();
     // A layout that settles resizes the chart several times in a row: ask once it holds still,
@@ -65,7 +81,7 @@ export class TimelineSection {
     new ResizeObserver(() => {
       clearTimeout(settling);
       settling = setTimeout(() => {
-        const width = timelinemodel.columnsFor(this.chart.clientWidth);
+        const width = timelinemodel.columnsFor(layout.plotWidth(this.chart.clientWidth));
         if (width > 0 && width !== this.width) this.load();
       }, SETTLE_MS);
     }).observe(this.chart);
@@ -73,6 +89,7 @@ export class TimelineSection {
 
   /** Shows `run`; `runs` are the tab's runs (the ones offered to subtract). */
   show(run, runs) {
+    if (run !== this.run) this.range = null;
     this.run = run;
     this.runs = runs;
     const others = runs.filter((entry) => entry.run !== run).map(({run: name}) => name);
@@ -83,10 +100,22 @@ export class TimelineSection {
     return this.load();
   }
 
-  /** What the view asks /timeline for: the run, the colour, the run subtracted and the width. */
+  /** What the view asks /timeline for: the run, the colour, the run subtracted, the steps and the width. */
   state() {
     return {run: this.run, colour: this.fieldSelect.value, against: this.againstSelect.value || null,
-      width: this.width};
+      range: this.drawnRange(), width: this.width};
+  }
+
+  /** The steps shown as the view's marker names them: `[start, end]`, or null for the whole run. */
+  drawnRange() {
+    return this.range ? [this.range.start, this.range.end] : null;
+  }
+
+  /** Shows the steps of `range` (`{start, end}`), or the whole run (null). */
+  zoom(range) {
+    this.range = range;
+    this.wholeRun.disabled = range === null;
+    return this.load();
   }
 
   async load() {
@@ -94,13 +123,17 @@ export class TimelineSection {
     if (run === null) return;
     const choice = CHOICES.find(({value}) => value === this.fieldSelect.value) ?? CHOICES[0];
     const against = this.againstSelect.value || null;
-    this.width = timelinemodel.columnsFor(this.chart.clientWidth) || 1000;
-    const width = this.width;
+    this.width = timelinemodel.columnsFor(layout.plotWidth(this.chart.clientWidth)) || 1000;
+    const {width, range} = this;
+    const drawnRange = this.drawnRange();
     // An answer draws only while the view still wants what it asked for: a slower answer
     // to an earlier colour, run or width never draws over a later one.
     const ticket = this.requests.start(this.state());
-    const fetchOf = (name) => this.cached(['timeline', name, choice.field, choice.role, width],
-      () => timelinemodel.fetchTimeline(name, {field: choice.field, role: choice.role, width}));
+    const fetchOf = (name) => this.cached(['timeline', name, choice.field, choice.role, width, drawnRange],
+      () => timelinemodel.fetchTimeline(name, {field: choice.field, role: choice.role, width, range}));
+    // Where each flag began, marked on the drawing: the onset table's answer (one fetch);
+    // without one the drawing has no marks.
+    const onsets = this.cached(['onset', run], () => fetchOnset(run)).then((body) => body.onsets, () => []);
     let bodies;
     try {
       bodies = await Promise.all((against ? [run, against] : [run]).map(fetchOf));
@@ -110,19 +143,30 @@ export class TimelineSection {
         this.status.textContent = error.status === 404
           ? 'This run has no digest (written by an older tb_gradviz): the time view needs one.'
           : `Could not load the time view: ${error.message}`;
-        markDrawn(this.element, {run, colour: choice.value, against, error: error.message});
+        markDrawn(this.element, {run, colour: choice.value, against, range: drawnRange, error: error.message});
       }
       return;
     }
+    const marked = await onsets;
     if (!this.requests.isCurrent(ticket, this.state())) return;
     const [body, other] = bodies;
     const {matrix, status} = timelinemodel.timelineView(body, other ?? null);
     this.status.textContent = status;
-    if (matrix) renderTimeline(this.chart, matrix, {width, onSelect: this.onSelect});
-    else this.chart.replaceChildren();
-    this.logged = {count: body.steps, first: body.columns.first_step[0], last: body.columns.last_step.at(-1)};
+    if (matrix) {
+      renderTimeline(this.chart, matrix, {
+        title: layout.colourTitle(choice.field, choice.role, matrix.diverging),
+        onsets: marked,
+        onSelect: this.onSelect,
+        onZoom: (picked) => this.zoom(picked),
+      });
+    } else {
+      this.chart.replaceChildren();
+    }
+    if (range === null) {
+      this.logged = {count: body.steps, first: body.columns.first_step[0], last: body.columns.last_step.at(-1)};
+    }
     this.renderSampleNote();
-    markDrawn(this.element, {run, colour: choice.value, against});
+    markDrawn(this.element, {run, colour: choice.value, against, range: drawnRange});
   }
 
   /** The steps the layer view has of `layer` (its series'): said to be a sample when fewer than logged. */

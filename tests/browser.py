@@ -59,7 +59,7 @@ ASIDE = "aside.explanation"  # run, layer, step (the routing card and the explan
 ROUTING_MAP = ".routemap-container"  # run, layer, step (the map's), channel
 FLOW = ".flow-container"  # run, step, against (overlaid run), kept (steps), layer
 GRID = ".grid-container"  # run, step, layer
-TIMELINE = "section.timeline-section"  # run, colour, against
+TIMELINE = "section.timeline-section"  # run, colour, against, range ([start, end] or null)
 ONSET = ".onset-section"  # run
 COMPARE = ".compare-charts"  # run, layer, tensor, against, step
 

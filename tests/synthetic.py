@@ -150,7 +150,15 @@ def _summary_field(layer_records, with_metadata):
 
 
 def write_large_run(
-    logdir, layers=200, steps=1000, variants=4, seed=0, first_step=1, wall_time=None, spike=None
+    logdir,
+    layers=200,
+    steps=1000,
+    variants=4,
+    seed=0,
+    first_step=1,
+    wall_time=None,
+    spike=None,
+    layer_spike=None,
 ):
     """Writes a large run of synthetic max-pool layers quickly, in the real format.
 
@@ -171,6 +179,9 @@ def write_large_run(
         second apart. Defaults to now.
       spike: None, or `(step, scale)`: at that step every layer's gradients
         are `scale` times larger (a one-step spike).
+      layer_spike: None, or `(step, index, scale)`: at that step the gradients of the
+        layer at `index` alone are `scale` times larger (by `scale=1e6`, that layer raises
+        `exploding` there, against the last layer's).
 
     Returns:
       `(names, path)`: the layer paths written and the event file's path.
@@ -203,6 +214,19 @@ def write_large_run(
             _summary_field(fields, with_metadata=False)
             for fields in [*spiked, digest.digest_records([r for layer in spiked for r in layer])]
         )
+    if layer_spike is not None:
+        _, spiked_index, scale = layer_spike
+        layer_fields = [
+            pool_records(rng, name, i, 2, 8, 4, 0, scale) if i == spiked_index else layer[0]
+            for i, (name, layer) in enumerate(zip(names, sets))
+        ]
+        layer_spike_fields = b"".join(
+            _summary_field(fields, with_metadata=False)
+            for fields in [
+                *layer_fields,
+                digest.digest_records([r for layer in layer_fields for r in layer]),
+            ]
+        )
     start = time.time() if wall_time is None else wall_time
     event_file = events.EventFile(logdir, wall_time=start)
     try:
@@ -212,6 +236,8 @@ def write_large_run(
                 fields = first_fields
             elif spike is not None and first_step + s == spike[0]:
                 fields = spike_fields
+            elif layer_spike is not None and first_step + s == layer_spike[0]:
+                fields = layer_spike_fields
             else:
                 fields = variant_fields[s % variants]
             event_file.write(prefix + fields)
