@@ -123,7 +123,13 @@ def assert_record_matches(log, layer, tensor, array, rel=1e-6, abs=1e-12):
 
 
 def digest_tags(accumulator):
-    return [tag for tag in tensor_tags(accumulator) if tag.startswith(digest.TAG_PREFIX + "/")]
+    """The digest series' tags (the budget and loss-scale records share the prefix only)."""
+    return [
+        tag
+        for tag in tensor_tags(accumulator)
+        if tag.startswith(digest.TAG_PREFIX + "/")
+        and content(accumulator, tag)["kind"] == metadata.KIND_DIGEST
+    ]
 
 
 def assert_digest_equals_records(accumulator):

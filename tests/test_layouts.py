@@ -5,7 +5,8 @@ those layouts (tests/data/layouts/make.sh): the plugin and the CLI must
 serve them, with NaN or a default for what they lack, the values as written.
 Layouts 6 and later were written by a fit that logs a conv layer with
 weights=True, so their weights, update records, digest and precision
-records are in the files.
+records are in the files; layout 10's with a LossScaleOptimizer, so its
+loss-scale record (without the batch count) is too.
 """
 
 import json
@@ -25,10 +26,13 @@ from tb_gradviz.board import plugin
 from tb_gradviz.format import health, records
 
 LAYOUTS = pathlib.Path(__file__).parent / "data" / "layouts"
-LAYOUT_DIRS = sorted(LAYOUTS.glob("layout*"))
+# In the layouts' order (layout10 after layout9).
+LAYOUT_DIRS = sorted(LAYOUTS.glob("layout*"), key=lambda path: int(path.name[6:].split("-")[0]))
 PREFIX = "/data/plugin/gradviz"
 # The first layout that wrote each (docs/FORMAT.md's layout table).
 WEIGHTS_SINCE, DIGEST_SINCE, PRECISION_SINCE, DIGEST_PRECISION_SINCE = 6, 7, 8, 9
+# The one layout kept that trained with a LossScaleOptimizer (its record without the batch count).
+LOSS_SCALE = 10
 
 
 def number(layout):
@@ -52,6 +56,7 @@ def test_every_layout_has_its_files():
         "layout7-0e16de2",
         "layout8-7c73bbe",
         "layout9-be377b1",
+        "layout10-feeef3d",
     ]
 
 
@@ -259,8 +264,18 @@ def test_cli_summarises_checks_and_exports_every_earlier_layout(layout, capsys):
             "units_recorded": number(layout) >= 5,
             "flags": [],
             "onsets": [],
-            # No layout kept recorded a loss scale (none trained with LossScaleOptimizer).
-            "loss_scale": None,
+            # Layout 10's LossScaleOptimizer (from 16) skipped no step; its record does not
+            # count the batches, so the skips are read from the scale's halvings.
+            "loss_scale": None
+            if number(layout) != LOSS_SCALE
+            else {
+                "skipped": 0,
+                "exact": True,
+                "first_scale": 16.0,
+                "last_scale": 16.0,
+                "step": 2,
+                "batches": None,
+            },
         }
         for run in runs
     ]

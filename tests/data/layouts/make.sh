@@ -12,8 +12,10 @@
 #   7 0e16de2  the per-event digest (plugin gradviz_digest), no precision records
 #   8 7c73bbe  the precision record per tensor
 #   9 be377b1  the digest's precision rows
+#  10 feeef3d  the loss-scale record without batches and applied
 # Layouts 6 to 9 log a conv layer with weights=True too (fit_weights), so
-# that what they added is in the files.
+# that what they added is in the files; layout 10 the same fit with a
+# LossScaleOptimizer (fit_loss_scale) that skips no step.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 repo="$(git -C "$here" rev-parse --show-toplevel)"
@@ -50,6 +52,7 @@ callback = GradVizCallback(f"{sys.argv[1]}/max", probe_data=(x[:4], y[:4]), laye
                            every_n_batches=1, weights=True)
 model.fit(x, y, batch_size=4, epochs=1, verbose=0, callbacks=[callback])
 '
+fit_loss_scale="${fit_weights/model.compile(\"sgd\"/model.compile(keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(), initial_scale=16.0)}"
 numpy_writer='
 import sys
 from tb_gradviz import synthetic
@@ -57,7 +60,7 @@ synthetic.write_run(f"{sys.argv[1]}/max", layers=2, steps=2)
 '
 for entry in "1 babdf2f numpy_writer" "2 ea6cf0b fit" "3 394d555 fit" "4 a4aadd0 fit" "5 88cce65 fit" \
              "6 64c3ecc fit_weights" "7 0e16de2 fit_weights" "8 7c73bbe fit_weights" \
-             "9 be377b1 fit_weights"; do
+             "9 be377b1 fit_weights" "10 feeef3d fit_loss_scale"; do
   read -r number commit writer <<<"$entry"
   out="$here/layout$number-$commit"
   [ -e "$out" ] && continue
