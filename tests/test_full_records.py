@@ -5,10 +5,12 @@ TensorBoard's own event reader.
 """
 
 import json
+import urllib.parse
 
 import eventdata
 import numpy as np
 import pytest
+import tbserver
 
 from tb_gradviz.board import kept
 from tb_gradviz.format import digest, full_records, records
@@ -163,3 +165,31 @@ def test_describe_counts_the_middle_groups_past_the_ones_shown():
     assert kept.describe([1, 3, 5, 7, 9, 11, 12], shown=4) == "1, 3, ... 2 more steps ..., 9, 11-12"
     assert kept.describe([1, 3, 5, 7, 9, 10], shown=4) == "1, 3, ... 1 more step ..., 7, 9-10"
     assert kept.describe([]) == ""
+
+
+def served_steps(url, route, **query):
+    text = urllib.parse.urlencode(dict(query, run="nan"))
+    return tbserver.get_json(f"{url}/data/plugin/gradviz/{route}?{text}")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("load_fast", ["false", "true"])
+def test_both_loaders_serve_the_records_of_the_step_before_an_onset_written_after_its_digest(
+    runs, tmp_path, load_fast
+):
+    def series(url):
+        return served_steps(url, "series", layer="scale", tensor=records.ACTIVATION)["steps"]
+
+    with tbserver.running_tensorboard(
+        runs,
+        tmp_path / "tensorboard.log",
+        ready=lambda url: series(url)[-1] == SCHEDULED[-1],
+        extra_args=(f"--load_fast={load_fast}",),
+    ) as url:
+        assert series(url) == sorted(SCHEDULED + [NAN_STEP - 1, NAN_STEP])
+        timeline = served_steps(url, "timeline")
+        assert timeline["columns"]["first_step"] == list(range(1, STEPS + 1))
+        (nonfinite,) = [o for o in served_steps(url, "onset")["onsets"] if o["flag"] == "nonfinite"]
+        assert nonfinite["step"] == NAN_STEP
+        at_onset = served_steps(url, "series", layer="scale", tensor="activation", step=NAN_STEP)
+        assert at_onset["steps"] == [NAN_STEP] and at_onset["stats"]["nan"][0] > 0
