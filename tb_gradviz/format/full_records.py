@@ -1,12 +1,12 @@
 """Which log events keep their full records: a schedule, and the flags that override it.
 
 Every log event writes its digest (`digest`) and the run's other records
-under the digest's plugin name (the budget's, the loss scale's): a few bytes
-per layer, at every event, so that the flags, the onset and the time views
+under the digest's plugin name (the budget's, the loss scale's): a few values
+per tensor, at every event, so that the flags, the onset and the time views
 see every logged step. The full records (each tensor's histogram, stats and
 precision records, routing, units, routing maps, weight updates: every
-record under `metadata.PLUGIN_NAME` or the histograms plugin) are tens of
-kilobytes per layer, so they are written only
+record under `metadata.PLUGIN_NAME` or the histograms plugin) are the bulk
+of an event's bytes, so they are written only
 
 * at the events the schedule names (`scheduled`): every event of the first
   `first` ones, then at spacings that grow by one event each time (1, 2,
@@ -16,8 +16,8 @@ kilobytes per layer, so they are written only
   and at the event before it: a log event's full records are held in memory,
   unwritten, until the next event decides (`Keeper`).
 
-Flags are judged by `health.verdicts` over the event's digest, as `/onset`
-and `check` judge the written run, so the onset step that `/onset` names has
+Flags are judged by `health.verdicts` (at its default ratio) over the
+event's digest, as `/onset` and `check` judge the written run, so the onset step that `/onset` names has
 its full records, and so has the step before it.
 
 The full records of the event before an onset are written after that
