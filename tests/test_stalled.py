@@ -6,7 +6,8 @@ weights never move: `stalled` from the second log event on), one under
 mixed_float16 whose `LossScaleOptimizer` begins at 2**40 and never grows
 (the first epoch's steps all overflow and are skipped, half the second's:
 `skipped_steps` at the events that saw them, with the share the optimizer's
-iterations give), and a healthy one (neither flag).
+iterations give), and a healthy one (neither flag). The skipping fit again
+logged every 4 optimizer steps: the callback then counts each batch end.
 """
 
 import json
@@ -25,7 +26,8 @@ FIELDS_WITHOUT_BATCHES = ["loss_scale", "growth_counter", "growth_steps", "initi
 
 
 def fit(log_dir, name):
-    """Fits one run; returns the optimizer's iterations at each epoch's end (each log event)."""
+    """Fits one run; returns the optimizer's iterations at each epoch's end (each log event
+    logged by epoch), or `(batches seen, iterations)` at each batch end (`by_batch`)."""
     import keras
 
     import tb_gradviz
@@ -35,11 +37,19 @@ def fit(log_dir, name):
     x = rng.standard_normal((4 * BATCHES, 8)).astype("float32")
     y = rng.integers(0, 3, size=len(x))
     iterations = []
-    recorder = keras.callbacks.LambdaCallback(
-        on_epoch_end=lambda epoch, logs: iterations.append(
-            int(keras.ops.convert_to_numpy(model.optimizer.iterations))
+
+    def record(*_, **__):
+        iterations.append(int(keras.ops.convert_to_numpy(model.optimizer.iterations)))
+
+    if name == "by_batch":
+        recorder = keras.callbacks.LambdaCallback(
+            on_train_batch_end=lambda batch, logs: (
+                record(),
+                iterations.append(len(iterations) // 2 + 1),
+            )
         )
-    )
+    else:
+        recorder = keras.callbacks.LambdaCallback(on_epoch_end=record)
     policy = "float32" if name == "lr0" else "mixed_float16"
     previous = keras.mixed_precision.global_policy()
     keras.mixed_precision.set_global_policy(policy)
@@ -54,13 +64,14 @@ def fit(log_dir, name):
         if name == "lr0":
             optimizer = keras.optimizers.SGD(0.0)
         else:
-            scale = 2.0**40 if name == "skipping" else 2.0**4
+            scale = 2.0**4 if name == "healthy" else 2.0**40
             optimizer = keras.optimizers.LossScaleOptimizer(
                 keras.optimizers.SGD(0.01), initial_scale=scale, dynamic_growth_steps=2**31 - 1
             )
         model.compile(optimizer, keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        frequency = {"every_n_batches": 4} if name == "by_batch" else {}
         callback = tb_gradviz.GradVizCallback(
-            log_dir, (x[:16], y[:16]), layers=["hidden", "head"], weights=True
+            log_dir, (x[:16], y[:16]), layers=["hidden", "head"], weights=True, **frequency
         )
         model.fit(x, y, batch_size=4, epochs=EPOCHS, callbacks=[callback, recorder], verbose=0)
     finally:
@@ -72,7 +83,9 @@ def fit(log_dir, name):
 def runs(tmp_path_factory):
     pytest.importorskip("keras")
     logdir = tmp_path_factory.mktemp("stalled")
-    iterations = {name: fit(logdir / name, name) for name in ("lr0", "skipping", "healthy")}
+    iterations = {
+        name: fit(logdir / name, name) for name in ("lr0", "skipping", "healthy", "by_batch")
+    }
     client, _ = test_plugin.make_app(logdir)
     return logdir, client, iterations
 
@@ -177,6 +190,44 @@ def test_a_healthy_run_raises_neither_stalled_nor_skipped_steps(runs, capsys):
     (run,) = json.loads(capsys.readouterr().out)["runs"]
     assert (run["loss_scale"]["skipped"], run["loss_scale"]["batches"]) == (0, EPOCHS * BATCHES)
     assert {"stalled", "skipped_steps"} & {f["flag"] for f in run["flags"]} == set()
+
+
+def test_skipped_steps_counted_at_each_batch_end_when_logged_by_batch(runs, capsys):
+    from tb_gradviz import cli
+
+    logdir, client, iterations = runs
+    # (iterations, batches seen) at each batch end.
+    ends = list(zip(iterations["by_batch"][::2], iterations["by_batch"][1::2]))
+    assert len(ends) == EPOCHS * BATCHES
+    assert cli.main(["check", str(logdir / "by_batch"), "--format", "json"]) in (0, 1)
+    (run,) = json.loads(capsys.readouterr().out)["runs"]
+    last = run["loss_scale"]["step"]
+    # The callback logs at the first batch end where the optimizer reached a multiple of 4.
+    batches = next(seen for applied, seen in ends if applied == last)
+    assert last == 4 * (ends[-1][0] // 4)
+    assert (run["loss_scale"]["skipped"], run["loss_scale"]["batches"]) == (
+        batches - last,
+        batches,
+    )
+    # Each event's share: the batches between the events at which 4 more steps were applied.
+    logged = [next(seen for applied, seen in ends if applied == s) for s in range(4, last + 1, 4)]
+    shares = {
+        step: (ran - 4, ran)
+        for step, ran in zip(range(4, last + 1, 4), np.diff([0, *logged]))
+        if ran - 4 >= stalled.SKIPPED_SHARE * ran
+    }
+    raised = {}
+    for step in range(4, last + 1, 4):
+        body = test_plugin.get_json(client, "/step", run="by_batch", step=step)
+        found = flags_of(body, "skipped_steps").get("head")
+        if found is not None:
+            raised[step] = found["detail"]
+    assert raised == {
+        step: f"the optimizer skipped {count} of {ran} train steps ({count / ran:.1%}) since the "
+        "previous log event"
+        for step, (count, ran) in shares.items()
+    }
+    assert shares  # the first event saw every step of the first epoch skipped
 
 
 # The rules by hand.
