@@ -193,3 +193,36 @@ def test_both_loaders_serve_the_records_of_the_step_before_an_onset_written_afte
         assert nonfinite["step"] == NAN_STEP
         at_onset = served_steps(url, "series", layer="scale", tensor="activation", step=NAN_STEP)
         assert at_onset["steps"] == [NAN_STEP] and at_onset["stats"]["nan"][0] > 0
+
+
+def test_the_keeper_writes_the_held_event_before_an_onset_once_without_a_second_digest():
+    import synthetic
+
+    keeper = full_records.Keeper(first=2)
+    written = []
+    for event in range(10):
+        rng = np.random.default_rng(event)
+        # From event 6 on, a's output gradient is 1e-5 of b's scale: vanishing.
+        scale = 1e-5 if event >= 6 else 1.0
+        event_records = synthetic.pool_records(rng, "a", 0, gradient_scale=scale)
+        event_records += synthetic.pool_records(rng, "b", 1)
+        for step, to_write, wall_time in keeper.writes(10 * event, event_records, wall_time=event):
+            tags = [tag for tag, _, _ in to_write]
+            digests = sum(tag.startswith(digest.TAG_PREFIX + "/") for tag in tags)
+            written.append((event, step, wall_time, len(tags) - digests > 0, digests))
+    assert keeper.raised == {"vanishing"}
+    # (event deciding, step, wall time, full records, digests): the schedule keeps 0, 1, 2, 4, 7;
+    # the onset at 6 writes 5's held records first, at 5's step and time.
+    assert written == [
+        (0, 0, 0, True, 1),
+        (1, 10, 1, True, 1),
+        (2, 20, 2, True, 1),
+        (3, 30, 3, False, 1),
+        (4, 40, 4, True, 1),
+        (5, 50, 5, False, 1),
+        (6, 50, 5, True, 0),
+        (6, 60, 6, True, 1),
+        (7, 70, 7, True, 1),
+        (8, 80, 8, False, 1),
+        (9, 90, 9, False, 1),
+    ]
