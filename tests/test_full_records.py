@@ -226,3 +226,17 @@ def test_the_keeper_writes_the_held_event_before_an_onset_once_without_a_second_
         (8, 80, 8, False, 1),
         (9, 90, 9, False, 1),
     ]
+
+
+def test_a_run_shorter_than_the_default_schedule_is_the_same_bytes_as_with_every_event_kept(
+    tmp_path,
+):
+    fit_cnn(tmp_path / "default", full=full_records.DEFAULT_FIRST)
+    fit_cnn(tmp_path / "all", full=full_records.ALL)
+
+    def sizes(run):
+        return [path.stat().st_size for path in sorted(run.glob("events.out.tfevents.*"))]
+
+    assert sizes(tmp_path / "default") == sizes(tmp_path / "all")
+    log = eventdata.load(tmp_path / "default")
+    assert steps_of(log, records.stats_tag("head", records.ACTIVATION)) == list(range(1, STEPS + 1))
