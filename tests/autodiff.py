@@ -15,7 +15,8 @@ def gradients(f, argument):
         with tf.GradientTape() as tape:
             tape.watch(argument)
             value = f(argument)
-        return np.asarray(value), tape.gradient(value, argument).numpy()
+        # An embedding's gradient comes as tf.IndexedSlices: made dense.
+        return np.asarray(value), tf.convert_to_tensor(tape.gradient(value, argument)).numpy()
     if BACKEND == "jax":
         import jax
 

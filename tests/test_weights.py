@@ -381,3 +381,29 @@ def test_tensorboards_own_histograms_dashboard_serves_the_weight_histograms(tmp_
                     np.testing.assert_array_equal(
                         np.array(buckets), summaries.linear_histogram(expected)
                     )
+
+
+def test_an_embeddings_weight_gradient_given_as_indexed_slices_is_recorded(tmp_path):
+    # TensorFlow's tape gives an Embedding's kernel gradient as tf.IndexedSlices (the rows
+    # looked up): it is recorded as the dense gradient, equal to the framework's own.
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential(
+        [
+            keras.Input((4,), dtype="int32"),
+            keras.layers.Embedding(6, 3, name="embed"),
+            keras.layers.Flatten(),
+            keras.layers.Dense(2, name="dense"),
+        ]
+    )
+    model.compile(keras.optimizers.SGD(0.1), "mse")
+    x = np.array([[0, 1, 1, 5], [2, 2, 3, 0]], dtype="int32")
+    y = np.ones((2, 2), dtype="float32")
+    callback = GradVizCallback(tmp_path, (x, y), layers=["embed"], weights=True)
+    model.fit(x, y, batch_size=2, epochs=1, verbose=0, callbacks=[callback])
+    variable = model.get_layer("embed").embeddings
+    expected = weight_gradient(model, variable, x, y)
+    assert np.count_nonzero(np.abs(expected).sum(axis=1)) == 5  # row 4 is not looked up
+    log = eventdata.load(tmp_path)
+    eventdata.assert_record_matches(
+        log, "embed", "weight_gradient/embeddings", expected, rel=1e-5, abs=1e-7
+    )

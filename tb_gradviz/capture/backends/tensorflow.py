@@ -191,7 +191,9 @@ class LayerCapture(probe.ProbePass):
         gradients = tape.gradient(
             loss, sources + variables, unconnected_gradients=tf.UnconnectedGradients.ZERO
         )
-        weight_gradients = iter(gradients[len(sources) :])
+        # An embedding's kernel gets tf.IndexedSlices (its looked-up rows): made dense, as the
+        # weight's values are.
+        weight_gradients = iter([tf.convert_to_tensor(g) for g in gradients[len(sources) :]])
         accelerators = [d for d in tf.config.list_logical_devices() if d.device_type != "CPU"]
         device = accelerators[0].device_type.lower() if accelerators else "cpu"
 
