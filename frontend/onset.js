@@ -1,7 +1,9 @@
 // Where each training-health flag began in a run (`/onset`): a compact table
 // of each raised flag's first step, the layer and tensor where it began there
 // (the server's choice: the first tensor that raised it in the order the step
-// computed them), and whether it persists. Clicking a row's layer opens that
+// computed them), and whether it persists. Warnings (leading indicators, each a
+// rule over a tensor's recent history) are rows of their own class after the
+// flags'. Clicking a row's layer opens that
 // layer at that step. The rows and texts are pure functions (run under node);
 // OnsetTable puts them in the DOM.
 
@@ -11,7 +13,16 @@ import {markDrawn} from './drawn.js';
 import {fetchJson} from './model.js';
 import {LatestRequest} from './requests.js';
 
-const COLUMNS = ['Flag', 'First step', 'Layer', 'Tensor', 'Persists'];
+const COLUMNS = ['Flag', 'Class', 'First step', 'Layer', 'Tensor', 'Persists'];
+
+/** The warnings' names as the table shows them (`leading.WARNINGS`). */
+export const WARNING_TITLES = {
+  rms_growth: 'RMS growth',
+  max_growth: 'max |x| growth',
+  rms_drift: 'RMS drift',
+  peak_ratio: 'max / RMS ratio',
+  update_spike: 'update spike',
+};
 
 export function fetchOnset(run, fetchImpl) {
   return fetchJson('onset', {run}, fetchImpl);
@@ -21,7 +32,8 @@ export function fetchOnset(run, fetchImpl) {
 export function onsetRows(body) {
   return body.onsets.map((onset) => ({
     flag: onset.flag,
-    title: FLAG_TITLES[onset.flag] ?? onset.flag,
+    kind: onset.class === 'warning' ? 'warning' : 'flag',
+    title: FLAG_TITLES[onset.flag] ?? WARNING_TITLES[onset.flag] ?? onset.flag,
     step: onset.step,
     layer: onset.layer,
     tensor: onset.tensor,
@@ -37,8 +49,12 @@ export function onsetSummary(body) {
   const steps = body.steps === 1 ? '1 logged step' : `${body.steps} logged steps`;
   const span = body.steps === 1 ? `step ${body.first_step}` : `steps ${body.first_step} to ${body.last_step}`;
   if (body.onsets.length === 0) return `${body.run}: no flag was raised at any of its ${steps} (${span}).`;
-  const flags = body.onsets.length === 1 ? '1 flag' : `${body.onsets.length} flags`;
-  return `${body.run}: ${flags} raised in ${steps} (${span}). Where each began:`;
+  const warned = body.onsets.filter((onset) => onset.class === 'warning').length;
+  const flagged = body.onsets.length - warned;
+  const parts = [];
+  if (flagged > 0) parts.push(flagged === 1 ? '1 flag' : `${flagged} flags`);
+  if (warned > 0) parts.push(warned === 1 ? '1 warning' : `${warned} warnings`);
+  return `${body.run}: ${parts.join(' and ')} raised in ${steps} (${span}). Where each began:`;
 }
 
 export class OnsetTable {
@@ -87,12 +103,13 @@ export class OnsetTable {
     markDrawn(this.element, {run});
   }
 
-  row({flag, title, step, layer, tensor, persists, detail}) {
+  row({flag, kind, title, step, layer, tensor, persists, detail}) {
     const open = html('button', {className: 'onset-open', text: layer, attrs: {
       type: 'button', title: `Open ${layer} at step ${step}`, 'data-layer': layer, 'data-step': step}});
     open.addEventListener('click', () => this.onSelect(layer, step));
-    return html('tr', {attrs: {'data-flag': flag, title: detail}}, [
+    return html('tr', {attrs: {'data-flag': flag, 'data-class': kind, title: detail}}, [
       html('th', {text: title, attrs: {scope: 'row'}}),
+      html('td', {text: kind}),
       html('td', {className: 'onset-step', text: String(step)}),
       html('td', {}, [open]),
       html('td', {text: tensor}),

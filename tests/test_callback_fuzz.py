@@ -133,6 +133,14 @@ BAD = {
     ),
     "training": not_a_bool,
     "stop_on_nonfinite": not_a_bool,
+    "stop_on": st.one_of(
+        st.integers(),
+        st.floats(),
+        st.text(alphabet="qxz", min_size=1, max_size=4),
+        st.just([]),
+        st.lists(st.integers(), min_size=1, max_size=2),
+        st.just(["nonfinite", "sleepy"]),
+    ),
     "routing_map": not_a_bool,
     "weights": not_a_bool,
     "routing_map_example": st.one_of(

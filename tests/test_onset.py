@@ -137,10 +137,11 @@ def test_check_text_prints_the_onset_table(logdir):
     status, out, err = run_check(logdir, "--run", "vanish", "--fail-on", "vanishing")
     assert status == cli.EXIT_FLAGGED and "1 flag(s) among --fail-on vanishing raised" in err
     onset = out.split("onset  (")[1].splitlines()
-    header = ["flag", "fails", "first", "step", "layer", "tensor", "persists", "raised", "at"]
+    header = ["flag", "class", "fails", "first", "step", "layer", "tensor", "persists", "raised"]
+    header += ["at"]
     assert onset[1].split() == header
     row = onset[3].split()
-    assert row[:6] == ["vanishing", "yes", str(FAULT_STEP), "d1", "output_gradient", "yes"]
+    assert row[:7] == ["vanishing", "flag", "yes", str(FAULT_STEP), "d1", "output_gradient", "yes"]
 
 
 def test_check_json_for_ci_says_which_flags_fail_and_the_status(logdir):

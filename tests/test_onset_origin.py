@@ -153,7 +153,7 @@ def test_a_nan_put_into_a_middle_layers_kernel_is_named_at_that_layers_activatio
     row = next(
         line.split() for line in out.split("onset  (")[1].splitlines() if line[:9] == "nonfinite"
     )
-    assert row[2:5] == [str(FAULT_STEP), "b", "activation"]
+    assert row[1:6] == ["flag", "yes", str(FAULT_STEP), "b", "activation"]
     served = next(o for o in get("/onset")["onsets"] if o["flag"] == "nonfinite")
     assert served == {key: value for key, value in nonfinite.items() if key != "fails"}
 

@@ -13,6 +13,7 @@ flag over the passes its rule reads). Served by `/onset`, printed by
 
 import numpy as np
 
+from tb_gradviz.board import warning_onset
 from tb_gradviz.format import headroom, health
 
 
@@ -30,11 +31,12 @@ def onset_body(run, steps, columns, ratio=health.DEFAULT_RATIO, listed=None):
     Returns:
       `{"run", "steps", "first_step", "last_step", "ratio", "onsets"}`:
       `steps` is the number of logged steps judged, and `onsets` holds one
-      entry per flag raised at any of them, in `health.FLAGS` order:
-      `{"flag", "step", "layer", "layer_index", "tensor", "detail",
+      entry per flag raised at any of them, in `health.FLAGS` order, then one
+      per warning raised (`warning_onset`, in `leading.WARNINGS` order):
+      `{"flag", "class", "step", "layer", "layer_index", "tensor", "detail",
       "persists", "raised_steps", "last_raised_step"}`: `layer` and `tensor`
       are where the flag began at `step` (`health.flag_origin`), `detail`
-      that layer's flag there. `persists` is true
+      that layer's flag there; `class` is "flag" or "warning". `persists` is true
       when the flag stayed raised (by any layer) at every logged step from
       its onset through the last; `raised_steps` counts the steps it was
       raised at. None when the run has no logged step.
@@ -62,6 +64,7 @@ def onset_body(run, steps, columns, ratio=health.DEFAULT_RATIO, listed=None):
         onsets.append(
             {
                 "flag": flag,
+                "class": "flag",
                 "step": step,
                 "layer": layer["layer"],
                 "layer_index": layer["layer_index"],
@@ -72,6 +75,7 @@ def onset_body(run, steps, columns, ratio=health.DEFAULT_RATIO, listed=None):
                 "last_raised_step": int(steps[len(by_step) - 1 - np.argmax(by_step[::-1])]),
             }
         )
+    onsets += warning_onset.onsets(steps, columns)
     return {
         "run": run,
         "steps": len(steps),

@@ -12,7 +12,7 @@ import sys
 import keras
 import numpy as np
 
-from tb_gradviz.format import storage
+from tb_gradviz.format import health, leading, storage
 
 _ALTERNATIVES = (
     "the batch itself, (x, y) or (x, y, sample_weight), or a source that can be read again: "
@@ -317,3 +317,34 @@ def check_probe_targets(model, loss, x, y, sample_weight):
             f"{(batch, *shape)}, under its loss: {type(error).__name__}: {error}. "
             f"Received: probe_data y of shape {shapes}"
         ) from error
+
+
+def check_stop_on(stop_on):
+    """Returns `(names, predicate)` from the callback's `stop_on=`.
+
+    `stop_on` is None, a flag or warning name, a list or tuple of them, or a
+    callable called with the list of what a log event raised (each
+    `{"flag", "class", "step", "layer", "tensor"}`) that returns True to stop.
+
+    Raises:
+      TypeError: not None, a str, a list or tuple of str, or a callable.
+      ValueError: an unknown name, or an empty list.
+    """
+    allowed = ", ".join(health.FLAGS + leading.WARNINGS)
+    if stop_on is None:
+        return (), None
+    if callable(stop_on):
+        return (), stop_on
+    names = [stop_on] if isinstance(stop_on, str) else stop_on
+    if not isinstance(names, (list, tuple)) or not all(isinstance(n, str) for n in names):
+        raise TypeError(
+            "stop_on must be None, a flag or warning name, a list of them, or a callable "
+            f"(raised -> bool); the names are {allowed}. Received: stop_on={stop_on!r}"
+        )
+    unknown = [name for name in names if name not in health.FLAGS + leading.WARNINGS]
+    if unknown or not names:
+        raise ValueError(
+            f"stop_on must name flags or warnings among {allowed}; "
+            f"received unknown {unknown or 'nothing'}. Received: stop_on={stop_on!r}"
+        )
+    return tuple(dict.fromkeys(names)), None

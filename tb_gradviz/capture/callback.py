@@ -4,6 +4,7 @@ import keras
 
 from tb_gradviz.capture import arguments, loss_scale, probe, selection
 from tb_gradviz.capture import budget as budget_module
+from tb_gradviz.capture import stop_on as stop_on_module
 from tb_gradviz.capture import weights as weights_module
 from tb_gradviz.format import events, metadata, records
 from tb_gradviz.format import full_records as full_records_module
@@ -65,6 +66,14 @@ class GradVizCallback(keras.callbacks.Callback):
       stop_on_nonfinite: stop training (`model.stop_training`, as Keras'
         `TerminateOnNaN` does for the loss) after a log event that recorded
         a NaN or an Inf in any activation or gradient; a message names them.
+      stop_on: stop training after a log event that raised any of these flags
+        or warnings (a name or a list of names: `nonfinite`, ...,
+        `rms_growth`, ..., docs/health.md), judged at capture time by the
+        rules `/onset` and `tb-gradviz check` apply; or a callable, called
+        after each event that raised any, with the list of what it raised
+        (each `{"flag", "class", "step", "layer", "tensor"}`, `class` "flag"
+        or "warning"), that returns True to stop. A message names what was
+        raised; `stopped_on` keeps the list.
       routing_map: also record, for each pooling layer (3D: a depth slice), the
         routing map of one probe example (docs/FORMAT.md): its input, each window's
         winner, tied windows, and the gradients, for a few channels, within
@@ -115,6 +124,7 @@ class GradVizCallback(keras.callbacks.Callback):
         loss=None,
         training=True,
         stop_on_nonfinite=False,
+        stop_on=None,
         routing_map=True,
         routing_map_example=0,
         routing_map_channels=None,
@@ -137,6 +147,7 @@ class GradVizCallback(keras.callbacks.Callback):
         self.loss = None if loss is None else selection.as_loss(loss)
         self.training = arguments.check_bool("training", training)
         self.stop_on_nonfinite = arguments.check_bool("stop_on_nonfinite", stop_on_nonfinite)
+        self._stop_on = stop_on_module.StopOn(*arguments.check_stop_on(stop_on))
         map_settings = routing_map_module.Settings(
             routing_map_example, routing_map_channels, routing_map_origin
         )
@@ -155,6 +166,7 @@ class GradVizCallback(keras.callbacks.Callback):
         self._log = events.EventLog(location)
         self._capture = None
         self._updates = None
+        self.stopped_on = None  # what the log event that stopped training raised (stop_on)
         self._train_function = None
         # The batches fit ran and the optimizer steps applied, for the loss-scale record.
         self._batch_count = loss_scale.BatchCount()
@@ -283,6 +295,13 @@ class GradVizCallback(keras.callbacks.Callback):
                     f"GradVizCallback: step {step}: NaN or Inf recorded in {', '.join(nonfinite)}; "
                     "stopping training"
                 )
+                self.model.stop_training = True
+        if self._stop_on.active:
+            stop, raised = self._stop_on.judge(step, written)
+            if stop:
+                named = ", ".join(f"{r['flag']} ({r['layer']}, {r['tensor']})" for r in raised)
+                print(f"GradVizCallback: step {step}: raised {named}; stopping training")
+                self.stopped_on = raised
                 self.model.stop_training = True
 
     def _writes_summaries(self):

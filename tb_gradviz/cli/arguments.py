@@ -6,7 +6,7 @@ import math
 
 from tb_gradviz.cli.demo import DEFAULT_PORT
 from tb_gradviz.cli.status import EXIT_CODES_HELP, CommandError
-from tb_gradviz.format import health
+from tb_gradviz.format import health, leading
 
 
 class _Parser(argparse.ArgumentParser):
@@ -120,7 +120,8 @@ def build_parser():
         "--fail-on",
         type=_flags,
         default=list(health.FLAGS),
-        help=f"the flags that fail the check, comma-separated (default: {','.join(health.FLAGS)})",
+        help="the flags and warnings that fail the check, comma-separated, from "
+        f"{','.join(health.FLAGS + leading.WARNINGS)} (default: {','.join(health.FLAGS)})",
     )
     check.add_argument(
         "--ratio",
@@ -165,7 +166,12 @@ _ratio = _typed("ratio", float, lambda v: 1 < v < math.inf, "a finite number abo
 
 
 def _flags(text):
-    try:
-        return health.parse_flags(text)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
+    """The flags and warnings of `--fail-on`."""
+    allowed = health.FLAGS + leading.WARNINGS
+    chosen = [name.strip() for name in text.split(",") if name.strip()]
+    if not chosen or any(name not in allowed for name in chosen):
+        raise argparse.ArgumentTypeError(
+            f"flags must be a comma-separated list of {', '.join(health.FLAGS)}; received "
+            f"{text!r} (the warnings {', '.join(leading.WARNINGS)} are allowed too)"
+        )
+    return chosen

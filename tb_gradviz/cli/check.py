@@ -10,7 +10,7 @@ from tb_gradviz.cli.summary import table
 
 CHECK_FORMAT_VERSION = 1
 FLAG_COLUMNS = ("layer", "flag", "tensor", "fails", "detail")
-ONSET_COLUMNS = ("flag", "fails", "first step", "layer", "tensor", "persists", "raised at")
+ONSET_COLUMNS = ("flag", "class", "fails", "first step", "layer", "tensor", "persists", "raised at")
 
 
 def run_check(args):
@@ -29,7 +29,9 @@ def run_check(args):
         result = check_result(snapshot, onsets, args.fail_on)
         result["loss_scale"] = gradviz.loss_scale_impl(ctx, experiment, run["run"])
         results.append(result)
-        if status == EXIT_OK and any(f["fails"] for f in result["flags"]):
+        # A flag fails while raised at the last step, a warning once raised at any step.
+        warned = [o for o in result["onsets"] if o.get("class") == "warning" and o["fails"]]
+        if status == EXIT_OK and (any(f["fails"] for f in result["flags"]) or warned):
             status = EXIT_FLAGGED
     if args.format == "json":
         write_json(
@@ -88,19 +90,21 @@ def _print_text(results, fail_on):
             for f in result["flags"]
         ]
         failing += sum(f["fails"] for f in result["flags"])
+        failing += sum(o["fails"] for o in result["onsets"] if o.get("class") == "warning")
         print(table(rows, FLAG_COLUMNS) if rows else "no flag raised")
         if not result["units_recorded"]:
             print("(dead units not recorded: the run was written before tb_gradviz recorded them)")
         if result["onsets"]:
             print(
-                "\nonset  (the first step each flag was raised, and where it began: the first "
-                "tensor that raised it in the order the step computed them)"
+                "\nonset  (the first step each flag or warning was raised, and where it began: "
+                "the first tensor that raised it in the order the step computed them)"
             )
             print(
                 table(
                     [
                         (
                             o["flag"],
+                            o.get("class", "flag"),
                             _yes(o["fails"]),
                             str(o["step"]),
                             o["layer"],

@@ -39,6 +39,19 @@ test('a persisting and a passing onset read differently', () => {
     ['yes, through step 8', 'no: raised at 1 of 8 steps, last at step 2']);
 });
 
+test('warnings are rows of their own class, counted apart in the line', () => {
+  const body = {run: 'r', steps: 8, first_step: 1, last_step: 8, onsets: [
+    {flag: 'nonfinite', class: 'flag', step: 7, layer: 'd1', tensor: 'activation', persists: true,
+      raised_steps: 2, last_raised_step: 8, detail: ''},
+    {flag: 'rms_growth', class: 'warning', step: 5, layer: 'd1', tensor: 'activation', persists: false,
+      raised_steps: 1, last_raised_step: 5, detail: 'RMS 5, 5x its median 1 over steps 1-4'}]};
+  const rows = onset.onsetRows(body);
+  assert.deepEqual(rows.map(({kind, title}) => [kind, title]), [['flag', 'NaN / Inf'], ['warning', 'RMS growth']]);
+  assert.equal(onset.onsetSummary(body), 'r: 1 flag and 1 warning raised in 8 logged steps (steps 1 to 8). Where each began:');
+  assert.equal(onset.onsetSummary({...body, onsets: body.onsets.slice(1)}),
+    'r: 1 warning raised in 8 logged steps (steps 1 to 8). Where each began:');
+});
+
 test('fetchOnset asks /onset for the run', async () => {
   assert.deepEqual(await onset.fetchOnset('nan', recordedFetch), answer('onset', {run: 'nan'}));
 });

@@ -1,0 +1,88 @@
+"""Where each warning began in a run: the onset of `leading`'s rules, as `onset` finds the flags'.
+
+A warning's onset is the first logged step at which any layer raised it
+and, at that step, the first tensor that raised it in the order the train
+step computed them (`origin.step_order`: the forward pass in model order,
+then the backward pass from the last layer to the first); `update_spike`,
+which reads weights, by the forward pass, where weights are read. `/onset`
+and `tb-gradviz check` list them after the flags' onsets, each marked
+`"class": "warning"`. Numpy only, like the rest of the board.
+"""
+
+import numpy as np
+
+from tb_gradviz.format import leading
+
+
+def onsets(steps, columns):
+    """Each raised warning's onset entry, in `leading.WARNINGS` order.
+
+    Args:
+      steps: the logged steps, `[steps]` ints, sorted.
+      columns: the layers' columns over those steps (`columns.Columns.layers`).
+
+    Returns:
+      `[{"flag", "class", "step", "layer", "layer_index", "tensor", "detail",
+      "persists", "raised_steps", "last_raised_step"}]`, as `onset.onset_body`'s
+      entries, `flag` naming the warning and `class` "warning".
+    """
+    if not len(steps) or not columns:
+        return []
+    found = leading.verdicts(steps, columns)
+    entries = []
+    for warning in leading.WARNINGS:
+        by_step = found[warning].any(axis=0)
+        if not by_step.any():
+            continue
+        first = int(np.argmax(by_step))
+        index, tensor = leading.origin_of(columns, found, warning, first)
+        layer = columns[index]
+        entries.append(
+            {
+                "flag": warning,
+                "class": "warning",
+                "step": int(steps[first]),
+                "layer": layer["layer"],
+                "layer_index": layer["layer_index"],
+                "tensor": tensor,
+                "detail": detail(warning, steps, layer, tensor, first),
+                "persists": bool(by_step[first:].all()),
+                "raised_steps": int(by_step.sum()),
+                "last_raised_step": int(steps[len(by_step) - 1 - np.argmax(by_step[::-1])]),
+            }
+        )
+    return entries
+
+
+def detail(warning, steps, layer, tensor, step):
+    """The onset's detail: the value at `step` and the baseline it was judged against."""
+    window = steps[(steps >= steps[step] - leading.WINDOW) & (steps < steps[step])]
+    span = f"steps {int(window[0])}-{int(window[-1])}" if len(window) else "no step"
+    if warning == "update_spike":
+        per_step = dict(leading.update_series(layer))[tensor]
+        return _against(f"{tensor} update ratio per step", per_step, steps, step, span)
+    values = layer["tensors"][tensor]
+    if warning == "max_growth":
+        return _against("max |x|", values["max_abs"], steps, step, span)
+    if warning == "peak_ratio":
+        with np.errstate(invalid="ignore", divide="ignore"):
+            ratio = np.asarray(values["max_abs"]) / np.asarray(values["rms"])
+        return _against("max |x| / RMS", ratio, steps, step, span)
+    if warning == "rms_drift":
+        rms = np.asarray(values["rms"], dtype=np.float64)
+        rise = leading.drift(steps, leading._log(rms), [step])[0, step]
+        return (
+            f"RMS {rms[step]:.3g}: {rise:.2f} decades above its lowest over {span}, "
+            f"beyond {leading.DRIFT_PER_STEP:g} per step"
+        )
+    return _against("RMS", values["rms"], steps, step, span)
+
+
+def _against(what, values, steps, step, span):
+    values = np.asarray(values, dtype=np.float64)
+    inside = (steps >= steps[step] - leading.WINDOW) & (steps < steps[step])
+    past = values[inside]
+    past = past[np.isfinite(past) & (past > 0)]
+    median = float(np.median(past)) if len(past) else float("nan")
+    times = values[step] / median
+    return f"{what} {values[step]:.3g}, {times:.3g}x its median {median:.3g} over {span}"

@@ -1,0 +1,260 @@
+"""Warnings: leading indicators of a divergence, each a rule over a tensor's own recent history.
+
+The failure flags (`health`) say what has gone wrong: a NaN, a gradient
+ratio past 1,000. A warning says that a tensor is changing in a way that
+runs which go on to diverge show first, while nothing has failed yet. Each
+rule reads one series of the per-event digest (a tensor's RMS or max |x|,
+or a weight's update ratio) and compares its value at a step with the same
+series over the `WINDOW` steps before it (its baseline), so it needs no
+reference value and judges every layer by its own scale:
+
+* `rms_growth`: the tensor's RMS is above `GROWTH` times the median of its
+  RMS over the window;
+* `max_growth`: its max |x| is above `GROWTH` times the median of its max
+  |x| over the window;
+* `rms_drift`: a windowed CUSUM on log RMS: the rise of log10 RMS from the
+  lowest point of the window, less an allowance of `DRIFT_PER_STEP` decades
+  per step between the two, is above `DRIFT` decades. A steady rise faster
+  than the allowance accumulates; noise and slow trends do not;
+* `peak_ratio`: its max |x| / RMS is above `PEAK` times the median of that
+  ratio over the window (a few values running away from the rest);
+* `update_spike` (`weights=True`): a weight's update ratio per optimizer
+  step is above `SPIKE` times its median over the window, and above
+  `SPIKE_FLOOR` per step.
+
+A step is judged only when the window holds at least `MIN_POINTS` finite
+values of the series and its oldest one is at least `WINDOW / 2` steps
+before it: the first steps of a run change fast by nature, and a rule
+reading them would warn on every run. Values that are not finite or not
+positive are left out (a NaN is `nonfinite`'s, not a warning's).
+
+The rules depend only on the window before each step, so the callback,
+which keeps the last events' digest rows (`GradVizCallback(stop_on=...)`),
+and the board, which judges every step of a run (`/onset`, `tb-gradviz
+check`), decide alike. Numpy only.
+"""
+
+import contextlib
+import warnings
+
+import numpy as np
+
+from tb_gradviz.format import origin, records
+
+WARNINGS = ("rms_growth", "max_growth", "rms_drift", "peak_ratio", "update_spike")
+
+WINDOW = 100  # steps of history a step is judged against
+MIN_POINTS = 3
+MIN_COUNT = 16  # values a tensor must hold to be judged
+GROWTH = 5.0
+DRIFT = 1.0  # decades
+DRIFT_PER_STEP = 0.005  # decades per step
+PEAK = 4.0
+SPIKE = 5.0
+SPIKE_FLOOR = 1e-3
+
+# The tensors each tensor rule reads: the activation and the gradients.
+JUDGED_ROLES = (
+    records.ACTIVATION,
+    records.OUTPUT_GRADIENT,
+    records.WEIGHT_GRADIENT,
+    records.INPUT_GRADIENT,
+)
+
+
+def rules():
+    """The rule of each warning, as the tab and the CLI show it."""
+    return {
+        "rms_growth": f"a tensor's RMS is over {GROWTH:g}x the median of its RMS over the "
+        f"{WINDOW} steps before",
+        "max_growth": f"a tensor's max |x| is over {GROWTH:g}x the median of its max |x| over "
+        f"the {WINDOW} steps before",
+        "rms_drift": f"a tensor's log10 RMS rose over {DRIFT:g} decades above its lowest point "
+        f"of the {WINDOW} steps before, beyond {DRIFT_PER_STEP:g} decades per step",
+        "peak_ratio": f"a tensor's max |x| / RMS is over {PEAK:g}x its median over the {WINDOW} "
+        "steps before",
+        "update_spike": f"a weight's update ratio per step is over {SPIKE:g}x its median over "
+        f"the {WINDOW} steps before, and over {SPIKE_FLOOR:g}",
+    }
+
+
+def _log(values):
+    values = np.asarray(values, dtype=np.float64)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(np.isfinite(values) & (values > 0), np.log10(values), np.nan)
+
+
+def _windows(steps, at):
+    """For each judged index `t` of `at`, the slice of indices of its window, or None."""
+    steps = np.asarray(steps, dtype=np.int64)
+    begins = np.searchsorted(steps, steps - WINDOW, side="left")
+    for t in at:
+        yield t, slice(int(begins[t]), t)
+
+
+def _judged_indices(steps, at):
+    return range(len(steps)) if at is None else at
+
+
+def median_excess(steps, logs, at=None):
+    """`[series, steps]`: each value's log10 above the median log10 of its window (NaN where a
+    step is not judged). `logs` is `[series, steps]` log10 values, NaN where there is none."""
+    steps = np.asarray(steps, dtype=np.int64)
+    logs = np.atleast_2d(logs)
+    out = np.full(logs.shape, np.nan)
+    for t, window in _windows(steps, _judged_indices(steps, at)):
+        past = logs[:, window]
+        enough = np.sum(np.isfinite(past), axis=1) >= MIN_POINTS
+        if window.start >= t or steps[t] - steps[window.start] < WINDOW / 2 or not enough.any():
+            continue
+        with _quiet():
+            baseline = np.nanmedian(np.where(enough[:, None], past, 0.0), axis=1)
+        out[:, t] = np.where(enough, logs[:, t] - baseline, np.nan)
+    return out
+
+
+def drift(steps, logs, at=None):
+    """`[series, steps]`: the windowed CUSUM of log10 values: the largest
+    `log[t] - log[j] - DRIFT_PER_STEP * (steps[t] - steps[j])` over the window's `j` (NaN where a
+    step is not judged)."""
+    steps = np.asarray(steps, dtype=np.int64)
+    logs = np.atleast_2d(logs)
+    out = np.full(logs.shape, np.nan)
+    for t, window in _windows(steps, _judged_indices(steps, at)):
+        past = logs[:, window]
+        enough = np.sum(np.isfinite(past), axis=1) >= MIN_POINTS
+        if window.start >= t or steps[t] - steps[window.start] < WINDOW / 2 or not enough.any():
+            continue
+        allowance = DRIFT_PER_STEP * (steps[t] - steps[window])
+        with _quiet():
+            lowest = np.nanmin(np.where(enough[:, None], past + allowance, 0.0), axis=1)
+        out[:, t] = np.where(enough, logs[:, t] - lowest, np.nan)
+    return out
+
+
+@contextlib.contextmanager
+def _quiet():
+    """An all-NaN slice gives NaN without a RuntimeWarning."""
+    with warnings.catch_warnings(), np.errstate(all="ignore"):
+        warnings.simplefilter("ignore", RuntimeWarning)
+        yield
+
+
+def _few(tensor):
+    """`[steps]`: where a tensor holds fewer than `MIN_COUNT` values (a bias of one unit is one
+    number, whose magnitude swings by orders as it crosses zero)."""
+    count = tensor.get("count")
+    if count is None:
+        return False
+    with np.errstate(invalid="ignore"):
+        return np.asarray(count, dtype=np.float64) < MIN_COUNT
+
+
+def tensor_series(layer):
+    """`[(tensor, rms, max_abs)]` of a layer's judged tensors (`JUDGED_ROLES`), `[steps]` each,
+    NaN where a tensor holds fewer than `MIN_COUNT` values."""
+    found = []
+    for name, tensor in layer["tensors"].items():
+        if tensor["role"] not in JUDGED_ROLES:
+            continue
+        few = _few(tensor)
+        rms, max_abs = (np.where(few, np.nan, tensor[f]) for f in ("rms", "max_abs"))
+        found.append((name, rms, max_abs))
+    return found
+
+
+def update_series(layer):
+    """`[(weight, per-step update ratio)]` of a layer's update rows, `[steps]` each, NaN where
+    the weight's values (its `weight/<name>` tensor, when recorded) are fewer than `MIN_COUNT`."""
+    found = []
+    for weight, update in layer.get("updates", {}).items():
+        values = layer["tensors"].get(f"{records.WEIGHT}/{weight}")
+        few = False if values is None else _few(values)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            interval = np.asarray(update["interval"], dtype=np.float64)
+            per_step = np.where(interval > 0, update["update_ratio"] / interval, np.nan)
+        found.append((weight, np.where(few, np.nan, per_step)))
+    return found
+
+
+def layer_warnings(steps, layer, at=None):
+    """Every warning of one layer of `health`'s columns (with `updates`, as the digest's).
+
+    Args:
+      steps: the logged steps, `[steps]` ints, sorted.
+      layer: the layer's columns.
+      at: None to judge every step, or the indices of the steps to judge.
+
+    Returns:
+      `{warning: [(tensor, [steps] bool)]}`: for each warning, the tensors
+      (weights, for `update_spike`) in the layer's order and the steps at
+      which each raised it.
+    """
+    found = {warning: [] for warning in WARNINGS}
+    tensors = tensor_series(layer)
+    if tensors:
+        names = [name for name, _, _ in tensors]
+        rms = _log([r for _, r, _ in tensors])
+        peak = _log([m for _, _, m in tensors])
+        with np.errstate(invalid="ignore"):
+            ratio = peak - rms
+            judged = {
+                "rms_growth": median_excess(steps, rms, at) > np.log10(GROWTH),
+                "max_growth": median_excess(steps, peak, at) > np.log10(GROWTH),
+                "rms_drift": drift(steps, rms, at) > DRIFT,
+                "peak_ratio": median_excess(steps, ratio, at) > np.log10(PEAK),
+            }
+        for warning, raised in judged.items():
+            found[warning] = list(zip(names, raised))
+    updates = update_series(layer)
+    if updates:
+        per_step = np.array([u for _, u in updates], dtype=np.float64)
+        with np.errstate(invalid="ignore"):
+            raised = (median_excess(steps, _log(per_step), at) > np.log10(SPIKE)) & (
+                per_step > SPIKE_FLOOR
+            )
+        found["update_spike"] = list(zip([w for w, _ in updates], raised))
+    return found
+
+
+def verdicts(steps, layers, at=None):
+    """Every warning of every layer at every step of `[layers, steps]` columns.
+
+    Returns:
+      `{warning: [layers, steps] bool}` and, under `"tensors"`, `{warning:
+      [layer: [(tensor, [steps] bool)]]}`: which tensors raised it.
+    """
+    count = len(steps)
+    found = {warning: np.zeros((len(layers), count), bool) for warning in WARNINGS}
+    tensors = {warning: [] for warning in WARNINGS}
+    for i, layer in enumerate(layers):
+        by_warning = layer_warnings(steps, layer, at)
+        for warning in WARNINGS:
+            raised = by_warning[warning]
+            tensors[warning].append(raised)
+            if raised:
+                found[warning][i] = np.any([r for _, r in raised], axis=0)
+    found["tensors"] = tensors
+    return found
+
+
+def origin_of(columns, found, warning, step):
+    """`(layer index, tensor)` where `warning` began at one step (index into the columns)."""
+    raised = {
+        (index, tensor)
+        for index, by_tensor in enumerate(found["tensors"][warning])
+        for tensor, at in by_tensor
+        if at[step]
+    }
+    if warning == "update_spike":
+        # Weights: the first layer in model order, its first weight that spiked.
+        return min(raised, key=lambda item: (item[0], _weight_order(columns[item[0]], item[1])))
+    for index, tensor in origin.step_order(columns, (origin.FORWARD, origin.BACKWARD)):
+        if (index, tensor) in raised:
+            return index, tensor
+    return min(raised)
+
+
+def _weight_order(layer, weight):
+    names = list(layer.get("updates", {}))
+    return names.index(weight) if weight in names else len(names)
