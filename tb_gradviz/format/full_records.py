@@ -17,8 +17,8 @@ of an event's bytes, so they are written only
   unwritten, until the next event decides (`Keeper`).
 
 Flags are judged by `health.verdicts` (at its default ratio) over the
-event's digest, as `/onset` and `check` judge the written run, so the onset step that `/onset` names has
-its full records, and so has the step before it.
+event's digest, as `/onset` and `check` judge the written run, so the onset
+step that `/onset` names has its full records, and so has the step before it.
 
 The full records of the event before an onset are written after that
 event's digest, as an event of their own at the same step: TensorBoard reads
