@@ -18,16 +18,21 @@ each batch's own loss. Cases:
   inputs of one batch, at step `CORRUPT_STEP`, multiplied by 1e4;
 - `*_healthy`: the same models at sane settings, as long as the others.
 
+Every layer is logged with `weights=True` (`--weights off` to leave the
+weights out): the update ratios are what the `update_spike` warning reads.
+
 **Divergence.** The loss at step `t` is the loss of the batch trained with
 the weights after `t` updates (those the callback's records at `t` see). A
 run diverges at the first `t` where that loss is non-finite, or where its
 mean over the last 5 steps is above 3 times the smallest such mean before
 it. A healthy run must not diverge by this definition.
 
-**Lead.** For each flag class that `tb-gradviz check --format json`
-reports an onset for, the lead is the divergence step minus the onset's
-step, in steps and in logged events (the events at or after the onset and
-before the divergence). A healthy run's onsets are false alarms.
+**Lead.** For each flag and each warning (`format/leading.py`: leading
+indicators over each tensor's recent history; each onset's `class` says
+which) that `tb-gradviz check --format json` reports an onset for, the lead
+is the divergence step minus the onset's step, in steps and in logged
+events (the events at or after the onset and before the divergence). A
+healthy run's onsets are false alarms.
 
     python bench/bench_divergence.py --every 1,10 --json bench/results/divergence.json
 """
@@ -238,6 +243,7 @@ def run_case(name, build, every, args):
         probe_data=(x[:batch_size], y[:batch_size]),
         layers=lambda layer: True,
         every_n_batches=every,
+        weights=args.weights,
     )
     losses = batch_losses_callback(args.stop_after)
     begin = time.perf_counter()
@@ -261,6 +267,7 @@ def run_case(name, build, every, args):
         onsets.append(
             {
                 "flag": onset["flag"],
+                "class": onset.get("class", "flag"),
                 "step": step,
                 "layer": onset["layer"],
                 "tensor": onset["tensor"],
@@ -286,6 +293,12 @@ def main():
     p.add_argument("--cases", default="", help="comma-separated case names (default: all)")
     p.add_argument("--ramp", type=float, default=1.05, help="learning rate growth per step")
     p.add_argument("--stop-after", type=int, default=10, help="steps run past the divergence")
+    p.add_argument(
+        "--weights",
+        type=lambda text: {"on": True, "off": False}[text],
+        default=True,
+        help="record weights and their update ratios (on|off, default on)",
+    )
     args = p.parse_args()
     if args.smoke:
         args.steps, args.every = 30, "10"
@@ -302,10 +315,21 @@ def main():
             row = run_case(name, build, every, args)
             row["expected_to_diverge"] = diverges
             rows.append(row)
-            first = min(row["onsets"], key=lambda o: o["step"], default=None)
             summary = {k: row[k] for k in ("case", "every_n_batches", "steps_run", "seconds")}
             summary["divergence_step"] = row["divergence_step"]
-            summary["first_onset"] = first and (first["flag"], first["step"], first["layer"])
+            for kind in ("flag", "warning"):
+                first = min(
+                    (o for o in row["onsets"] if o["class"] == kind),
+                    key=lambda o: o["step"],
+                    default=None,
+                )
+                summary[f"first_{kind}"] = first and (
+                    first["flag"],
+                    first["step"],
+                    first["layer"],
+                    first["lead_steps"],
+                    first["lead_events"],
+                )
             print("RESULT", summary, flush=True)
     common.write_json(args.json, {"rows": rows})
 
