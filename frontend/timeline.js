@@ -23,11 +23,12 @@ const NO_VALUE = 'rgb(200, 200, 200)';
  * @param {HTMLElement} container emptied and filled; it must be in the document (its width is read)
  * @param {object} matrix the rows, columns and colour range
  * @param {object} options `title`: the colour bar's (timelinelayout.colourTitle);
- *   `onsets`: /onset's onsets to mark (those in the drawing's steps are);
  *   `onSelect(layer, step)`: a click on a cell; `onZoom({start, end})`: a drag across steps
- * @returns {HTMLCanvasElement} the canvas
+ * @returns {{canvas: HTMLCanvasElement, markOnsets: function(Array): number}} the canvas, and
+ *   what marks /onset's onsets on it once they are in (those of its flags in its steps; it
+ *   returns how many it marked)
  */
-export function renderTimeline(container, matrix, {title, onsets = [], onSelect, onZoom}) {
+export function renderTimeline(container, matrix, {title, onSelect, onZoom}) {
   const rows = layout.rowLayout(matrix.rows.length);
   const columns = matrix.columns.first_step.length;
   const names = html('ol', {className: 'timeline-names', attrs: {'aria-label': 'Layers, in model order'}},
@@ -54,10 +55,11 @@ export function renderTimeline(container, matrix, {title, onsets = [], onSelect,
   canvas.style.height = `${rows.height}px`;
   const swatches = flagLegend(legend, matrix, title);
   draw(canvas, matrix, rows, flagColours(swatches));
-  const marked = markOnsets(marks, matrix, rows, onsets);
   stepAxis(axis, matrix.columns, width);
+  // The onsets marked so far, which the crosshair's reading names.
+  const marked = [];
   followPointer({view, canvas, plot, names, matrix, onsets: marked, onSelect, onZoom});
-  return canvas;
+  return {canvas, markOnsets: (onsets) => markOnsets(marks, matrix, rows, onsets, marked)};
 }
 
 // The legend: the colour bar with its title and ticks, the grey of no value, each flag's
@@ -167,9 +169,10 @@ function drawFlags(context, matrix, rows, colours, width) {
 
 // Each onset of a flag the drawing marks, in its steps: a diamond at its layer's row and its
 // step, and a dashed line down the drawing at that step. Positions are shares of the width, so
-// a resize keeps them. Returns the onsets marked.
-function markOnsets(marks, matrix, rows, onsets) {
-  const marked = [];
+// a resize keeps them. Adds them to `marked`; returns how many.
+function markOnsets(marks, matrix, rows, onsets, marked) {
+  marks.replaceChildren();
+  marked.length = 0;
   const columns = matrix.columns;
   const first = columns.first_step[0];
   const last = columns.last_step.at(-1);
@@ -190,7 +193,7 @@ function markOnsets(marks, matrix, rows, onsets) {
     marks.append(line, mark);
     marked.push(onset);
   }
-  return marked;
+  return marked.length;
 }
 
 function stepAxis(holder, columns, width) {

@@ -74,22 +74,30 @@ export class TimelineSection {
       this.zoom(null);
     });
     this.width = 0;
+    this.drawnWidth = null; // the chart's width when last drawn (CSS pixels)
     this.requests = new LatestRequest();
-    // A layout that settles resizes the chart several times in a row: ask once it holds still,
-    // and only when the width to ask for (`columnsFor`) differs from the one shown.
+    // A layout that settles resizes the chart several times in a row: act once it holds still.
+    // Another width to ask for (`columnsFor`) is a new fetch; the same one is drawn again from
+    // the cached answer, so that the step axis and the marks fit the drawing's new width.
     let settling = null;
     new ResizeObserver(() => {
       clearTimeout(settling);
       settling = setTimeout(() => {
-        const width = timelinemodel.columnsFor(layout.plotWidth(this.chart.clientWidth));
-        if (width > 0 && width !== this.width) this.load();
+        const shown = this.chart.clientWidth;
+        const width = timelinemodel.columnsFor(layout.plotWidth(shown));
+        if (width > 0 && (width !== this.width || (this.drawnWidth !== null && shown !== this.drawnWidth))) {
+          this.load();
+        }
       }, SETTLE_MS);
     }).observe(this.chart);
   }
 
   /** Shows `run`; `runs` are the tab's runs (the ones offered to subtract). */
   show(run, runs) {
-    if (run !== this.run) this.range = null;
+    if (run !== this.run) {
+      this.range = null;
+      this.wholeRun.disabled = true;
+    }
     this.run = run;
     this.runs = runs;
     const others = runs.filter((entry) => entry.run !== run).map(({run: name}) => name);
@@ -131,9 +139,9 @@ export class TimelineSection {
     const ticket = this.requests.start(this.state());
     const fetchOf = (name) => this.cached(['timeline', name, choice.field, choice.role, width, drawnRange],
       () => timelinemodel.fetchTimeline(name, {field: choice.field, role: choice.role, width, range}));
-    // Where each flag began, marked on the drawing: the onset table's answer (one fetch);
-    // without one the drawing has no marks.
-    const onsets = this.cached(['onset', run], () => fetchOnset(run)).then((body) => body.onsets, () => []);
+    // Where each flag began, marked on the drawing once in: the onset table's answer (one
+    // fetch), which may take longer than the drawing's; without one the drawing has no marks.
+    const onsets = this.cached(['onset', run], () => fetchOnset(run));
     let bodies;
     try {
       bodies = await Promise.all((against ? [run, against] : [run]).map(fetchOf));
@@ -147,26 +155,32 @@ export class TimelineSection {
       }
       return;
     }
-    const marked = await onsets;
     if (!this.requests.isCurrent(ticket, this.state())) return;
     const [body, other] = bodies;
     const {matrix, status} = timelinemodel.timelineView(body, other ?? null);
     this.status.textContent = status;
+    const drawn = {run, colour: choice.value, against, range: drawnRange};
     if (matrix) {
-      renderTimeline(this.chart, matrix, {
+      const drawing = renderTimeline(this.chart, matrix, {
         title: layout.colourTitle(choice.field, choice.role, matrix.diverging),
-        onsets: marked,
         onSelect: this.onSelect,
         onZoom: (picked) => this.zoom(picked),
       });
+      // The marker then also says how many onsets are marked.
+      onsets.then((answer) => {
+        if (this.requests.isCurrent(ticket, this.state())) {
+          markDrawn(this.element, {...drawn, onsets: drawing.markOnsets(answer.onsets)});
+        }
+      }, () => {});
     } else {
       this.chart.replaceChildren();
     }
+    this.drawnWidth = this.chart.clientWidth;
     if (range === null) {
       this.logged = {count: body.steps, first: body.columns.first_step[0], last: body.columns.last_step.at(-1)};
     }
     this.renderSampleNote();
-    markDrawn(this.element, {run, colour: choice.value, against, range: drawnRange});
+    markDrawn(this.element, drawn);
   }
 
   /** The steps the layer view has of `layer` (its series'): said to be a sample when fewer than logged. */

@@ -59,7 +59,9 @@ ASIDE = "aside.explanation"  # run, layer, step (the routing card and the explan
 ROUTING_MAP = ".routemap-container"  # run, layer, step (the map's), channel
 FLOW = ".flow-container"  # run, step, against (overlaid run), kept (steps), layer
 GRID = ".grid-container"  # run, step, layer
-TIMELINE = "section.timeline-section"  # run, colour, against, range ([start, end] or null)
+# The time view's marker: run, colour, against, range ([start, end] or null); once /onset is
+# in, also onsets (how many it marks).
+TIMELINE = "section.timeline-section"
 ONSET = ".onset-section"  # run
 COMPARE = ".compare-charts"  # run, layer, tensor, against, step
 

@@ -14,6 +14,7 @@ import re
 import pytest
 import synthetic
 from browser import (  # noqa: F401 (fixture)
+    ONSET,
     TIMELINE,
     browser,
     expect,
@@ -72,7 +73,11 @@ def test_the_view_names_rows_steps_colour_flag_and_onset_and_zooms(browser, tens
     assert [(o["step"], o["layer"]) for o in exploding] == [(SPIKE, NAMES[SPIKED])]
     with gradviz_page(browser, tensorboard, 1400, 1000, "gradviz&run=run&view=timeline") as page:
         frame = tab(page)
-        view = wait_drawn(frame, TIMELINE, run="run", colour="rms/output_gradient", range=None)
+        wait_drawn(frame, TIMELINE, run="run", colour="rms/output_gradient", range=None)
+        # Once /onset is in (the marker then counts the onsets marked), with the onset table
+        # above the view, which moves it down.
+        view = wait_drawn(frame, TIMELINE, run="run", range=None, onsets=1)
+        wait_drawn(frame, ONSET, run="run")
         canvas = view.locator("canvas.timeline-canvas")
         canvas.scroll_into_view_if_needed()
         assert canvas.get_attribute("data-columns") == str(STEPS)
@@ -145,6 +150,7 @@ def test_the_view_names_rows_steps_colour_flag_and_onset_and_zooms(browser, tens
             "12 layers, 51 logged steps from step 100 to 150."
         )
         box = canvas.bounding_box()
+        wait_drawn(frame, TIMELINE, run="run", range=[100, 150], onsets=1)
         at = view.locator(".timeline-onset.flag-exploding").bounding_box()
         assert at["x"] + at["width"] / 2 == pytest.approx(_x_of(box, 51, 100, SPIKE), abs=2)
 
