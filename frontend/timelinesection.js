@@ -148,9 +148,14 @@ export class TimelineSection {
     } catch (error) {
       if (this.requests.isCurrent(ticket, this.state())) {
         this.chart.replaceChildren();
-        this.status.textContent = error.status === 404
-          ? 'This run has no digest (written by an older tb_gradviz): the time view needs one.'
-          : `Could not load the time view: ${error.message}`;
+        let text = `Could not load the time view: ${error.message}`;
+        if (error.status === 404 && range) {
+          text = `No logged step from step ${range.start} to ${range.end}${against ? ` in run ${against}` : ''}: `
+            + '"Whole run" or Escape goes back.';
+        } else if (error.status === 404) {
+          text = 'This run has no digest (written by an older tb_gradviz): the time view needs one.';
+        }
+        this.status.textContent = text;
         markDrawn(this.element, {run, colour: choice.value, against, range: drawnRange, error: error.message});
       }
       return;
