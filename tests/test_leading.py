@@ -118,3 +118,35 @@ def test_onset_names_the_first_tensor_in_step_order():
     assert (growth["step"], growth["layer"], growth["tensor"]) == (12, "b", "activation")
     assert growth["class"] == "warning" and growth["raised_steps"] == 1
     assert growth["detail"] == "RMS 5, 5x its median 1 over steps 2-11"
+
+
+def test_the_last_step_alone_is_judged_as_within_the_whole_run():
+    # The callback judges each event's step alone (`at`), the board every step: they agree.
+    rng = np.random.default_rng(0)
+    steps = np.cumsum(rng.integers(1, 4, size=60))
+    rms = np.exp(rng.normal(size=60))
+    rms[rng.random(60) < 0.1] = np.nan
+    columns = [layer(rms, max_abs=rms * np.exp(rng.normal(size=60)))]
+    whole = leading.verdicts(steps, columns)
+    for t in range(len(steps)):
+        alone = leading.verdicts(steps[: t + 1], [_cut(columns[0], t + 1)], at=[t])
+        for warning in leading.WARNINGS:
+            assert alone[warning][0, t] == whole[warning][0, t], (warning, t)
+
+
+def test_the_windows_median_is_numpys_nanmedian():
+    rng = np.random.default_rng(1)
+    values = rng.normal(size=(5, 40, 9))
+    values[rng.random(values.shape) < 0.4] = np.nan
+    values[0, 0] = np.nan
+    with np.errstate(all="ignore"), pytest.warns(RuntimeWarning):
+        expected = np.nanmedian(values, axis=2)
+    np.testing.assert_array_equal(leading._nanmedian(values), expected)
+
+
+def _cut(column, end):
+    tensors = {
+        name: {k: v if k == "role" else v[:end] for k, v in t.items()}
+        for name, t in column["tensors"].items()
+    }
+    return dict(column, tensors=tensors)

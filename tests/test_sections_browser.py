@@ -86,6 +86,7 @@ def test_a_url_with_view_timeline_opens_over_time_and_the_onset_of_the_nan(brows
         row = frame.locator('table.onset-table tr[data-flag="nonfinite"]')
         assert row.locator("th, td").all_text_contents() == [
             "NaN / Inf",
+            "flag",
             str(FAULT_STEP),
             "scale",
             "activation",

@@ -84,51 +84,64 @@ def _log(values):
         return np.where(np.isfinite(values) & (values > 0), np.log10(values), np.nan)
 
 
-def _windows(steps, at):
-    """For each judged index `t` of `at`, the slice of indices of its window, or None."""
+# Steps judged together: a chunk gathers `[series, CHUNK, window]` values at once.
+CHUNK = 256
+
+
+def _windows(steps, logs, at):
+    """Yields `(judged, past, ages)` per chunk of the steps judged (`at`, None: all):
+
+    `judged` the chunk's step indices whose window spans `WINDOW / 2` steps or more, `past`
+    `[series, len(judged), width]` the windows' log10 values (NaN past a window's end), `ages`
+    `[len(judged), width]` the steps from each window value to its judged step."""
     steps = np.asarray(steps, dtype=np.int64)
     begins = np.searchsorted(steps, steps - WINDOW, side="left")
-    for t in at:
-        yield t, slice(int(begins[t]), t)
-
-
-def _judged_indices(steps, at):
-    return range(len(steps)) if at is None else at
+    at = np.arange(len(steps)) if at is None else np.asarray(at, dtype=np.int64)
+    spans = np.where(begins[at] < at, steps[at] - steps[begins[at]], -1)
+    at = at[spans >= WINDOW / 2]
+    for first in range(0, len(at), CHUNK):
+        judged = at[first : first + CHUNK]
+        width = int(np.max(judged - begins[judged]))
+        where = begins[judged][:, None] + np.arange(width)[None, :]
+        inside = where < judged[:, None]
+        where = np.minimum(where, judged[:, None] - 1)
+        past = np.where(inside[None], logs[:, where], np.nan)
+        yield judged, past, steps[judged][:, None] - steps[where]
 
 
 def median_excess(steps, logs, at=None):
     """`[series, steps]`: each value's log10 above the median log10 of its window (NaN where a
     step is not judged). `logs` is `[series, steps]` log10 values, NaN where there is none."""
-    steps = np.asarray(steps, dtype=np.int64)
-    logs = np.atleast_2d(logs)
+    logs = np.atleast_2d(np.asarray(logs, dtype=np.float64))
     out = np.full(logs.shape, np.nan)
-    for t, window in _windows(steps, _judged_indices(steps, at)):
-        past = logs[:, window]
-        enough = np.sum(np.isfinite(past), axis=1) >= MIN_POINTS
-        if window.start >= t or steps[t] - steps[window.start] < WINDOW / 2 or not enough.any():
-            continue
-        with _quiet():
-            baseline = np.nanmedian(np.where(enough[:, None], past, 0.0), axis=1)
-        out[:, t] = np.where(enough, logs[:, t] - baseline, np.nan)
+    for judged, past, _ in _windows(steps, logs, at):
+        enough = np.sum(np.isfinite(past), axis=2) >= MIN_POINTS
+        baseline = _nanmedian(past)
+        out[:, judged] = np.where(enough, logs[:, judged] - baseline, np.nan)
     return out
+
+
+def _nanmedian(values):
+    """The median over the last axis of the finite values (NaN sorts last), NaN where none is:
+    `np.nanmedian`'s, vectorised."""
+    ordered = np.sort(values, axis=-1)
+    finite = np.sum(np.isfinite(values), axis=-1, keepdims=True)
+    low = np.take_along_axis(ordered, np.maximum(finite - 1, 0) // 2, axis=-1)
+    high = np.take_along_axis(ordered, finite // 2 - (finite == 0), axis=-1)
+    return np.where(finite > 0, (low + high) / 2, np.nan)[..., 0]
 
 
 def drift(steps, logs, at=None):
     """`[series, steps]`: the windowed CUSUM of log10 values: the largest
     `log[t] - log[j] - DRIFT_PER_STEP * (steps[t] - steps[j])` over the window's `j` (NaN where a
     step is not judged)."""
-    steps = np.asarray(steps, dtype=np.int64)
-    logs = np.atleast_2d(logs)
+    logs = np.atleast_2d(np.asarray(logs, dtype=np.float64))
     out = np.full(logs.shape, np.nan)
-    for t, window in _windows(steps, _judged_indices(steps, at)):
-        past = logs[:, window]
-        enough = np.sum(np.isfinite(past), axis=1) >= MIN_POINTS
-        if window.start >= t or steps[t] - steps[window.start] < WINDOW / 2 or not enough.any():
-            continue
-        allowance = DRIFT_PER_STEP * (steps[t] - steps[window])
+    for judged, past, ages in _windows(steps, logs, at):
+        enough = np.sum(np.isfinite(past), axis=2) >= MIN_POINTS
         with _quiet():
-            lowest = np.nanmin(np.where(enough[:, None], past + allowance, 0.0), axis=1)
-        out[:, t] = np.where(enough, logs[:, t] - lowest, np.nan)
+            lowest = np.nanmin(past + DRIFT_PER_STEP * ages[None], axis=2)
+        out[:, judged] = np.where(enough, logs[:, judged] - lowest, np.nan)
     return out
 
 
@@ -177,64 +190,52 @@ def update_series(layer):
     return found
 
 
-def layer_warnings(steps, layer, at=None):
-    """Every warning of one layer of `health`'s columns (with `updates`, as the digest's).
+def verdicts(steps, layers, at=None):
+    """Every warning of every layer at every step of `[layers, steps]` columns (`health`'s,
+    with `updates` as the digest's), all series judged at once.
 
     Args:
       steps: the logged steps, `[steps]` ints, sorted.
-      layer: the layer's columns.
+      layers: the layers' columns.
       at: None to judge every step, or the indices of the steps to judge.
 
     Returns:
-      `{warning: [(tensor, [steps] bool)]}`: for each warning, the tensors
-      (weights, for `update_spike`) in the layer's order and the steps at
-      which each raised it.
-    """
-    found = {warning: [] for warning in WARNINGS}
-    tensors = tensor_series(layer)
-    if tensors:
-        names = [name for name, _, _ in tensors]
-        rms = _log([r for _, r, _ in tensors])
-        peak = _log([m for _, _, m in tensors])
-        with np.errstate(invalid="ignore"):
-            ratio = peak - rms
-            judged = {
-                "rms_growth": median_excess(steps, rms, at) > np.log10(GROWTH),
-                "max_growth": median_excess(steps, peak, at) > np.log10(GROWTH),
-                "rms_drift": drift(steps, rms, at) > DRIFT,
-                "peak_ratio": median_excess(steps, ratio, at) > np.log10(PEAK),
-            }
-        for warning, raised in judged.items():
-            found[warning] = list(zip(names, raised))
-    updates = update_series(layer)
-    if updates:
-        per_step = np.array([u for _, u in updates], dtype=np.float64)
-        with np.errstate(invalid="ignore"):
-            raised = (median_excess(steps, _log(per_step), at) > np.log10(SPIKE)) & (
-                per_step > SPIKE_FLOOR
-            )
-        found["update_spike"] = list(zip([w for w, _ in updates], raised))
-    return found
-
-
-def verdicts(steps, layers, at=None):
-    """Every warning of every layer at every step of `[layers, steps]` columns.
-
-    Returns:
       `{warning: [layers, steps] bool}` and, under `"tensors"`, `{warning:
-      [layer: [(tensor, [steps] bool)]]}`: which tensors raised it.
+      [layer: [(tensor, [steps] bool)]]}`: which tensors (weights, for
+      `update_spike`) raised it, in the layer's order.
     """
     count = len(steps)
+    tensors = [tensor_series(layer) for layer in layers]
+    updates = [update_series(layer) for layer in layers]
+    rms = _log([r for found in tensors for _, r, _ in found]).reshape(-1, count)
+    peak = _log([m for found in tensors for _, _, m in found]).reshape(-1, count)
+    per_step = np.array([u for found in updates for _, u in found], dtype=np.float64)
+    per_step = per_step.reshape(-1, count)
+    with np.errstate(invalid="ignore"):
+        judged = {
+            "rms_growth": median_excess(steps, rms, at) > np.log10(GROWTH),
+            "max_growth": median_excess(steps, peak, at) > np.log10(GROWTH),
+            "rms_drift": drift(steps, rms, at) > DRIFT,
+            "peak_ratio": median_excess(steps, peak - rms, at) > np.log10(PEAK),
+            "update_spike": (median_excess(steps, _log(per_step), at) > np.log10(SPIKE))
+            & (per_step > SPIKE_FLOOR),
+        }
     found = {warning: np.zeros((len(layers), count), bool) for warning in WARNINGS}
-    tensors = {warning: [] for warning in WARNINGS}
-    for i, layer in enumerate(layers):
-        by_warning = layer_warnings(steps, layer, at)
+    found["tensors"] = {warning: [] for warning in WARNINGS}
+    rows = {"tensors": 0, "updates": 0}
+    for i in range(len(layers)):
         for warning in WARNINGS:
-            raised = by_warning[warning]
-            tensors[warning].append(raised)
-            if raised:
-                found[warning][i] = np.any([r for _, r in raised], axis=0)
-    found["tensors"] = tensors
+            kind, names = (
+                ("updates", [w for w, _ in updates[i]])
+                if warning == "update_spike"
+                else ("tensors", [name for name, _, _ in tensors[i]])
+            )
+            raised = judged[warning][rows[kind] : rows[kind] + len(names)]
+            found["tensors"][warning].append(list(zip(names, raised)))
+            if names:
+                found[warning][i] = raised.any(axis=0)
+        rows["tensors"] += len(tensors[i])
+        rows["updates"] += len(updates[i])
     return found
 
 
