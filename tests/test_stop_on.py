@@ -151,3 +151,20 @@ def test_a_bad_stop_on_is_refused_naming_it(tmp_path, value, error, message):
     assert message in str(raised.value)
     assert "rms_growth" in str(raised.value) and "nonfinite" in str(raised.value)
     assert leading.WARNINGS[-1] in str(raised.value)
+
+
+def test_stop_on_starts_a_new_history_when_the_steps_go_back(tmp_path):
+    # log_now(step=...) from a custom loop may log an earlier step again (a model trained
+    # anew): the events before it are no longer its past.
+    from tb_gradviz import GradVizCallback
+
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(16, name="d")])
+    x = np.ones((4, 3), dtype="float32")
+    callback = GradVizCallback(
+        tmp_path, (x, np.zeros((4, 16), "float32")), layers=["d"], loss="mse", stop_on="nonfinite"
+    )
+    callback.set_model(model)
+    for step in (10, 20, 5):
+        callback.log_now(step=step)
+    assert [step for step, _ in callback._stop_on._history] == [5]

@@ -39,6 +39,8 @@ class StopOn:
         if not found:
             return False, []
         columns = full_records.event_columns(written, found[0])
+        if self._history and self._history[-1][0] >= step:
+            self._history.clear()  # the steps went back (a model trained anew): a new history
         while self._history and self._history[0][0] < step - leading.WINDOW:
             self._history.popleft()
         self._history.append((step, columns))
