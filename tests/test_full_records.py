@@ -11,6 +11,7 @@ import eventdata
 import numpy as np
 import pytest
 import tbserver
+import test_onset
 
 from tb_gradviz.board import kept
 from tb_gradviz.format import digest, full_records, records
@@ -44,35 +45,12 @@ def test_a_bad_full_records_is_refused_naming_what_is_allowed(value, error):
         full_records.check_first(value)
 
 
-class Scale(keras.layers.Layer):
-    """Multiplies its input by a non-trainable factor that a callback changes during fit."""
-
-    def build(self, input_shape):
-        self.factor = self.add_weight(shape=(), initializer="ones", trainable=False, name="factor")
-
-    def call(self, x):
-        return x * self.factor
-
-
-class SetFactorAt(keras.callbacks.Callback):
-    """Sets the factor to `value` at the end of optimizer step `step`, before the callbacks
-    after it in the list log that step."""
-
-    def __init__(self, layer, step, value):
-        super().__init__()
-        self.layer, self.step, self.value = layer, step, value
-
-    def on_train_batch_end(self, batch, logs=None):
-        if int(keras.ops.convert_to_numpy(self.model.optimizer.iterations)) == self.step:
-            self.layer.factor.assign(self.value)
-
-
 def fit_cnn(log_dir, nan_step=None, full=4):
     """A tiny CNN (tanh, so no channel is dead) fitted STEPS steps, logged at every one."""
     from tb_gradviz import GradVizCallback
 
     keras.utils.set_random_seed(0)
-    scale = Scale(name="scale")
+    scale = test_onset.Scale(name="scale")
     model = keras.Sequential(
         [
             keras.Input((6, 6, 2)),
@@ -87,7 +65,7 @@ def fit_cnn(log_dir, nan_step=None, full=4):
     rng = np.random.default_rng(0)
     x = rng.normal(size=(STEPS * 2, 6, 6, 2)).astype("float32")
     y = rng.normal(size=(STEPS * 2, 3)).astype("float32")
-    callbacks = [] if nan_step is None else [SetFactorAt(scale, nan_step, float("nan"))]
+    callbacks = [] if nan_step is None else [test_onset.SetFactorAt(scale, nan_step, float("nan"))]
     callbacks.append(
         GradVizCallback(
             log_dir,

@@ -34,7 +34,7 @@ class SetFactorAt(keras.callbacks.Callback):
         self.layer, self.step, self.value = layer, step, value
 
     def on_train_batch_end(self, batch, logs=None):
-        if int(self.model.optimizer.iterations.numpy()) == self.step:
+        if int(keras.ops.convert_to_numpy(self.model.optimizer.iterations)) == self.step:
             self.layer.factor.assign(self.value)
 
 

@@ -474,7 +474,8 @@ def test_gs_without_tensorflow_or_gcsfs_names_what_to_install(monkeypatch):
         pytest.skip("gcsfs is installed")
     monkeypatch.setitem(sys.modules, "tensorflow", None)  # as on JAX or PyTorch without TensorFlow
     with pytest.raises(
-        ValueError, match=r"'gs://bucket/run' cannot be written here: .*gcsfs.*tb_gradviz\[remote\]"
+        ValueError,
+        match=r"'gs://bucket/run' cannot be written here: .*gcsfs.*\(the remote extra\)",
     ):
         storage.location("gs://bucket/run")
 
