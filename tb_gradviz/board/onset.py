@@ -62,18 +62,7 @@ def onset_body(run, steps, columns, ratio=health.DEFAULT_RATIO, listed=None):
             if e["flag"] == flag
         )
         onsets.append(
-            {
-                "flag": flag,
-                "class": "flag",
-                "step": step,
-                "layer": layer["layer"],
-                "layer_index": layer["layer_index"],
-                "tensor": tensor,
-                "detail": entry["detail"],
-                "persists": bool(by_step[first:].all()),
-                "raised_steps": int(by_step.sum()),
-                "last_raised_step": int(steps[len(by_step) - 1 - np.argmax(by_step[::-1])]),
-            }
+            warning_onset.onset_entry(flag, "flag", steps, by_step, layer, tensor, entry["detail"])
         )
     onsets += warning_onset.onsets(steps, columns)
     return {

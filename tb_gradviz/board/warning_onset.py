@@ -37,21 +37,27 @@ def onsets(steps, columns):
         first = int(np.argmax(by_step))
         index, tensor = leading.origin_of(columns, found, warning, first)
         layer = columns[index]
-        entries.append(
-            {
-                "flag": warning,
-                "class": "warning",
-                "step": int(steps[first]),
-                "layer": layer["layer"],
-                "layer_index": layer["layer_index"],
-                "tensor": tensor,
-                "detail": detail(warning, steps, layer, tensor, first),
-                "persists": bool(by_step[first:].all()),
-                "raised_steps": int(by_step.sum()),
-                "last_raised_step": int(steps[len(by_step) - 1 - np.argmax(by_step[::-1])]),
-            }
-        )
+        text = detail(warning, steps, layer, tensor, first)
+        entries.append(onset_entry(warning, "warning", steps, by_step, layer, tensor, text))
     return entries
+
+
+def onset_entry(name, kind, steps, by_step, layer, tensor, detail_text):
+    """One `/onset` entry, of a flag or a warning (`kind`), raised at the logged steps where
+    `by_step` is true and first by `layer`'s `tensor`."""
+    first = int(np.argmax(by_step))
+    return {
+        "flag": name,
+        "class": kind,
+        "step": int(steps[first]),
+        "layer": layer["layer"],
+        "layer_index": layer["layer_index"],
+        "tensor": tensor,
+        "detail": detail_text,
+        "persists": bool(by_step[first:].all()),
+        "raised_steps": int(by_step.sum()),
+        "last_raised_step": int(steps[len(by_step) - 1 - np.argmax(by_step[::-1])]),
+    }
 
 
 def detail(warning, steps, layer, tensor, step):
