@@ -150,3 +150,8 @@ def block_record(values, name):
     record = dict(zip(blocks.COUNTS[:6], (int(c) for c in counts)))
     record["squared_error"], record["squared_sum"] = float(sums[0]), float(sums[1])
     return record
+
+
+def block_records(values):
+    """`{format: block_record(values, format)}` for every format of `blocks.FORMATS`, in order."""
+    return {name: block_record(values, name) for name in blocks.FORMATS}
