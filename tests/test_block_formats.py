@@ -72,7 +72,9 @@ def reference(values, name):
             scaled = (part.astype(np.float64) / scale).astype(F32)  # exact: a power of two
             decoded_scale = scale
         else:
-            tensor_scale = F32(F32(448.0 * 6.0) / F32(tensor_amax)) if tensor_amax else F32(1)
+            with np.errstate(over="ignore"):
+                tensor_scale = F32(F32(448.0 * 6.0) / F32(tensor_amax)) if tensor_amax else F32(1)
+            tensor_scale = min(tensor_scale, np.finfo(F32).max)  # Transformer Engine's clamp
             wanted = F32(F32(amax) / F32(6.0)) * tensor_scale
             block_scale = cast(np.array([wanted], F32), ml_dtypes.float8_e4m3fn)[0]
             if block_scale == 0:
@@ -213,3 +215,12 @@ def test_a_block_is_wide_once_its_binades_exceed_the_elements_span(name):
         rows.append(row)
     record = assert_record(np.stack(rows), name)
     assert record["wide_blocks"] == 1
+
+
+def test_a_tiny_tensor_gets_a_finite_nvfp4_tensor_scale():
+    """Below ~7.9e-36 the tensor scale 2688 / amax passes float32's largest value: clamped, every
+    block still gets a scale and the error is finite, float32 subnormals included."""
+    values = np.array([[1e-36, -3e-37, 2e-40, 0.0] * 8, [0.0] * 32], F32)
+    record = assert_record(values, "nvfp4")
+    assert math.isfinite(record["squared_error"]) and record["nonfinite_blocks"] == 0
+    assert record["to_zero"] == 8  # the float32 subnormals 2e-40, far below the block's amax

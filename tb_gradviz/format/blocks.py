@@ -25,9 +25,12 @@ Scales:
   clamped to it (saturated), as the specification asks of formats with no
   Inf.
 * **NVFP4** (NVIDIA's two-level scaling): blocks of 16 FP4 E2M1 elements,
-  a float32 scale per tensor `S = 448 * 6 / amax_tensor` and an FP8 E4M3
-  scale per block `s = e4m3(amax_block / 6 * S)` (saturating), each step
-  rounded to float32; each element is `fp4((V * S) / s)` with both
+  a float32 scale per tensor `S = 448 * 6 / amax_tensor`, clamped to
+  float32's largest finite value as Transformer Engine does (a tensor whose
+  largest magnitude is below about 7.9e-36 would otherwise get an infinite
+  scale; a tensor of zeros gets `S = 1`), and an FP8 E4M3 scale per block
+  `s = e4m3(amax_block / 6 * S)` (saturating), each step rounded to float32
+  with IEEE gradual underflow; each element is `fp4((V * S) / s)` with both
   operations in float32, saturating, and decodes as `fp4 * s / S`. A
   block whose E4M3 scale rounds to zero loses all its values.
 
@@ -170,7 +173,9 @@ def _nvfp4_scales(amax, tensor_amax, element):
     computed in float32."""
     f32 = np.float32
     if tensor_amax > 0:
-        tensor_scale = f32(f32(_E4M3.largest * element.largest) / f32(tensor_amax))
+        with np.errstate(over="ignore"):
+            tensor_scale = f32(_E4M3.largest * element.largest) / f32(tensor_amax)
+        tensor_scale = min(tensor_scale, np.finfo(f32).max)
     else:
         tensor_scale = f32(1.0)
     with np.errstate(over="ignore"):
