@@ -64,7 +64,7 @@ def test_precision_columns_are_named_by_format_setting_and_count():
         "precision.float16.scaled.overflow",
         "precision.bfloat16.scale_exponent",
     )
-    assert len(columns) == 1 + len(precision.FORMATS) * 7 == records.PRECISION_LENGTH
+    assert len(columns) == 1 + len(precision.FORMATS) * 7 == records.PRECISION_CAST_LENGTH
     header = cli.csv_header()
     start = header.index("pos_mag_0") + records.MAGNITUDE_BINS
     assert header[start:] == list(columns) == cli.csv_header(updates=True)[start:-4]

@@ -5,8 +5,9 @@ those layouts (tests/data/layouts/make.sh): the plugin and the CLI must
 serve them, with NaN or a default for what they lack, the values as written.
 Layouts 6 and later were written by a fit that logs a conv layer with
 weights=True, so their weights, update records, digest and precision
-records are in the files; layout 10's with a LossScaleOptimizer, so its
-loss-scale record (without the batch count) is too.
+records are in the files; layouts 10 and 11 with a LossScaleOptimizer, so
+their loss-scale records (layout 10's without the batch count) are too.
+Layout 11's precision records are the last without the block part.
 """
 
 import json
@@ -31,8 +32,10 @@ LAYOUT_DIRS = sorted(LAYOUTS.glob("layout*"), key=lambda path: int(path.name[6:]
 PREFIX = "/data/plugin/gradviz"
 # The first layout that wrote each (docs/FORMAT.md's layout table).
 WEIGHTS_SINCE, DIGEST_SINCE, PRECISION_SINCE, DIGEST_PRECISION_SINCE = 6, 7, 8, 9
-# The one layout kept that trained with a LossScaleOptimizer (its record without the batch count).
+# The layout kept that trained with a LossScaleOptimizer whose record lacks the batch count.
 LOSS_SCALE = 10
+# The first layout whose loss-scale record counts the batches.
+BATCHES_SINCE = 11
 
 
 def number(layout):
@@ -57,6 +60,7 @@ def test_every_layout_has_its_files():
         "layout8-7c73bbe",
         "layout9-be377b1",
         "layout10-feeef3d",
+        "layout11-a82ce12",
     ]
 
 
@@ -147,6 +151,9 @@ def test_plugin_serves_every_earlier_layout_as_written(layout):
                     written = eventdata.values(accumulator, tag)[-1]
                     assert tensor["step"] == written[0]
                     assert tensor["precision"] == records.decode_precision(written[1])
+                    # Every layout kept precedes the block part of the precision record.
+                    assert len(written[1]) == records.PRECISION_CAST_LENGTH
+                    assert tensor["precision"]["block_formats"] is None
             if number(layout) < PRECISION_SINCE:
                 assert not any(
                     flag["flag"] in ("underflow", "overflow")
@@ -264,17 +271,17 @@ def test_cli_summarises_checks_and_exports_every_earlier_layout(layout, capsys):
             "units_recorded": number(layout) >= 5,
             "flags": [],
             "onsets": [],
-            # Layout 10's LossScaleOptimizer (from 16) skipped no step; its record does not
-            # count the batches, so the skips are read from the scale's halvings.
+            # Layouts 10 and 11's LossScaleOptimizer (from 16) skipped no step; layout 10's
+            # record does not count the batches, so the skips are read from the scale's halvings.
             "loss_scale": None
-            if number(layout) != LOSS_SCALE
+            if number(layout) < LOSS_SCALE
             else {
                 "skipped": 0,
                 "exact": True,
                 "first_scale": 16.0,
                 "last_scale": 16.0,
                 "step": 2,
-                "batches": None,
+                "batches": None if number(layout) < BATCHES_SINCE else 2,
             },
         }
         for run in runs

@@ -249,3 +249,75 @@ def relative_squared_error(record):
     """The relative squared error of a block record: 0 for a tensor with no finite energy."""
     total = record["squared_sum"]
     return record["squared_error"] / total if total > 0 else 0.0
+
+
+# The block part of the precision record (`records.PRECISION_FIELDS` ends with these), per
+# format in `FORMATS` order, then the block counts, which depend on the block size only.
+RECORD_COUNTS = ("to_zero", "subnormal", "saturated", "wide_blocks")
+BLOCK_SIZES = tuple(sorted({spec.block_size for spec in FORMATS.values()}, reverse=True))
+RECORD_FIELDS = (
+    *(f"block/{name}/{field}" for name in FORMATS for field in (*RECORD_COUNTS, "relative_error")),
+    *(f"block/{count}/{size}" for count in ("blocks", "nonfinite_blocks") for size in BLOCK_SIZES),
+)
+# The fields that count (every field but `relative_error`).
+RECORD_COUNT_FIELDS = tuple(f for f in RECORD_FIELDS if not f.endswith("/relative_error"))
+
+
+def record_fields(records_by_format):
+    """The block part of a precision record: `RECORD_FIELDS` as a float64 vector.
+
+    Args:
+      records_by_format: `{format: block_record(values, format)}` for every
+        format of `FORMATS` (`capture.block_counts.block_records`, or the
+        device path's sums). `blocks` and `nonfinite_blocks` of a block size
+        are taken from the first format with that size (the others count
+        the same blocks).
+
+    Raises:
+      ValueError: a format of `FORMATS` is missing.
+    """
+    missing = [name for name in FORMATS if name not in records_by_format]
+    if missing:
+        raise ValueError(
+            f"a block record for every format of {list(FORMATS)} is needed; received "
+            f"{list(records_by_format)}"
+        )
+    values = []
+    for name in FORMATS:
+        record = records_by_format[name]
+        values += [record[count] for count in RECORD_COUNTS]
+        values.append(relative_squared_error(record))
+    for count in ("blocks", "nonfinite_blocks"):
+        for size in BLOCK_SIZES:
+            first = next(name for name, spec in FORMATS.items() if spec.block_size == size)
+            values.append(records_by_format[first][count])
+    return np.array(values, np.float64)
+
+
+def numpy_fields(values):
+    """`record_fields` of `values` by this module's numpy definition (the host path without
+    numba)."""
+    return record_fields({name: block_record(values, name) for name in FORMATS})
+
+
+def decode_fields(fields):
+    """The block part of a decoded precision record, from `{field: value}` of `RECORD_FIELDS`.
+
+    Returns:
+      `{format: {"to_zero", "subnormal", "saturated", "wide_blocks", "blocks",
+      "nonfinite_blocks": int, "relative_error": float}}`, or None when the
+      record has no block part (NaN: written before it, or with it turned off).
+    """
+    if any(math.isnan(fields[field]) for field in RECORD_COUNT_FIELDS):
+        return None
+    return {
+        name: {
+            **{count: int(fields[f"block/{name}/{count}"]) for count in RECORD_COUNTS},
+            "relative_error": float(fields[f"block/{name}/relative_error"]),
+            **{
+                count: int(fields[f"block/{count}/{spec.block_size}"])
+                for count in ("blocks", "nonfinite_blocks")
+            },
+        }
+        for name, spec in FORMATS.items()
+    }

@@ -25,7 +25,9 @@ written by every earlier layout.
 
 import numpy as np
 
-from tb_gradviz.format import precision
+from tb_gradviz.format import blocks, precision
+from tb_gradviz.format.layout import Layout
+from tb_gradviz.format.layout import upgraded as _upgraded
 
 TAG_PREFIX = "gradviz"
 HISTOGRAM_BUCKETS = 30
@@ -138,6 +140,8 @@ UPDATE_WEIGHT_NORM, UPDATE_NORM, UPDATE_RATIO, UPDATE_INTERVAL = range(len(UPDAT
 # `2**scale_exponent` that brings its largest finite magnitude closest to the
 # format's largest value (see format/precision.py for the rounding). Counts
 # are over the finite values; NaN and Inf are counted in the stats record.
+# Then (layout 12) the block part, `blocks.RECORD_FIELDS`: what the
+# block-scaled formats of `blocks.FORMATS` do to the same values.
 PRECISION_FIELDS = (
     "finite_nonzero",  # finite, non-zero values: what the shares are of
     *(f"scale_exponent/{name}" for name in precision.FORMATS),
@@ -147,8 +151,11 @@ PRECISION_FIELDS = (
         for name in precision.FORMATS
         for count in precision.COUNTS
     ),
+    *blocks.RECORD_FIELDS,
 )
 PRECISION_LENGTH = len(PRECISION_FIELDS)
+# The fields before the block part: what casts to `precision.FORMATS` do.
+PRECISION_CAST_LENGTH = PRECISION_LENGTH - len(blocks.RECORD_FIELDS)
 
 
 def tensor_name(role, index, count):
@@ -200,43 +207,6 @@ def stats_has_nonfinite(values):
     return any(counts[name] > 0 for name in ("nan", "pos_inf", "neg_inf"))
 
 
-class Layout:
-    """One record's layout: its shape now, the lengths it had before, which values count.
-
-    Args:
-      name: the record's name in messages.
-      shape: the shape of a record written now.
-      count_columns: a function of an `[n, *shape]` array returning the part
-        that counts elements; a row where any of it is not a finite,
-        non-negative number is malformed.
-      earlier_lengths: lengths of a vector record in earlier layouts (fields
-        were appended since); such records are padded with NaN.
-    """
-
-    def __init__(self, name, shape, count_columns, earlier_lengths=()):
-        self.name = name
-        self.shape = shape
-        self._count_columns = count_columns
-        self._earlier_lengths = frozenset(earlier_lengths)
-
-    def upgrade(self, array):
-        """Returns a record in today's layout, or None if it has no known layout.
-
-        A record of an earlier layout gets NaN for the fields added since.
-        """
-        array = np.asarray(array, dtype=np.float64)
-        if array.shape == self.shape:
-            return array
-        if array.ndim == 1 and array.size in self._earlier_lengths:
-            return np.concatenate([array, np.full(self.shape[0] - array.size, np.nan)])
-        return None
-
-    def valid_rows(self, values):
-        """Returns which rows of `[n, *shape]` records have whole, non-negative counts."""
-        counts = self._count_columns(values).reshape(len(values), -1)
-        return np.all(np.isfinite(counts) & (counts >= 0), axis=1)
-
-
 HISTOGRAM = Layout("histogram", (HISTOGRAM_BUCKETS, 3), lambda values: values[:, :, 2])
 STATS = Layout(
     "stats",
@@ -278,18 +248,31 @@ def decode_units(vector):
 
 UPDATE = Layout("update", (len(UPDATE_FIELDS),), lambda values: values[:, UPDATE_INTERVAL])
 
+_PRECISION_COUNTS = [0, *range(1 + len(precision.FORMATS), PRECISION_CAST_LENGTH)]
+_BLOCK_COUNTS = [PRECISION_FIELDS.index(field) for field in blocks.RECORD_COUNT_FIELDS]
 
-_PRECISION_COUNTS = slice(1 + len(precision.FORMATS), None)
+
+def _precision_counts(values):
+    """The counts of `[n, PRECISION_LENGTH]` records; a block part all NaN (written before it,
+    or turned off) counts as absent, not malformed."""
+    block = values[:, _BLOCK_COUNTS]
+    absent = np.isnan(block).all(axis=1, keepdims=True)
+    return np.concatenate([values[:, _PRECISION_COUNTS], np.where(absent, 0.0, block)], axis=1)
+
+
+# Precision records before the block part (layouts 8 to 11) hold 29 fields.
 PRECISION = Layout(
     "precision",
     (PRECISION_LENGTH,),
-    lambda values: np.concatenate([values[:, :1], values[:, _PRECISION_COUNTS]], axis=1),
+    _precision_counts,
+    earlier_lengths=(PRECISION_CAST_LENGTH,),
 )
 
 
 def decode_precision(vector):
     """Returns one precision record as `{"finite_nonzero", "formats": {format: {"scale_exponent",
-    "as_is": {count: int}, "scaled": {count: int}}}}`.
+    "as_is": {count: int}, "scaled": {count: int}}}, "block_formats"}`; `block_formats` is
+    `blocks.decode_fields`' (None for a record without the block part).
 
     Raises:
       ValueError: the vector does not have the record's length.
@@ -311,6 +294,7 @@ def decode_precision(vector):
             }
             for name in precision.FORMATS
         },
+        "block_formats": blocks.decode_fields(fields),
     }
 
 
@@ -337,16 +321,6 @@ class _RoutingMapLayout:
 
 
 ROUTING_MAP = _RoutingMapLayout()
-
-
-def _upgraded(layout, vector):
-    upgraded = layout.upgrade(np.asarray(vector, dtype=np.float64).ravel())
-    if upgraded is None:
-        raise ValueError(
-            f"a {layout.name} record has {layout.shape[0]} values (or "
-            f"{sorted(layout._earlier_lengths)} in earlier layouts); received {np.size(vector)}"
-        )
-    return upgraded
 
 
 def decode_stats(vector):

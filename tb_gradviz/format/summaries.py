@@ -15,7 +15,7 @@ from tb_gradviz.format.records import (
     LOG_EDGES,
     MAGNITUDE_BINS,
     NEGATIVE_BINS,
-    PRECISION_LENGTH,
+    PRECISION_CAST_LENGTH,
     STAT_COUNT,
     STAT_MAX,
     STAT_MEAN,
@@ -214,7 +214,8 @@ def mass_conservation(routing, dtype):
 
 
 def precision_from_below(finite, zeros, below, exponents):
-    """Returns the precision record from counts of values below each boundary.
+    """Returns the cast part of the precision record (`PRECISION_CAST_LENGTH` fields) from counts
+    of values below each boundary; the block part (`blocks.record_fields`) follows it.
 
     Written in the subset of Python that numba compiles (precision_counts compiles it).
 
@@ -224,7 +225,7 @@ def precision_from_below(finite, zeros, below, exponents):
         number of finite values whose magnitude is below it (on its side).
       exponents: the scale exponent of each format (`precision.scale_exponent`).
     """
-    vector = np.zeros(PRECISION_LENGTH)
+    vector = np.zeros(PRECISION_CAST_LENGTH)
     vector[0] = finite - zeros
     formats = exponents.size
     for f in range(formats):
@@ -238,7 +239,8 @@ def precision_from_below(finite, zeros, below, exponents):
 
 
 def precision_vector(values):
-    """Returns the float64 precision record (`PRECISION_FIELDS`) of an array, as captured.
+    """Returns the cast part of the float64 precision record (`PRECISION_FIELDS` up to
+    `PRECISION_CAST_LENGTH`) of an array, as captured.
 
     The values are not divided by a loss scale: the record says what a
     cast of the tensor as the pass computed it would do.

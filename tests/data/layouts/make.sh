@@ -13,9 +13,10 @@
 #   8 7c73bbe  the precision record per tensor
 #   9 be377b1  the digest's precision rows
 #  10 feeef3d  the loss-scale record without batches and applied
+#  11 a82ce12  the loss-scale record's batches and applied, no block record in precision records
 # Layouts 6 to 9 log a conv layer with weights=True too (fit_weights), so
 # that what they added is in the files; layout 10 the same fit with a
-# LossScaleOptimizer (fit_loss_scale) that skips no step.
+# LossScaleOptimizer (fit_loss_scale) that skips no step, and layout 11 the same.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 repo="$(git -C "$here" rev-parse --show-toplevel)"
@@ -60,7 +61,7 @@ synthetic.write_run(f"{sys.argv[1]}/max", layers=2, steps=2)
 '
 for entry in "1 babdf2f numpy_writer" "2 ea6cf0b fit" "3 394d555 fit" "4 a4aadd0 fit" "5 88cce65 fit" \
              "6 64c3ecc fit_weights" "7 0e16de2 fit_weights" "8 7c73bbe fit_weights" \
-             "9 be377b1 fit_weights" "10 feeef3d fit_loss_scale"; do
+             "9 be377b1 fit_weights" "10 feeef3d fit_loss_scale" "11 a82ce12 fit_loss_scale"; do
   read -r number commit writer <<<"$entry"
   out="$here/layout$number-$commit"
   [ -e "$out" ] && continue
