@@ -179,6 +179,20 @@ def _keys(bound_bits, bits_width):
     return ops.cast(keys, "int32")
 
 
+def divide(x, divisor, like=None):
+    """`x / divisor`, correctly rounded, as numpy divides.
+
+    XLA rewrites a division by a constant (or a broadcast) into a
+    multiplication by its reciprocal, which can differ in the last bit and
+    move a value across a bucket edge. `like * 0 + divisor`, with `like`
+    finite where it matters, is not folded (`like` could be NaN), so the
+    division stays one.
+    """
+    like = x if like is None else like
+    zero = ops.where(ops.isfinite(like), like, 0.0) * 0.0
+    return x / (zero + divisor)
+
+
 def _constant(value, dtype):
     return ops.convert_to_tensor(np.array(value, dtype=dtype))
 

@@ -93,12 +93,14 @@ class Rows:
     def linear_bucket(self):
         """Each value's bucket `floor((v - low) / width)`, at most the last; -1 if not finite."""
         spread = ops.greater(self.high, self.low)
-        width = ops.where(spread, _divide(self.high - self.low, self.buckets), 1.0)
+        width = ops.where(spread, device_precision.divide(self.high - self.low, self.buckets), 1.0)
         start = ops.where(spread, self.low, 0.0)
         shifted = ops.where(self.finite, self.values, start) - start
         # The quotient is >= 0 wherever it is used, so truncation is its floor;
         # clipping to integers first keeps the cast in range and commutes with it.
-        quotient = ops.clip(_divide(shifted, width, like=shifted), 0.0, self.buckets - 1.0)
+        quotient = ops.clip(
+            device_precision.divide(shifted, width, like=shifted), 0.0, self.buckets - 1.0
+        )
         return ops.where(self.finite, ops.cast(quotient, "int32"), -1)
 
 
@@ -207,7 +209,7 @@ def group_statistics(
         bits = ops.expand_dims(device_precision.magnitude_bits(signed, bits_width), 1)
         v = ops.expand_dims(device_precision.widened(block, signed, bits_width), 1)
         if divisor is not None:
-            v = _divide(v, divisor, like=v)
+            v = device_precision.divide(v, divisor, like=v)
         finite = ops.isfinite(v)
         signed = ops.expand_dims(signed, 1)
         return Rows(v, finite, ops.where(finite, v, 0.0), bits, bits_width, signed, buckets)
@@ -333,20 +335,6 @@ def _bins(total, at_least):
     above = ops.concatenate([total[:, None], at_least], axis=1)
     below = ops.concatenate([at_least, ops.zeros_like(at_least[:, :1])], axis=1)
     return above - below
-
-
-def _divide(x, divisor, like=None):
-    """`x / divisor`, correctly rounded, as numpy divides.
-
-    XLA rewrites a division by a constant (or a broadcast) into a
-    multiplication by its reciprocal, which can differ in the last bit and
-    move a value across a bucket edge. `like * 0 + divisor`, with `like`
-    finite where it matters, is not folded (`like` could be NaN), so the
-    division stays one.
-    """
-    like = x if like is None else like
-    zero = ops.where(ops.isfinite(like), like, 0.0) * 0.0
-    return x / (zero + divisor)
 
 
 def chunks(keys):

@@ -145,7 +145,8 @@ def _binade(magnitude):
 
 def _blocks(values, block_size):
     """The values as `[blocks, block_size]` float64 with a mask of the real (unpadded) entries."""
-    values = np.asarray(values, np.float32)
+    with np.errstate(over="ignore"):  # a float64 past float32's range becomes Inf
+        values = np.asarray(values, np.float32)
     rows = (
         values.reshape(1, 1)
         if values.ndim == 0
