@@ -193,3 +193,17 @@ def assert_digest_equals_records(accumulator):
                 err_msg=f"digest row {kind} {layer} {name} at step {step}",
             )
     return len(events)
+
+
+def assert_same_precision(host, device, tag):
+    """Two paths' precision records of one tensor agree: the casts' part bit for bit, and, where
+    both have it, the block part's counts exactly and its relative errors to float64 rounding
+    (their squared sums are taken in another order)."""
+    cast = records.PRECISION_CAST_LENGTH
+    np.testing.assert_array_equal(host[:cast], device[:cast], err_msg=tag)
+    if len(host) == len(device) == records.PRECISION_LENGTH:
+        fields = records.PRECISION_FIELDS
+        errors = [i for i in range(cast, len(fields)) if fields[i].endswith("/relative_error")]
+        counts = np.setdiff1d(np.arange(cast, len(fields)), errors)
+        np.testing.assert_array_equal(host[counts], device[counts], err_msg=tag)
+        np.testing.assert_allclose(host[errors], device[errors], rtol=1e-9, atol=0, err_msg=tag)

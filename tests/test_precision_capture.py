@@ -83,7 +83,7 @@ def test_float16_underflow_of_a_float32_gradient_is_counted(tmp_path):
     assert record["formats"]["float16"]["scaled"] == {"to_zero": 0, "subnormal": 0, "overflow": 0}
     logged = eventdata.last(log, records.precision_tag("hidden", "output_gradient"))
     expected = summaries.precision_vector(gradient.astype("float32").reshape(1, 4))
-    counts = slice(1 + len(precision.FORMATS), None)
+    counts = slice(1 + len(precision.FORMATS), records.PRECISION_CAST_LENGTH)
     np.testing.assert_array_equal(logged[counts], expected[counts])
     assert record["formats"]["float16"]["scale_exponent"] == precision.scale_exponent(
         float(np.float32(gradient[-1])), "float16"

@@ -288,7 +288,7 @@ def test_host_and_device_statistics_give_the_same_weight_records():
     chosen = selection.select_layers(model, CHOSEN)
     host, _ = probe.new_capture(model, chosen, statistics="host", weights=True).run(x, y)
     device, _ = probe.new_capture(model, chosen, statistics="device", weights=True).run(x, y)
-    # Both write the precision record, bit for bit the same (the `else` below).
+    # Both write the precision record, the same (`eventdata.assert_same_precision`).
     assert any(tag.endswith("/weight/kernel/precision") for tag, _, _ in host)
     assert [tag for tag, _, _ in host] == [tag for tag, _, _ in device]
     weight_tags = [tag for tag, _, _ in host if "/weight" in tag]
@@ -301,6 +301,8 @@ def test_host_and_device_statistics_give_the_same_weight_records():
             )
             np.testing.assert_array_equal(a[exact], b[exact], err_msg=tag)
             np.testing.assert_allclose(a[summed], b[summed], rtol=1e-9, atol=1e-15, err_msg=tag)
+        elif tag in weight_tags and tag.endswith("/precision"):
+            eventdata.assert_same_precision(a, b, tag)
         elif tag in weight_tags:
             np.testing.assert_array_equal(a, b, err_msg=tag)
 

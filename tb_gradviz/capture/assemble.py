@@ -8,12 +8,14 @@ routing, units and routing-map records and the metadata of each layer.
 Imports neither TensorFlow nor a backend: numpy and Keras' ops only.
 """
 
+import concurrent.futures
+import os
 import warnings
 
 import keras
 import numpy as np
 
-from tb_gradviz.format import events, records, routing_map, summaries
+from tb_gradviz.format import blocks, events, records, routing_map, summaries
 
 
 def host_map(slices, divisor=None):
@@ -159,29 +161,66 @@ def host_routing(counts, input_gradient, output_gradient, divisor=None):
         )
 
 
-def host_summaries(items):
+def host_summaries(items, block_formats=True):
     """Returns `(histogram, stats, precision)` of each `(values, divisor)`, computed on the host.
 
     The histogram and stats are of `values / divisor`, the precision record
-    of the values as they are. With numba (every extra installs it),
-    `kernels` summarises in two fused passes per tensor; without it, the
-    numpy definition in `summaries` does, in ~20 passes (a warning says once
+    of the values as they are (gradients at the loss scale): the casts'
+    part, then with `block_formats` the block part (`block_fields`), else
+    the casts' part alone. With numba (every extra installs it), `kernels`
+    summarises in two fused passes per tensor; without it, the numpy
+    definition in `summaries` does, in ~20 passes (a warning says once
     which extra to install).
     """
+    items = list(items)
     if numba_available():
         from tb_gradviz.capture import kernels
 
-        return kernels.summaries(items, precision=True)
-    result = []
-    for values, divisor in items:
-        values = np.asarray(values, dtype=np.float64)
-        precision = summaries.precision_vector(values)
-        if divisor is not None:
-            values = values / divisor
-        result.append(
-            (summaries.linear_histogram(values), summaries.stats_vector(values), precision)
-        )
-    return result
+        result = kernels.summaries(items, precision=True)
+    else:
+        result = []
+        for values, divisor in items:
+            values = np.asarray(values, dtype=np.float64)
+            precision = summaries.precision_vector(values)
+            if divisor is not None:
+                values = values / divisor
+            result.append(
+                (summaries.linear_histogram(values), summaries.stats_vector(values), precision)
+            )
+    if not block_formats:
+        return result
+    parts = block_fields([values for values, _ in items])
+    return [
+        (histogram, stats, np.concatenate([cast, part]))
+        for (histogram, stats, cast), part in zip(result, parts)
+    ]
+
+
+def block_fields(arrays):
+    """The block part of the precision record (`blocks.RECORD_FIELDS`) of each array, as it is.
+
+    With numba, `block_counts` computes each on a thread of its own (the
+    kernel releases the GIL), the largest arrays first; without, the numpy
+    definition (`blocks.numpy_fields`) does.
+    """
+    arrays = list(arrays)
+    if not numba_available():
+        return [blocks.numpy_fields(values) for values in arrays]
+    from tb_gradviz.capture import block_counts
+
+    def fields(values):
+        return blocks.record_fields(block_counts.block_records(values))
+
+    workers = min(
+        len(arrays),
+        len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1,
+    )
+    if workers <= 1:
+        return [fields(values) for values in arrays]
+    order = sorted(range(len(arrays)), key=lambda i: -np.size(arrays[i]))
+    with concurrent.futures.ThreadPoolExecutor(workers) as pool:
+        done = dict(zip(order, pool.map(fields, [arrays[i] for i in order])))
+    return [done[i] for i in range(len(arrays))]
 
 
 _warned_no_numba = []
