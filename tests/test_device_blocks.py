@@ -52,12 +52,14 @@ def device_records(arrays):
 
         def tensor(a):  # PyTorch takes no ml_dtypes array: bfloat16 goes through float32
             if a.dtype.name == "bfloat16":
-                return torch.as_tensor(a.astype(np.float32)).to(torch.bfloat16)
-            return torch.as_tensor(a)
+                a = torch.as_tensor(a.astype(np.float32)).to(torch.bfloat16)
+            return keras.ops.convert_to_tensor(torch.as_tensor(a))  # on Keras' device
 
         result = device_blocks.group_blocks([tensor(a) for a in flat], width)
-    numpy = keras.tree.map_structure(lambda t: np.asarray(keras.ops.convert_to_numpy(t)), result)
-    return [device_blocks.record(numpy, row, shapes[0]) for row in range(len(arrays))]
+    counts = device_blocks.flat_counts(result, width)
+    arrays_of = {k: np.asarray(keras.ops.convert_to_numpy(t)) for k, t in counts.items()}
+    rows = [{k: a[r] for k, a in arrays_of.items()} for r in range(len(arrays))]
+    return [device_blocks.row_records(dict(row, count=arrays[0].size)) for row in rows]
 
 
 def assert_definition(arrays):
@@ -112,6 +114,11 @@ def test_narrow_and_wide_inputs(dtype):
     with np.errstate(over="ignore"):  # float16's range ends at 65504: those become Inf
         cast = values.astype(ml_dtypes.bfloat16 if dtype == "bfloat16" else dtype)
     assert_definition([cast])
+
+
+def test_an_empty_tensor_has_no_blocks():
+    got = device_records([np.zeros((2, 0), np.float32)])[0]
+    assert got == {name: blocks.block_record(np.zeros((2, 0)), name) for name in blocks.FORMATS}
 
 
 def test_a_scalar_is_one_block_of_one_value():

@@ -36,8 +36,6 @@ on every backend).
 Imports keras and numpy only.
 """
 
-import math
-
 import keras
 import numpy as np
 
@@ -78,6 +76,10 @@ def group_blocks(rows, width):
     """
     stacked = ops.stack(rows) if isinstance(rows, (list, tuple)) else rows
     n_rows, n = stacked.shape
+    if n == 0:
+        zeros = ops.zeros([n_rows], "int32")
+        empty = dict.fromkeys(COUNTS, zeros) | dict.fromkeys(SUMS, ops.zeros([n_rows], "float64"))
+        return {name: dict(empty) for name in blocks.FORMATS}
     bits_width = device_precision.width(stacked.dtype)
     if bits_width == 64:
         values = _round(ops.cast(stacked, "float64"), _FLOAT32, saturate=False)
@@ -217,28 +219,31 @@ def _int64(value):
     return ops.convert_to_tensor(np.array(value, np.int64))
 
 
-def record(counts, row, shape):
-    """One tensor's `{format: record}` (`blocks.COUNTS`) from `group_blocks`' numpy results.
+def flat_counts(counts, width):
+    """`group_blocks`' result as flat `{"block/<format>/<count>": [R]}`, with `block_width` (`[R]`:
+    `width`, so that each tensor's row of a group says how its blocks were cut)."""
+    result = {
+        f"block/{name}/{key}": value for name, part in counts.items() for key, value in part.items()
+    }
+    some = next(iter(result.values()))
+    result["block_width"] = ops.zeros_like(some, "int32") + width
+    return result
+
+
+def row_records(row):
+    """One tensor's `{format: record}` (`blocks.COUNTS`) from its row of the device statistics.
 
     Args:
-      counts: `group_blocks`' result, as numpy arrays.
-      row: the tensor's row in its group.
-      shape: the tensor's shape (for `blocks`).
+      row: `{name: numpy value}` with `flat_counts`' keys and `count` (the
+        tensor's number of values).
     """
-    width = shape[-1] if len(shape) else 1
-    lines = math.prod(shape[:-1]) if len(shape) else 1
+    width = int(row["block_width"])
+    lines = int(row["count"]) // width if width else 0
     n_blocks = block_counts(lines, width)
     result = {}
     for name, spec in blocks.FORMATS.items():
-        part = counts[name]
-        result[name] = {
-            "to_zero": int(part["to_zero"][row]),
-            "subnormal": int(part["subnormal"][row]),
-            "saturated": int(part["saturated"][row]),
-            "wide_blocks": int(part["wide_blocks"][row]),
-            "blocks": int(n_blocks[spec.block_size]),
-            "nonfinite_blocks": int(part["nonfinite_blocks"][row]),
-            "squared_error": float(part["squared_error"][row]),
-            "squared_sum": float(part["squared_sum"][row]),
-        }
+        record = {key: int(row[f"block/{name}/{key}"]) for key in COUNTS}
+        record.update({key: float(row[f"block/{name}/{key}"]) for key in SUMS})
+        record["blocks"] = n_blocks[spec.block_size]
+        result[name] = record
     return result

@@ -47,7 +47,7 @@ import functools
 import keras
 import numpy as np
 
-from tb_gradviz.capture import device_precision
+from tb_gradviz.capture import device_blocks, device_precision
 from tb_gradviz.format import records
 
 ops = keras.ops
@@ -163,7 +163,12 @@ PRECISION_COUNTS = ("precision_as_is", "precision_scaled")
 
 
 def group_statistics(
-    rows, divisor=None, buckets=records.HISTOGRAM_BUCKETS, mode="fused", precision=True
+    rows,
+    divisor=None,
+    buckets=records.HISTOGRAM_BUCKETS,
+    mode="fused",
+    precision=True,
+    width=None,
 ):
     """Returns the sums and counts of each of `rows`, as a dict of `[R, ...]` tensors.
 
@@ -175,6 +180,9 @@ def group_statistics(
       buckets: the number of linear histogram buckets.
       mode: one of `MODES`: how the group is walked (see the module docstring).
       precision: whether to count the precision record (`PRECISION_COUNTS`).
+      width: None, or the length of the last axis of the tensors the rows
+        hold: then the block record (`device_blocks`) of each row too, of the
+        values as captured (not divided).
 
     Returns:
       `SUMS` (float64 `[R]`), every count of `FIRST_PASS_COUNTS` and
@@ -182,7 +190,8 @@ def group_statistics(
       `[R, 2 * MAGNITUDE_BINS]` bins (negative then positive, the zeros in
       negative bin 0) that `summaries.summary_from_sums` takes, and with
       `precision`, `precision_exponents` (int64 `[R, 4]`: the scale exponent
-      per format).
+      per format), and with `width`, `block/<format>/<count>` of
+      `device_blocks.COUNTS` and `SUMS` (`[R]`) and `block_width`.
 
     Raises:
       ValueError: `mode` is not one of `MODES`.
@@ -248,6 +257,8 @@ def group_statistics(
     result.update(_walk(rows_of, second_pass, n, step))
     if precision:
         result["precision_exponents"] = exponents
+    if width is not None:
+        result.update(device_blocks.flat_counts(device_blocks.group_blocks(rows, width), width))
     for name in SUMS:
         result[name] = ops.reshape(result[name], [-1])
     result["magnitude"] = ops.concatenate(
@@ -354,7 +365,7 @@ def chunks(keys):
     return result
 
 
-def chunk_statistics(groups, scaled, tensors, divisor, mode="fused", precision=True):
+def chunk_statistics(groups, scaled, tensors, divisor, mode="fused", precision=True, widths=None):
     """`group_statistics` of each group of `tensors`, in order (a list of dicts).
 
     Args:
@@ -363,6 +374,8 @@ def chunk_statistics(groups, scaled, tensors, divisor, mode="fused", precision=T
       tensors: the backend's tensors.
       divisor: the loss scale (a float64 scalar); unused where `scaled` is false.
       mode, precision: as for `group_statistics`.
+      widths: None, or per tensor the length of its last axis, to count the
+        block record (`chunks` must then have grouped tensors of one width).
     """
     return [
         group_statistics(
@@ -370,6 +383,7 @@ def chunk_statistics(groups, scaled, tensors, divisor, mode="fused", precision=T
             divisor if scaled[indices[0]] else None,
             mode=mode,
             precision=precision,
+            width=None if widths is None else widths[indices[0]],
         )
         for indices in groups
     ]

@@ -12,7 +12,7 @@ import tensorflow as tf
 from tb_gradviz.capture import device_statistics
 
 
-def compiled(groups, scaled, mode="fused"):
+def compiled(groups, scaled, mode="fused", widths=None):
     """The XLA-compiled `device_statistics.chunk_statistics` of tensors grouped as `groups`.
 
     Args:
@@ -20,6 +20,8 @@ def compiled(groups, scaled, mode="fused"):
       scaled: per tensor, whether the divisor (the loss scale) divides it.
       mode: `"fused"` on an accelerator, `"stepped"` on the CPU
         (`device_statistics.mode_for`).
+      widths: None, or per tensor the length of its last axis: the block
+        record too (`device_statistics.chunk_statistics`).
 
     Returns:
       A `tf.function` of `(tensors, divisor)`, divisor a float64 scalar,
@@ -27,7 +29,9 @@ def compiled(groups, scaled, mode="fused"):
     """
 
     def statistics(tensors, divisor):
-        return device_statistics.chunk_statistics(groups, scaled, tensors, divisor, mode)
+        return device_statistics.chunk_statistics(
+            groups, scaled, tensors, divisor, mode, widths=widths
+        )
 
     return tf.function(statistics, jit_compile=True, autograph=False)
 
