@@ -244,6 +244,7 @@ export const FLAG_TITLES = {
   dead: 'dead units',
   underflow: 'underflow',
   overflow: 'overflow',
+  block_underflow: 'MXFP8 underflow',
   stalled: 'stalled',
   skipped_steps: 'skipped steps',
 };

@@ -16,7 +16,7 @@ export const WEIGHT_GRADIENT = 'weight_gradient';
 export const LOG_STATS = ['rms', 'max_abs'];
 
 /** The flags /step raises, in its order (docs/API.md): a row of badges each. */
-export const FLAGS = ['nonfinite', 'vanishing', 'exploding', 'dead', 'underflow', 'overflow', 'stalled', 'skipped_steps'];
+export const FLAGS = ['nonfinite', 'vanishing', 'exploding', 'dead', 'underflow', 'overflow', 'block_underflow', 'stalled', 'skipped_steps'];
 
 // ------------------------------------------------------------ layer names
 

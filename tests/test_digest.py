@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import synthetic
 
-from tb_gradviz.format import digest, events, metadata, records, summaries
+from tb_gradviz.format import blocks, digest, events, metadata, records, summaries
 
 
 def tensor_records(layer, index, name, array):
@@ -114,14 +114,14 @@ def test_precision_rows_hold_the_as_is_float16_and_bfloat16_counts_of_each_preci
     tmp_path,
 ):
     # 1e-9 flushes to zero in float16 (subnormal in bfloat16), 1e-6 is a float16 subnormal,
-    # 1e5 overflows float16 only; 0 and NaN are not among the finite non-zero values.
+    # 1e5 overflows float16 only; 0 and NaN are not among the finite non-zero values. The NaN
+    # makes the one block NaN in MXFP8 E4M3 too: none of its values counts as zero there.
     values = np.array([1e-9, 1e-9, 1e-6, 1e5, 1.0, 0.0, np.nan])
     content = {"layer_index": 0, "role": records.OUTPUT_GRADIENT, "index": 0, "shape": [None]}
     log = events.EventLog(tmp_path)
     written = tensor_records("a", 0, records.OUTPUT_GRADIENT, values)
-    written += events.precision_records(
-        "a", records.OUTPUT_GRADIENT, summaries.precision_vector(values), content
-    )
+    record = np.concatenate([summaries.precision_vector(values), blocks.numpy_fields(values)])
+    written += events.precision_records("a", records.OUTPUT_GRADIENT, record, content)
     log.write(1, written)
     log.close()
     accumulator = eventdata.load(tmp_path)
@@ -139,5 +139,6 @@ def test_precision_rows_hold_the_as_is_float16_and_bfloat16_counts_of_each_preci
         "bfloat16_to_zero": 0,
         "bfloat16_subnormal": 0,
         "bfloat16_overflow": 0,
+        "mxfp8_e4m3_to_zero": 0,
     }
-    assert vector.nbytes == 28 + 28
+    assert vector.nbytes == 28 + 32

@@ -231,7 +231,8 @@ def test_check_exit_statuses(tmp_path, capsys):
     assert cli.main(["check", str(tmp_path), "--fail-on", "dead,sleepy"]) == cli.EXIT_USAGE
     assert (
         "flags must be a comma-separated list of nonfinite, vanishing, exploding, dead, underflow, "
-        "overflow, stalled, skipped_steps; received 'dead,sleepy'" in capsys.readouterr().err
+        "overflow, block_underflow, stalled, skipped_steps; received 'dead,sleepy'"
+        in capsys.readouterr().err
     )
     assert cli.main(["check", str(tmp_path), "--ratio", "1"]) == cli.EXIT_USAGE
     assert cli.main(["check", str(tmp_path / "nothing")]) == cli.EXIT_USAGE  # no such folder

@@ -30,14 +30,9 @@ class Columns(NamedTuple):
 
 
 def digest_layout(rows):
-    """The `records.Layout` of a digest with these rows: its length, and its counts checked."""
-    offsets, length = digest.row_offsets(rows)
-    counted = [
-        offset + digest.FIELDS[kind].index(field)
-        for (kind, _, _), offset in zip(rows, offsets)
-        for field in digest.COUNT_FIELDS[kind]
-    ]
-    return records.Layout("digest", (length,), lambda values: values[:, counted])
+    """The `records.Layout` of a digest with these rows: its length (an earlier digest's
+    upgraded), and its counts checked (`digest.DigestLayout`)."""
+    return digest.DigestLayout(rows)
 
 
 def read_digests(run_store):

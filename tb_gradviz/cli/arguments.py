@@ -119,9 +119,10 @@ def build_parser():
     check.add_argument(
         "--fail-on",
         type=_flags,
-        default=list(health.FLAGS),
+        default=list(health.DEFAULT_FAIL_ON),
         help="the flags and warnings that fail the check, comma-separated, from "
-        f"{','.join(health.FLAGS + leading.WARNINGS)} (default: {','.join(health.FLAGS)})",
+        f"{','.join(health.FLAGS + leading.WARNINGS)} (default: "
+        f"{','.join(health.DEFAULT_FAIL_ON)})",
     )
     check.add_argument(
         "--ratio",

@@ -24,8 +24,12 @@ are listed in the metadata as `[kind, layer, name]`:
   (the first log event): `UPDATE_FIELDS`;
 * `precision` rows (`name`: the tensor), one per precision record: its
   finite non-zero count and, for the formats a layer computes in
-  (`PRECISION_FORMATS`), the as-is counts (`PRECISION_FIELDS`). Digests
-  written before them have none.
+  (`PRECISION_FORMATS`), the as-is counts, then the values MXFP8 E4M3
+  turns to zero (`BLOCK_FIELD`, the `block_underflow` flag's count; NaN
+  for a record without the block part) (`PRECISION_FIELDS`). Digests
+  written before them have none; digests written before the block count
+  (layout 12) have rows without it (`EARLIER_FIELDS`), which
+  `upgrade` reads with NaN there.
 
 The tag is `gradviz_digest/<hash of the rows>`, so that a run directory
 written by callbacks with other layers (other rows) gets another series
@@ -64,14 +68,22 @@ UNITS_FIELDS = records.UNITS_FIELDS  # channels, dead_channels
 UPDATE_FIELDS = ("update_ratio", "interval")
 # The formats a layer computes in (float16, bfloat16), as the values are (no scaling).
 PRECISION_FORMATS = ("float16", "bfloat16")
+# The block format whose zeros the `block_underflow` flag counts, and its count's field.
+BLOCK_FORMAT = "mxfp8_e4m3"
+BLOCK_FIELD = f"{BLOCK_FORMAT}_to_zero"
 PRECISION_FIELDS = (
     "finite_nonzero",
     *(f"{name}_{count}" for name in PRECISION_FORMATS for count in precision.COUNTS),
+    BLOCK_FIELD,
 )
 # Where each precision field is in the precision record.
 _PRECISION_SOURCES = [
     records.PRECISION_FIELDS.index(
-        "finite_nonzero" if field == "finite_nonzero" else "as_is/" + field.replace("_", "/", 1)
+        "finite_nonzero"
+        if field == "finite_nonzero"
+        else f"block/{BLOCK_FORMAT}/to_zero"
+        if field == BLOCK_FIELD
+        else "as_is/" + field.replace("_", "/", 1)
     )
     for field in PRECISION_FIELDS
 ]
@@ -88,6 +100,10 @@ COUNT_FIELDS = {
     UPDATE: (),
     PRECISION: PRECISION_FIELDS,
 }
+# Counts that may be NaN: unknown (a precision record without the block part), not malformed.
+UNKNOWN_ALLOWED = (BLOCK_FIELD,)
+# The fields of each row kind in digests written before layout 12.
+EARLIER_FIELDS = dict(FIELDS, **{PRECISION: PRECISION_FIELDS[:-1]})
 _LAYOUTS = {
     TENSOR: records.STATS,
     UNITS: records.UNITS,
@@ -208,13 +224,73 @@ def _series_of(rows):
     return digest_tag(rows), metadata.create_summary_metadata(content, plugin_name=PLUGIN_NAME)
 
 
-def row_offsets(rows):
-    """Returns where each row's segment begins in the vector, and the vector's length."""
+def row_offsets(rows, fields=FIELDS):
+    """Returns where each row's segment begins in the vector, and the vector's length, with
+    `fields` per row kind (today's, or `EARLIER_FIELDS`)."""
     offsets, offset = [], 0
     for kind, _, _ in rows:
         offsets.append(offset)
-        offset += len(FIELDS[kind])
+        offset += len(fields[kind])
     return offsets, offset
+
+
+@functools.lru_cache(maxsize=64)
+def _earlier_sources(rows):
+    """`(length, targets)`: an earlier digest's length with these rows, and where each of its
+    values goes in today's vector; None when both layouts have the same length."""
+    offsets, length = row_offsets(rows)
+    _, earlier = row_offsets(rows, EARLIER_FIELDS)
+    if earlier == length:
+        return None
+    targets = [
+        offset + FIELDS[kind].index(field)
+        for (kind, _, _), offset in zip(rows, offsets)
+        for field in EARLIER_FIELDS[kind]
+    ]
+    return earlier, np.array(targets, np.int64)
+
+
+def upgrade(rows, vectors):
+    """`[n, length]` digests with these rows in today's layout, or None when their length is
+    neither today's nor an earlier layout's. An earlier digest's precision rows get NaN for the
+    fields added since (`EARLIER_FIELDS`)."""
+    vectors = np.asarray(vectors, dtype=np.float64)
+    _, length = row_offsets(rows)
+    if vectors.shape[-1] == length:
+        return vectors
+    earlier = _earlier_sources(tuple(tuple(row) for row in rows))
+    if earlier is None or vectors.shape[-1] != earlier[0]:
+        return None
+    upgraded = np.full(vectors.shape[:-1] + (length,), np.nan)
+    upgraded[..., earlier[1]] = vectors
+    return upgraded
+
+
+class DigestLayout(records.Layout):
+    """The `records.Layout` of a digest with these rows: today's length, earlier digests
+    upgraded (`upgrade`), and its counts checked (`COUNT_FIELDS`; NaN where unknown is allowed,
+    `UNKNOWN_ALLOWED`)."""
+
+    def __init__(self, rows):
+        offsets, length = row_offsets(rows)
+        counted = [
+            (offset + FIELDS[kind].index(field), field in UNKNOWN_ALLOWED)
+            for (kind, _, _), offset in zip(rows, offsets)
+            for field in COUNT_FIELDS[kind]
+        ]
+        columns = [i for i, _ in counted]
+        unknown_allowed = np.array([allowed for _, allowed in counted], bool)
+
+        def counts(values):
+            found = values[:, columns]
+            return np.where(unknown_allowed & np.isnan(found), 0.0, found)
+
+        super().__init__("digest", (length,), counts)
+        self._rows = rows
+
+    def upgrade(self, array):
+        array = np.asarray(array, dtype=np.float64)
+        return upgrade(self._rows, array) if array.ndim == 1 else None
 
 
 def decode_digest(rows, vectors):
@@ -228,16 +304,18 @@ def decode_digest(rows, vectors):
       `{(kind, layer, name): {field: [n] float64 array}}`.
 
     Raises:
-      ValueError: a vector does not have the rows' length.
+      ValueError: a vector has neither the rows' length nor an earlier layout's.
     """
     offsets, length = row_offsets(rows)
     vectors = np.asarray(vectors, dtype=np.float64)
     if vectors.ndim == 1:
         vectors = vectors[None]
-    if vectors.shape[-1] != length:
+    upgraded = upgrade(rows, vectors)
+    if upgraded is None:
         raise ValueError(
             f"a digest of {len(rows)} rows has {length} values; received {vectors.shape[-1]}"
         )
+    vectors = upgraded
     result = {}
     for (kind, layer, name), offset in zip(rows, offsets):
         result[(kind, layer, name)] = {

@@ -97,12 +97,15 @@ def shares(record, name, setting="as_is"):
 
 
 def precision_columns(record):
-    """A decoded precision record as the digest's precision fields (`[1]` arrays)."""
+    """A decoded precision record as the digest's precision fields (`[1]` arrays); the block
+    count NaN for a record without the block part."""
+    blocks = record.get("block_formats")
     values = [record["finite_nonzero"]] + [
         record["formats"][name]["as_is"][count]
         for name in digest.PRECISION_FORMATS
         for count in precision.COUNTS
     ]
+    values.append(np.nan if blocks is None else blocks[digest.BLOCK_FORMAT]["to_zero"])
     return {field: np.array([float(v)]) for field, v in zip(digest.PRECISION_FIELDS, values)}
 
 

@@ -25,6 +25,9 @@ The rules (docs/health.md):
   probe example and position;
 * `underflow` / `overflow`: a gradient of a float16 or bfloat16 layer whose
   values underflow / overflow that format at the run's loss scale (`headroom`);
+* `block_underflow`: a gradient over 1 % of whose non-zero values would
+  become zero in MXFP8 E4M3 (`block_headroom`); not in `DEFAULT_FAIL_ON`,
+  since it says what a format the run may not use would do;
 * `stalled` / `skipped_steps`: the layer's recorded weights did not change
   since the previous log event / the optimizer skipped a share of the train
   steps since then (`stalled`).
@@ -43,9 +46,20 @@ import math
 
 import numpy as np
 
-from tb_gradviz.format import headroom, origin, records, stalled
+from tb_gradviz.format import block_headroom, headroom, origin, records, stalled
 
-FLAGS = ("nonfinite", "vanishing", "exploding", "dead", *headroom.FLAGS, *stalled.FLAGS)
+FLAGS = (
+    "nonfinite",
+    "vanishing",
+    "exploding",
+    "dead",
+    *headroom.FLAGS,
+    *block_headroom.FLAGS,
+    *stalled.FLAGS,
+)
+# The flags `tb-gradviz check` fails on unless told (`--fail-on`): all but what a run in
+# another format would meet.
+DEFAULT_FAIL_ON = tuple(flag for flag in FLAGS if flag not in block_headroom.FLAGS)
 DEFAULT_RATIO = 1000.0
 
 
@@ -65,6 +79,7 @@ def rules(ratio=DEFAULT_RATIO):
         f"layer {_REFERENCE}",
         "dead": "channels of the activation are exactly zero for every probe example and position",
         **headroom.rules(),
+        **block_headroom.rules(),
         **stalled.rules(),
     }
 
@@ -239,6 +254,7 @@ def verdicts(layers, ratio=DEFAULT_RATIO):
         "dead": np.array(dead).reshape(len(layers), steps),
     }
     found.update(headroom.verdicts(layers, steps))
+    found.update(block_headroom.verdicts(layers, steps))
     found.update(stalled.verdicts(layers, steps))
     return found
 
@@ -306,6 +322,7 @@ def flag_entries(layers, found, index, step, listed=None):
     return (
         flags
         + headroom.flag_entries(layer, found, index, step)
+        + block_headroom.flag_entries(layer, found, index, step)
         + stalled.flag_entries(layer, found, index, step)
     )
 

@@ -25,7 +25,7 @@ its input gradient follows them.
 Each flag is ordered by the pass its rule reads (`PASSES`, docs/health.md):
 `nonfinite` by both (a recorded tensor of either pass may hold the first
 NaN), `dead` by the forward pass (channels of an activation), `vanishing`,
-`exploding`, `underflow` and `overflow` by the backward pass (they judge
+`exploding`, `underflow`, `overflow` and `block_underflow` by the backward pass (they judge
 gradients, which the backward pass computes from the loss toward the
 input: the first layer in that order whose gradient fell, grew, flushed or
 overflowed is where it began, and the layers after it received it).
@@ -45,6 +45,7 @@ PASSES = {
     "dead": (FORWARD,),
     "underflow": (BACKWARD,),
     "overflow": (BACKWARD,),
+    "block_underflow": (BACKWARD,),
     # The weights whose update ratio is 0 are read in the forward pass; a skipped step is
     # the optimizer's, of no tensor (the first layer raising it is named).
     "stalled": (FORWARD,),

@@ -196,7 +196,7 @@ test('the page never recomputes the flush share from the precision records: with
 
 test('the flow has a row of badges for every flag /step raises, the precision flags included', () => {
   assert.deepEqual(flowmodel.FLAGS,
-    ['nonfinite', 'vanishing', 'exploding', 'dead', 'underflow', 'overflow', 'stalled', 'skipped_steps']);
+    ['nonfinite', 'vanishing', 'exploding', 'dead', 'underflow', 'overflow', 'block_underflow', 'stalled', 'skipped_steps']);
   const snapshot = latest('vanishing');
   assert.deepEqual(Object.keys(snapshot.health.rules), flowmodel.FLAGS);
 });
