@@ -4,9 +4,9 @@ import math
 
 from tb_gradviz.board import kept, loss_scale
 from tb_gradviz.cli.logs import open_logdir, runs_of
-from tb_gradviz.cli.precision import PRECISION_COLUMNS, precision_rows
+from tb_gradviz.cli.precision import BLOCK_COLUMNS, PRECISION_COLUMNS, block_rows, precision_rows
 from tb_gradviz.cli.status import EXIT_NO_DATA, CommandError
-from tb_gradviz.format import records
+from tb_gradviz.format import block_headroom, records
 
 
 def run_summary(args):
@@ -40,6 +40,15 @@ def run_summary(args):
                 "to amax)"
             )
             print(table(headroom, PRECISION_COLUMNS))
+        survival = block_rows(snapshot)
+        if survival:
+            print(
+                f"\nblock formats  (layers' gradients as captured: ok when at most "
+                f"{block_headroom.SHARE:.0%} of each gradient's non-zero values become zero, "
+                "else z and the largest share that does, in %; s: the largest share that "
+                f"saturates, when over {block_headroom.SHARE:.0%})"
+            )
+            print(table(survival, BLOCK_COLUMNS))
         budget = gradviz.budget_impl(ctx, experiment, run["run"])
         if budget is not None:
             print("\n" + budget_line(budget))
