@@ -10,7 +10,7 @@ from test_cli import run_cli, strict_json
 
 from tb_gradviz import cli
 from tb_gradviz.cli import export
-from tb_gradviz.format import precision, records
+from tb_gradviz.format import blocks, precision, records
 
 OLD_LAYOUT = pathlib.Path(__file__).parent / "data" / "layouts" / "layout5-88cce65"
 
@@ -64,7 +64,16 @@ def test_precision_columns_are_named_by_format_setting_and_count():
         "precision.float16.scaled.overflow",
         "precision.bfloat16.scale_exponent",
     )
-    assert len(columns) == 1 + len(precision.FORMATS) * 7 == records.PRECISION_CAST_LENGTH
+    assert len(columns) == 1 + len(precision.FORMATS) * 7 + 34 == records.PRECISION_LENGTH
+    # The block part: one column per field of the record, `/` as `.`.
+    assert columns[records.PRECISION_CAST_LENGTH :] == tuple(
+        "precision." + field.replace("/", ".") for field in records.PRECISION_FIELDS[29:]
+    )
+    assert columns[29:31] == (
+        "precision.block.mxfp8_e4m3.to_zero",
+        "precision.block.mxfp8_e4m3.subnormal",
+    )
+    assert columns[-1] == "precision.block.nonfinite_blocks.16"
     header = cli.csv_header()
     start = header.index("pos_mag_0") + records.MAGNITUDE_BINS
     assert header[start:] == list(columns) == cli.csv_header(updates=True)[start:-4]
@@ -89,6 +98,10 @@ def test_export_csv_has_each_tensors_precision_record_as_written(logdir, tmp_pat
                 for count in precision.COUNTS:
                     cell = row[f"precision.{name}.{setting}.{count}"]
                     assert int(cell) == entry[setting][count]
+        # The block part, as the record holds it (the host path writes it).
+        written = dict(zip(records.PRECISION_FIELDS, written_vector(logdir, row)))
+        for field in records.PRECISION_FIELDS[records.PRECISION_CAST_LENGTH :]:
+            assert float(row["precision." + field.replace("/", ".")]) == written[field], field
     # The max pool's input gradient: 4x8x8x3 values, three of each four windows' zero.
     gradient = next(r for r in rows if (r["tensor"], r["step"]) == ("input_gradient", "4"))
     assert int(gradient["count"]) == 768 and int(gradient["zeros"]) == 576
@@ -96,6 +109,13 @@ def test_export_csv_has_each_tensors_precision_record_as_written(logdir, tmp_pat
     # The tiny targets put some of the gradient below float16's normal range, none in bfloat16's.
     assert int(gradient["precision.float16.as_is.subnormal"]) > 0
     assert int(gradient["precision.bfloat16.as_is.subnormal"]) == 0
+
+
+def written_vector(logdir, row):
+    """The precision record an exported CSV row is of, as the event file holds it."""
+    log = eventdata.load(logdir / "cnn")
+    tag = records.precision_tag(row["layer"], row["tensor"])
+    return dict(eventdata.values(log, tag))[int(row["step"])]
 
 
 def test_export_json_has_each_tensors_precision_record_at_each_step(logdir):
@@ -108,6 +128,7 @@ def test_export_json_has_each_tensors_precision_record_at_each_step(logdir):
         assert entry["steps"] == [2, 4] == sorted(written)
         assert entry["precision"] == [written[2], written[4]]
         assert set(entry["precision"][1]["formats"]) == set(precision.FORMATS)
+        assert list(entry["precision"][1]["block_formats"]) == list(blocks.FORMATS)
 
 
 def test_export_of_a_layout_without_precision_records_leaves_them_blank(tmp_path):

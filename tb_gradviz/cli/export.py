@@ -8,7 +8,7 @@ import sys
 
 from tb_gradviz.cli.logs import open_logdir, runs_of
 from tb_gradviz.cli.status import EXIT_OK, EXIT_OUTPUT, CommandError
-from tb_gradviz.format import precision, records, summaries
+from tb_gradviz.format import blocks, precision, records, summaries
 
 
 def run_export(args):
@@ -168,23 +168,29 @@ def export_routing_maps(gradviz, ctx, experiment, runs):
 
 
 # The precision record's CSV columns: `precision.finite_nonzero`, then per format
-# `precision.<format>.scale_exponent` and `precision.<format>.<setting>.<count>`.
-PRECISION_COLUMNS = ("precision.finite_nonzero",) + tuple(
-    column
-    for name in precision.FORMATS
-    for column in (
-        f"precision.{name}.scale_exponent",
-        *(
-            f"precision.{name}.{setting}.{count}"
-            for setting in precision.SETTINGS
-            for count in precision.COUNTS
-        ),
+# `precision.<format>.scale_exponent` and `precision.<format>.<setting>.<count>`, then its
+# block part's fields, `block/...` as `precision.block....` (`blocks.RECORD_FIELDS`).
+PRECISION_COLUMNS = (
+    ("precision.finite_nonzero",)
+    + tuple(
+        column
+        for name in precision.FORMATS
+        for column in (
+            f"precision.{name}.scale_exponent",
+            *(
+                f"precision.{name}.{setting}.{count}"
+                for setting in precision.SETTINGS
+                for count in precision.COUNTS
+            ),
+        )
     )
+    + tuple(f"precision.{field.replace('/', '.')}" for field in blocks.RECORD_FIELDS)
 )
 
 
 def _precision_cells(record):
-    """A decoded precision record (or None: blank cells) in `PRECISION_COLUMNS` order."""
+    """A decoded precision record (or None: blank cells) in `PRECISION_COLUMNS` order; the block
+    part's cells blank for a record without it."""
     if record is None:
         return [""] * len(PRECISION_COLUMNS)
     cells = [record["finite_nonzero"]]
@@ -194,6 +200,22 @@ def _precision_cells(record):
         cells.extend(
             entry[setting][count] for setting in precision.SETTINGS for count in precision.COUNTS
         )
+    return cells + _block_cells(record.get("block_formats"))
+
+
+def _block_cells(found):
+    """The block part of a decoded record in `blocks.RECORD_FIELDS` order ([""] * 34 for None)."""
+    if found is None:
+        return [""] * len(blocks.RECORD_FIELDS)
+    cells = [
+        found[name][field]
+        for name in blocks.FORMATS
+        for field in (*blocks.RECORD_COUNTS, "relative_error")
+    ]
+    for count in ("blocks", "nonfinite_blocks"):
+        for size in blocks.BLOCK_SIZES:
+            name = next(n for n, spec in blocks.FORMATS.items() if spec.block_size == size)
+            cells.append(found[name][count])
     return cells
 
 
