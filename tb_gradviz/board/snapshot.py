@@ -9,7 +9,7 @@ Imports neither TensorFlow nor Keras.
 import numpy as np
 
 from tb_gradviz.board import catalog, responses
-from tb_gradviz.format import digest, headroom, health, records, summaries
+from tb_gradviz.format import block_headroom, digest, headroom, health, records, summaries
 
 
 def _stats_row(values):
@@ -55,6 +55,9 @@ def _layer_at(name, layer, series_by_kind, limit):
             "log": log,
             "precision": _precision_at(layer, tensor, series_by_kind, series.steps[row]),
         }
+        tensors[tensor]["block_headroom"] = block_headroom.tensor_headroom(
+            tensors[tensor]["precision"]
+        )
         (segment,) = digest.tensor_segments(series.values[row])
         columns["tensors"][tensor] = dict(
             zip(digest.TENSOR_FIELDS, segment[:, None]), role=content["role"]

@@ -15,24 +15,26 @@ the same columns as `/onset`'s and `/step`'s.
 The field `flush_share` is `headroom.flush_share`: the share of the chosen
 role's finite non-zero values that flush to zero (to zero or subnormal:
 IEEE underflow, as the `underflow` flag counts it) in the format the layer
-computes in, or in float16 for a float32 layer.
+computes in, or in float16 for a float32 layer. The field `block_zero_share`
+is `block_headroom.role_share`: the share that becomes zero in MXFP8 E4M3
+(the `block_underflow` flag's count, the one block format the digest holds).
 """
 
 import numpy as np
 
 from tb_gradviz.board.series import column_starts, envelope
-from tb_gradviz.format import headroom, health, records
+from tb_gradviz.format import block_headroom, headroom, health, records
 
 DEFAULT_WIDTH = 1000
 MAX_WIDTH = 10000
 # What a cell's colour can show: a field of the chosen role's tensors, or the
 # layer's update ratio (its weights' largest).
-FIELDS = ("rms", "max_abs", "zero_share", "update_ratio", "flush_share")
+FIELDS = ("rms", "max_abs", "zero_share", "update_ratio", "flush_share", "block_zero_share")
 
 
 def _field_values(layer, field, role):
     """A layer's `[steps]` values of `field` (`FIELDS`) over its `role` tensors; NaN where it
-    has none. `flush_share` also gives the format it is taken in."""
+    has none. `flush_share` and `block_zero_share` also give the format they are taken in."""
     nan = np.full(len(next(iter(layer["tensors"].values()))["count"]), np.nan)
     if field == "update_ratio":
         ratios = [u["update_ratio"] for u in layer.get("updates", {}).values()]
@@ -41,6 +43,9 @@ def _field_values(layer, field, role):
         found = headroom.flush_share(layer, role)
         name = headroom.flush_format(layer.get("layer_dtype"))
         return (nan if found is None else found["share"]), {"format": name}
+    if field == "block_zero_share":
+        found = block_headroom.role_share(layer, role)
+        return (nan if found is None else found), {"format": block_headroom.FLAG_FORMAT}
     values = health.role_columns(layer["tensors"], role)
     if values is None:
         return nan, {}

@@ -32,6 +32,8 @@ SHARE = 0.01
 FLAG_FORMAT = digest.BLOCK_FORMAT
 FLAGS = ("block_underflow",)
 SHARES = ("to_zero", "saturated")
+# The counts `tensor_headroom` gives as shares of a tensor's finite non-zero values.
+VALUE_SHARES = ("to_zero", "subnormal", "saturated")
 
 
 def rules():
@@ -57,6 +59,54 @@ def shares(record, name):
 def survives(found):
     """Whether `shares` survive: at most `SHARE` become zero (None for None)."""
     return None if found is None else found["to_zero"] <= SHARE
+
+
+def tensor_headroom(record):
+    """What each block format does to one tensor, as `/step` serves it beside its precision
+    record (the tab's precision panel words it; it computes nothing).
+
+    Returns:
+      `{format: {"to_zero", "subnormal", "saturated", "wide_blocks", "relative_error",
+      "survives"}}` for every format of `blocks.FORMATS`: the first three are shares of the
+      record's finite non-zero values, `wide_blocks` a share of the tensor's blocks of the
+      format's size, `relative_error` the record's, and `survives` this module's rule
+      (`survives(shares(...))`); a share is None where there is nothing to divide by (no finite
+      non-zero value, no block), and `survives` is None without a finite non-zero value. None
+      for a record without the block part (written before it) or no record.
+    """
+    found = record.get("block_formats") if record else None
+    if found is None:
+        return None
+    total = record["finite_nonzero"]
+    result = {}
+    for name in blocks.FORMATS:
+        counts = found[name]
+        result[name] = {
+            **{count: counts[count] / total if total else None for count in VALUE_SHARES},
+            "wide_blocks": counts["wide_blocks"] / counts["blocks"] if counts["blocks"] else None,
+            "relative_error": counts["relative_error"],
+            "survives": survives(shares(record, name)),
+        }
+    return result
+
+
+def role_share(layer, role):
+    """The share of one role's finite non-zero values in a layer's columns (`health`) that
+    become zero in MXFP8 E4M3 (`FLAG_FORMAT`), all its tensors of that role pooled: what
+    `/timeline`'s `block_zero_share` shows, from the digest's count (`digest.BLOCK_FIELD`).
+
+    Returns:
+      `[steps]` shares, NaN at a step where a tensor of the role has no block part or none of
+      their values is finite and non-zero; None when the layer has no tensor of `role` or one
+      of them has no precision row (a run written before the record).
+    """
+    tensors = [name for name, entry in layer["tensors"].items() if entry["role"] == role]
+    precision = layer.get("precision", {})
+    if not tensors or any(name not in precision for name in tensors):
+        return None
+    total = np.sum([precision[name]["finite_nonzero"] for name in tensors], axis=0)
+    count = np.sum([_count(precision[name]) for name in tensors], axis=0)
+    return _share({"finite_nonzero": total, digest.BLOCK_FIELD: count})
 
 
 def layer_survival(tensors):
@@ -93,11 +143,17 @@ def _judged(layer):
     ]
 
 
+def _count(columns):
+    """`[steps]` count of a tensor's values that MXFP8 E4M3 turns to zero (NaN without it)."""
+    total = columns["finite_nonzero"]
+    return columns.get(digest.BLOCK_FIELD, np.full(np.shape(total), np.nan))
+
+
 def _share(columns):
     """`[steps]` share of a tensor's finite non-zero values that MXFP8 E4M3 turns to zero (NaN
     where the record has no block part or no such value)."""
     total = columns["finite_nonzero"]
-    count = columns.get(digest.BLOCK_FIELD, np.full(np.shape(total), np.nan))
+    count = _count(columns)
     with np.errstate(invalid="ignore", divide="ignore"):
         return np.where(total > 0, count / np.where(total > 0, total, 1), np.nan)
 
