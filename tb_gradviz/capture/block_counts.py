@@ -175,11 +175,11 @@ def _nvfp4_scales(amax, amin, halves, tensor_scale, scale, decode):
 
 
 @numba.njit(nogil=True, cache=True)
-def _mx_scales(amax, amin, count, spans, inverse, wide):
+def _mx_scales(amax, amin, count, inverse, spread):
     """Each MX block's `2**-K` in float32, 0 for a block left out of the chunk (NaN or Inf, or
-    rounded by `_mx_block`); adds each element's wide blocks to `wide`. Returns the smallest
-    non-zero magnitude over `2**K` of the blocks taken, and the blocks holding NaN or Inf and
-    the blocks left out."""
+    rounded by `_mx_block`), and its spread in binades (-1 for none: no non-zero value or NaN
+    or Inf). Returns the smallest non-zero magnitude over `2**K` of the blocks taken, the
+    blocks holding NaN or Inf and the blocks left out."""
     low, nonfinite, left = np.inf, 0, 0
     for b in range(count):
         top, bottom = max(amax[2 * b], amax[2 * b + 1]), min(amin[2 * b], amin[2 * b + 1])
@@ -191,10 +191,17 @@ def _mx_scales(amax, amin, count, spans, inverse, wide):
             low = min(low, np.float64(_float32_of(bottom)) * _two_to(-k))
         nonfinite += not finite
         left += not taken
-        spread = k - _binade(bottom) if finite and top > 0 else -1
-        for f in range(spans.size):
-            wide[f] += spread > spans[f]
+        spread[b] = k - _binade(bottom) if finite and top > 0 else -1
     return low, nonfinite, left
+
+
+@numba.njit(nogil=True, cache=True)
+def _above(spread, count, span):
+    """How many of the first `count` spreads exceed `span`: the wide blocks."""
+    wide = 0
+    for b in range(count):
+        wide += spread[b] > span
+    return wide
 
 
 @numba.njit(nogil=True, cache=True)
@@ -225,9 +232,10 @@ def _mx_chunk(src, off, n, inverse, unit, floor, top, smallest_normal, below_nor
 @numba.njit(nogil=True, cache=True, error_model="numpy")
 def _fp4_chunk(src, off, n, tensor_scale, block_scale, decode):
     """NVFP4 over `src[off:off + n]`, `block_scale` and `decode` holding each value's `s` and
-    `s / S` (`_nvfp4_scales`): as `_mx_chunk`, each element `(v * S) / s` in float32."""
-    zero = below = saturated = _F0
-    error = 0.0
+    `s / S` (`_nvfp4_scales`): as `_mx_chunk`, each element `(v * S) / s` in float32, then the
+    values' sum of squares and zeros, as `_squares`."""
+    zero = below = saturated = zeros = _F0
+    error = squares = 0.0
     unit, largest = np.float32(2.0 ** (23 - _FP4.mantissa)), np.float32(_FP4.largest)
     smallest_normal = np.float32(2.0**_FP4.min_exponent)
     for i in range(n):
@@ -240,8 +248,11 @@ def _fp4_chunk(src, off, n, tensor_scale, block_scale, decode):
         q = min(q, largest)
         zero = _plus(zero, _F1 if q == 0 else _F0)
         below = _plus(below, _F1 if q < smallest_normal else _F0)
-        error = _plus_square(error, np.float64(q) * decode[np.uint64(i)] - abs(np.float64(v)))
-    return zero, below, saturated, error
+        m = abs(np.float64(v))
+        error = _plus_square(error, np.float64(q) * decode[np.uint64(i)] - m)
+        squares = _plus_square(squares, m)
+        zeros = _plus(zeros, _F1 if v == 0 else _F0)
+    return zero, below, saturated, error, squares, np.int64(zeros)
 
 
 @numba.njit(nogil=True, cache=True)
@@ -281,14 +292,16 @@ def _chunk(src, start, n, half, stats, work, mx, spans, tensor_scale, out):
     values) to `out`: `(counts, sums, totals)` of each format's `(to_zero, subnormal,
     saturated)`, `(squared_error, squared_sum)` and `(wide_blocks, nonfinite_blocks)`."""
     counts, sums, totals = out
-    amax, amin, inverse_b, scale_h, decode_h = stats
+    amax, amin, inverse_b, spread, scale_h, decode_h = stats
     inverse, scale, decode, copy = work
     formats, count = mx.shape[0], n // (2 * half)
     _half_stats(src.view(np.int32), start, 2 * count, half, amax, amin)
     wide, nonfinite = _nvfp4_scales(amax, amin, 2 * count, tensor_scale, scale_h, decode_h)
     totals[formats, 0] += wide
     totals[formats, 1] += nonfinite
-    low, mx_nonfinite, left = _mx_scales(amax, amin, count, spans, inverse_b, totals[:formats, 0])
+    low, mx_nonfinite, left = _mx_scales(amax, amin, count, inverse_b, spread)
+    for f in range(formats):
+        totals[f, 0] += _above(spread, count, spans[f])
     totals[:formats, 1] += mx_nonfinite
     for h in range(2 * count):  # each block's scales spread over its values
         s, d = scale_h[h], decode_h[h]
@@ -299,8 +312,24 @@ def _chunk(src, start, n, half, stats, work, mx, spans, tensor_scale, out):
         for i in range(2 * half * b, 2 * half * b + 2 * half):
             inverse[np.uint64(i)] = g
 
+    nv_src, nv_at = src, start
+    if nonfinite:  # a copy with those blocks' values zeroed
+        nv_src, nv_at = copy[1], 0
+        nv_src[:n] = src[start : start + n]
+        for h in range(2 * count):
+            if amax[h] >= _INF:
+                nv_src[half * h : half * (h + 1)] = 0
+    zero, below, saturated, error, squares, zeros = _fp4_chunk(
+        nv_src, nv_at, n, tensor_scale, scale, decode
+    )
+    counts[formats, 0] += np.int64(zero) - zeros
+    counts[formats, 1] += np.int64(below) - np.int64(zero)
+    counts[formats, 2] += np.int64(saturated)
+    sums[formats, 0] += error
+    sums[formats, 1] += squares
+
     mx_src, mx_at = src, start
-    if left:  # a copy with those blocks' values zeroed
+    if left:
         mx_src, mx_at = copy[0], 0
         mx_src[:n] = src[start : start + n]
         for b in range(count):
@@ -309,7 +338,8 @@ def _chunk(src, start, n, half, stats, work, mx, spans, tensor_scale, out):
                 top = max(amax[2 * b], amax[2 * b + 1])
                 if top < _INF:
                     _mx_block(src, start + 2 * half * b, 2 * half, _binade(top), mx, counts, sums)
-    squares, zeros = _squares(mx_src, mx_at, n)
+    if left or nonfinite:
+        squares, zeros = _squares(mx_src, mx_at, n)
     for f in range(formats):
         below_normal = low < mx[f, 3]
         zero, below, saturated, error = _mx_chunk(
@@ -330,22 +360,6 @@ def _chunk(src, start, n, half, stats, work, mx, spans, tensor_scale, out):
         sums[f, 0] += error
         sums[f, 1] += squares
 
-    nv_src, nv_at = src, start
-    if nonfinite:
-        nv_src, nv_at = copy[1], 0
-        nv_src[:n] = src[start : start + n]
-        for h in range(2 * count):
-            if amax[h] >= _INF:
-                nv_src[half * h : half * (h + 1)] = 0
-    if nonfinite or left:
-        squares, zeros = _squares(nv_src, nv_at, n)
-    zero, below, saturated, error = _fp4_chunk(nv_src, nv_at, n, tensor_scale, scale, decode)
-    counts[formats, 0] += np.int64(zero) - zeros
-    counts[formats, 1] += np.int64(below) - np.int64(zero)
-    counts[formats, 2] += np.int64(saturated)
-    sums[formats, 0] += error
-    sums[formats, 1] += squares
-
 
 @numba.njit(nogil=True, cache=True)
 def _records(values, rows, width, half, mx, spans, tensor_scale, out):
@@ -360,6 +374,7 @@ def _records(values, rows, width, half, mx, spans, tensor_scale, out):
         np.empty(CHUNK // 16, np.int32),  # per block of 16: its largest magnitude's bits
         np.empty(CHUNK // 16, np.int32),  # its smallest non-zero magnitude's
         np.empty(CHUNK // 32, np.float32),  # per MX block: 2**-K
+        np.empty(CHUNK // 32, np.int64),  # its spread in binades
         np.empty(CHUNK // 16, np.float32),  # per block of 16: NVFP4's s
         np.empty(CHUNK // 16),  # NVFP4's s / S
     )
