@@ -364,19 +364,21 @@ def _chunk(src, start, n, half, stats, work, mx, spans, tensor_scale, out):
 @numba.njit(nogil=True, cache=True)
 def _records(values, rows, width, half, mx, spans, tensor_scale, out):
     """Adds every format's counts over `values` (float32, `rows` x `width`, flat) to `out`
-    (`_chunk`), a chunk at a time. Rows whose width is not a multiple of 32 are copied with
-    each block padded with zeros to 32 values, which changes no count: a zero sets no scale,
-    rounds to zero and is counted among the zeros.
+    (`_chunk`), a chunk at a time.
 
     `half` is NVFP4's block length, 16, passed at run time: LLVM then vectorizes the loops
-    over one block's values instead of unrolling them into gathers over blocks."""
+    over one block's values instead of unrolling them into gathers over blocks. Rows whose
+    width is not a multiple of `2 * half` are copied with each MX block padded with zeros,
+    which changes no count (a zero sets no scale, rounds to zero and is counted among the
+    zeros): to `2 * half` values, or for rows of at most `half` values, which are one block
+    in every format, to twice the row, with `half` the row's width."""
     stats = (
-        np.empty(CHUNK // 16, np.int32),  # per block of 16: its largest magnitude's bits
-        np.empty(CHUNK // 16, np.int32),  # its smallest non-zero magnitude's
-        np.empty(CHUNK // 32, np.float32),  # per MX block: 2**-K
-        np.empty(CHUNK // 32, np.int64),  # its spread in binades
-        np.empty(CHUNK // 16, np.float32),  # per block of 16: NVFP4's s
-        np.empty(CHUNK // 16),  # NVFP4's s / S
+        np.empty(CHUNK, np.int32),  # per block of `half`: its largest magnitude's bits
+        np.empty(CHUNK, np.int32),  # its smallest non-zero magnitude's
+        np.empty(CHUNK, np.float32),  # per MX block: 2**-K
+        np.empty(CHUNK, np.int64),  # its spread in binades
+        np.empty(CHUNK, np.float32),  # per block of `half`: NVFP4's s
+        np.empty(CHUNK),  # NVFP4's s / S
     )
     work = (
         np.empty(CHUNK, np.float32),  # per value: 2**-K of its MX block
@@ -384,21 +386,22 @@ def _records(values, rows, width, half, mx, spans, tensor_scale, out):
         np.empty(CHUNK),  # NVFP4's s / S
         np.empty((2, CHUNK), np.float32),  # the chunk with blocks left out zeroed: MX, NVFP4
     )
-    if width % 32 == 0:
+    if width % (2 * half) == 0:
         for start in range(0, values.size, CHUNK):
             n = min(CHUNK, values.size - start)
             _chunk(values, start, n, half, stats, work, mx, spans, tensor_scale, out)
         return
-    padded, n = np.empty(CHUNK, np.float32), 0
+    half = min(half, width)
+    padded, n, block = np.empty(CHUNK, np.float32), 0, 2 * half
     for r in range(rows):
-        for j in range(0, width, 32):
-            if n == CHUNK:
+        for j in range(0, width, block):
+            if n + block > CHUNK:
                 _chunk(padded, 0, n, half, stats, work, mx, spans, tensor_scale, out)
                 n = 0
-            size = min(32, width - j)
+            size = min(block, width - j)
             padded[n : n + size] = values[r * width + j : r * width + j + size]
-            padded[n + size : n + 32] = 0
-            n += 32
+            padded[n + size : n + block] = 0
+            n += block
     if n:
         _chunk(padded, 0, n, half, stats, work, mx, spans, tensor_scale, out)
 
