@@ -7,7 +7,7 @@ import {hintedSection, html, labelled} from './dom.js';
 import {Sections} from './sections.js';
 
 // One stylesheet per part of the page, in cascade order.
-const STYLESHEETS = ['style.css', 'charts.css', 'compare.css', 'flow.css', 'routemap.css', 'timeline.css'];
+const STYLESHEETS = ['style.css', 'charts.css', 'compare.css', 'flow.css', 'precision.css', 'routemap.css', 'timeline.css'];
 
 export function addStylesheets() {
   // Resolved against this module, not the document, whose base is plugin/gradviz/.

@@ -1,8 +1,10 @@
 // The precision panel of the layer view: per tensor of the layer, what a
 // cast to float16, bfloat16 and float8 would do to its values (the
 // precision record that /step serves with each tensor). The counts and the
-// flags are the server's; this module only words them. DOM only.
+// flags are the server's; this module only words them. Under it, the block
+// formats of the same tensors (blocktable.js). DOM only.
 
+import {blockTable} from './blocktable.js';
 import {html} from './dom.js';
 
 export const FORMATS = ['float16', 'bfloat16', 'float8_e4m3fn', 'float8_e5m2'];
@@ -90,5 +92,6 @@ export function renderPrecision(container, layerSnapshot) {
       + 'the format\'s largest value. Rows the underflow or overflow flag marks are highlighted.'}),
     // Narrower than the table (a narrow window), the table scrolls in its box, not the page.
     html('div', {className: 'precision-scroll'}, [html('table', {className: 'precision-table'}, [head, body])]),
+    ...blockTable(layerSnapshot),
   );
 }

@@ -1,8 +1,8 @@
 """The layer view's layout at common screen widths, in a real TensorBoard and Chromium.
 
 The unscaled mixed_float16 demo, whose layers all have a precision record: at each
-viewport width the precision table fits the main column, left of the "What am I
-looking at?" sidebar, and the tab's frame does not scroll sideways.
+viewport width the precision table and its block-format table fit the main column,
+left of the "What am I looking at?" sidebar, and the tab's frame does not scroll sideways.
 """
 
 import pytest
@@ -20,9 +20,10 @@ STEPS = 5
 MEASURE = """panel => {
   const page = panel.ownerDocument.documentElement;
   const table = panel.querySelector('table.precision-table').getBoundingClientRect();
+  const blocks = panel.querySelector('table.block-table').getBoundingClientRect();
   const aside = panel.ownerDocument.querySelector('aside.explanation').getBoundingClientRect();
   return {scrollWidth: page.scrollWidth, clientWidth: page.clientWidth, tableLeft: table.left,
-    tableRight: table.right, asideLeft: aside.left, asideWidth: aside.width};
+    tableRight: table.right, blocksRight: blocks.right, asideLeft: aside.left, asideWidth: aside.width};
 }"""
 
 
@@ -55,4 +56,5 @@ def test_the_precision_table_fits_left_of_the_sidebar_and_the_frame_does_not_scr
         # The sidebar is beside the main column at these widths, not under it.
         assert box["asideWidth"] > 0 and box["asideLeft"] > box["tableLeft"], box
         assert box["tableRight"] <= box["asideLeft"], box
+        assert box["blocksRight"] <= box["asideLeft"], box
         assert box["scrollWidth"] <= box["clientWidth"], box

@@ -51,9 +51,10 @@ def _layer(snapshot, name):
 
 
 def _shown_table(panel):
-    """The panel's table: per row (tensor), its non-zero count and its cells by format and setting."""
+    """The panel's casts table: per row (tensor), its non-zero count and its cells by format and
+    setting."""
     return panel.evaluate(
-        """panel => Object.fromEntries([...panel.querySelectorAll('tbody tr')].map((row) => [
+        """panel => Object.fromEntries([...panel.querySelectorAll('table.precision-table tbody tr')].map((row) => [
           row.dataset.tensor, {
             total: row.querySelector('td').textContent,
             flagged: row.classList.contains('flagged'),
