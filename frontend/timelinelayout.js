@@ -105,7 +105,7 @@ export function dragRange(columns, width, x0, x1) {
 
 const FIELD_NAMES = {
   rms: 'RMS', max_abs: 'largest |x|', zero_share: 'share of exact zeros', update_ratio: 'update ratio',
-  flush_share: 'share that flushes to zero',
+  flush_share: 'share that flushes to zero', block_zero_share: 'MXFP8 E4M3 share to zero',
 };
 const ROLE_NAMES = {
   output_gradient: 'the output gradient', input_gradient: 'the input gradient', activation: 'the activation',

@@ -3,17 +3,18 @@
 
 import {fetchJson} from './model.js';
 
-export const FIELDS = ['rms', 'max_abs', 'zero_share', 'update_ratio', 'flush_share'];
+export const FIELDS = ['rms', 'max_abs', 'zero_share', 'update_ratio', 'flush_share', 'block_zero_share'];
 export const FIELD_TITLES = {
   rms: 'log10 RMS',
   max_abs: 'log10 max |x|',
   zero_share: 'share of exact zeros',
   update_ratio: 'log10 update ratio',
   flush_share: 'share that flushes to zero',
+  block_zero_share: 'share that becomes zero in MXFP8 E4M3',
 };
 // The flags the view marks, in the order of their lanes in a row (every flag of /step).
 export const FLAGS = ['nonfinite', 'exploding', 'vanishing', 'dead', 'underflow', 'overflow'];
-// Fields shown on a log scale; the zero and flush shares are plain fractions.
+// Fields shown on a log scale; the zero, flush and block shares are plain fractions.
 export const LOG_FIELDS = new Set(['rms', 'max_abs', 'update_ratio']);
 
 /** Requested widths are multiples of this many columns (below it, the drawing's own width). */
@@ -65,7 +66,8 @@ export function timelineMatrix(body) {
     for (const flag of named) {
       for (const c of layer.flags[flag] ?? []) flags[c].push(flag);
     }
-    // `format`: what a flush share is taken in (float16, or the format the layer computes in).
+    // `format`: what a flush share is taken in (float16, or the format the layer computes in),
+    // or a block share (mxfp8_e4m3).
     return {layer: layer.layer, values, flags, envelope, ...(layer.format && {format: layer.format})};
   });
   return withRange({rows, columns: body.columns, field: body.field, diverging: false, flags: [...named]});

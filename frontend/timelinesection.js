@@ -26,6 +26,10 @@ const CHOICES = [
     label: 'Share of the output gradient that flushes to zero in float16 (or the format the layer computes in)'},
   {value: 'flush_share/input_gradient', field: 'flush_share', role: 'input_gradient',
     label: 'Share of the input gradient that flushes to zero in float16 (or the format the layer computes in)'},
+  {value: 'block_zero_share/output_gradient', field: 'block_zero_share', role: 'output_gradient',
+    label: 'MXFP8 E4M3: share of the output gradient that becomes zero (blocks of 32)'},
+  {value: 'block_zero_share/input_gradient', field: 'block_zero_share', role: 'input_gradient',
+    label: 'MXFP8 E4M3: share of the input gradient that becomes zero (blocks of 32)'},
 ];
 
 export class TimelineSection {

@@ -226,6 +226,7 @@ def _dump_answers(client, folder):
     get("step", run="weights", step=STEPS_PER_EPOCH)
     get("timeline", run="weights", field="update_ratio", role="weight")
     get("timeline", run="clean", field="flush_share")
+    get("timeline", run="clean", field="block_zero_share")
     assert get("updates", run="weights", layer="pool").status_code == 404
     assert get("updates", run="clean", layer="conv").status_code == 404
     (folder / "index.json").write_text(json.dumps(answers, indent=1))
