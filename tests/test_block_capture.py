@@ -105,3 +105,30 @@ def test_a_fit_writes_the_block_part_of_a_known_gradient(tmp_path):
     # E5M2's scale 2**-25 keeps 2**-30 normal and 2**-40 (2**-15 scaled) subnormal; 30 binades fit.
     assert record["mxfp8_e5m2"]["to_zero"] == record["mxfp8_e5m2"]["wide_blocks"] == 0
     assert record["mxfp8_e5m2"]["subnormal"] == 1
+
+
+@pytest.mark.parametrize("statistics", ["host", "device"])
+def test_block_formats_false_writes_the_casts_part_alone(tmp_path, statistics):
+    """The switch holds on both paths: with it, every precision record has the block part; without,
+    the 29 fields of the casts' part, which readers decode with `block_formats` None."""
+    from tb_gradviz.capture import probe, selection
+
+    model = keras.Sequential([keras.Input((40,)), keras.layers.Dense(33, name="dense")])
+    model.compile("sgd", "mse")
+    rng = np.random.default_rng(3)
+    x, y = rng.normal(size=(2, 40)).astype("float32"), np.zeros((2, 33), "float32")
+    chosen = selection.select_layers(model, ["dense"])
+    for on in (True, False):
+        capture = probe.new_capture(model, chosen, statistics=statistics, block_formats=on)
+        written, _ = capture.run(x, y)
+        precision = [r for tag, r, _ in written if tag.endswith("/precision")]
+        assert len(precision) == 3
+        for record in precision:
+            length = records.PRECISION_LENGTH if on else records.PRECISION_CAST_LENGTH
+            assert len(record) == length
+            assert (records.decode_precision(record)["block_formats"] is None) == (not on)
+
+
+def test_block_formats_must_be_a_bool(tmp_path):
+    with pytest.raises(TypeError, match="block_formats.*Received: block_formats='yes'"):
+        GradVizCallback(tmp_path, (np.zeros((1, 4)), np.zeros((1, 1))), block_formats="yes")

@@ -19,6 +19,7 @@ import pytest
 
 keras = pytest.importorskip("keras")
 
+import eventdata  # noqa: E402
 from test_precision_record import edge_values, recorded, reference  # noqa: E402
 from values import awkward_rows  # noqa: E402
 
@@ -543,6 +544,9 @@ def test_float32_subnormals_through_a_reshape_are_recorded_as_on_the_host():
             assert np.all(record[records.NEGATIVE_BINS.start :] >= 0), tag
         elif tag.endswith("/routing"):
             np.testing.assert_allclose(record, expected, rtol=SUM_RTOL, err_msg=tag)
+        elif tag.endswith("/precision"):
+            assert len(record) == records.PRECISION_LENGTH, tag  # with the block part
+            eventdata.assert_same_precision(expected, record, tag)
         else:
             np.testing.assert_array_equal(record, expected, err_msg=tag)
     (activation,) = [r for tag, r, _ in device if tag.endswith("activation/stats")]

@@ -15,6 +15,7 @@ import warnings
 import keras
 import numpy as np
 
+from tb_gradviz.capture import device_blocks
 from tb_gradviz.format import blocks, events, records, routing_map, summaries
 
 
@@ -76,7 +77,8 @@ def step_records(plans, summaries, routings, skipped, units, maps=(), map_settin
 def summary_of_row(row):
     """`(histogram, stats, precision)` of a tensor from its row of `device_statistics.tensor_rows`.
 
-    `(histogram, stats)` alone when the row has no precision counts.
+    `(histogram, stats)` alone when the row has no precision counts; the
+    precision record's block part when the row has the block counts.
     """
     histogram, stats = summaries.summary_from_sums(
         n=row["count"],
@@ -98,7 +100,11 @@ def summary_of_row(row):
     zeros, *as_is = row["precision_as_is"]
     below = np.concatenate([as_is, row["precision_scaled"]])
     exponents = row["precision_exponents"]
-    return histogram, stats, summaries.precision_from_below(finite, zeros, below, exponents)
+    precision = summaries.precision_from_below(finite, zeros, below, exponents)
+    if "block_width" in row:
+        block_part = blocks.record_fields(device_blocks.row_records(row))
+        precision = np.concatenate([precision, block_part])
+    return histogram, stats, precision
 
 
 def device_records(plans, rows, routing_counts, skipped, units, maps=(), map_settings=None):
@@ -265,7 +271,15 @@ def host_weights(plans, arrays):
 
 
 def host_records(
-    plans, arrays, divisor, routing_counts, skipped, units, maps=(), map_settings=None
+    plans,
+    arrays,
+    divisor,
+    routing_counts,
+    skipped,
+    units,
+    maps=(),
+    map_settings=None,
+    block_formats=True,
 ):
     """Returns `run`'s result from the captured tensors, summarised on the host.
 
@@ -280,10 +294,12 @@ def host_records(
       units: `dead_channels` of each plan with a `units_axis`, in order
         (numpy or the backend's tensors).
       maps, map_settings: as for `step_records`.
+      block_formats: also the precision record's block part (`host_summaries`).
     """
     tensors = [t for plan in plans for t in plan.tensors]
     summaries = host_summaries(
-        [(a, divisor if t.loss_scaled else None) for a, t in zip(arrays, tensors)]
+        [(a, divisor if t.loss_scaled else None) for a, t in zip(arrays, tensors)],
+        block_formats,
     )
     by_tensor = iter(arrays)
     counts = iter(routing_counts)

@@ -105,6 +105,11 @@ class GradVizCallback(keras.callbacks.Callback):
         spacings of 1, 2, 3, ... events, about sqrt(2 x events) more; and
         always at an event where a flag is first raised and the event before
         it (`full_records.Keeper`, docs/FORMAT.md). "all" keeps every event.
+      block_formats: write each precision record's block part: what MXFP8,
+        MXFP6, MXFP4 and NVFP4 would do to the tensor, per block of its last
+        axis (`format.blocks`, docs/FORMAT.md), which `summary`, `export`,
+        the tab and the `block_underflow` flag read. On by default; False
+        leaves it out (its cost: bench/RESULTS.md section 17).
 
     Raises:
       TypeError: an argument's type is not one allowed.
@@ -132,6 +137,7 @@ class GradVizCallback(keras.callbacks.Callback):
         weights=False,
         budget=None,
         full_records=full_records_module.DEFAULT_FIRST,
+        block_formats=True,
     ):
         super().__init__()
         location = arguments.check_log_dir(log_dir)
@@ -155,6 +161,7 @@ class GradVizCallback(keras.callbacks.Callback):
             map_settings if arguments.check_bool("routing_map", routing_map) else None
         )
         self.weights = arguments.check_bool("weights", weights)
+        self.block_formats = arguments.check_bool("block_formats", block_formats)
         # The one owner of the log schedule: units passed, the interval, when to log.
         self._budget = budget_module.Budget(
             budget, asked=self.every_n_batches or self.every_n_epochs
@@ -219,6 +226,7 @@ class GradVizCallback(keras.callbacks.Callback):
                 training=self.training,
                 routing_map=self.routing_map,
                 weights=self.weights,
+                block_formats=self.block_formats,
             )
             self._updates = weights_module.Updates() if self.weights else None
 

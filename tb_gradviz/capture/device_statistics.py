@@ -348,6 +348,14 @@ def _bins(total, at_least):
     return above - below
 
 
+def last_axis(shape):
+    """The length of a tensor's last axis, along which its blocks are cut (1 for a scalar; None
+    when the shape does not say, and the block record is then left out)."""
+    if len(shape) == 0:
+        return 1
+    return None if shape[-1] is None else int(shape[-1])
+
+
 def chunks(keys):
     """Returns how tensors are grouped: lists of indices into `keys`.
 

@@ -42,7 +42,14 @@ BACKENDS = ("tensorflow", "jax", "torch")
 
 
 def new_capture(
-    model, chosen, loss=None, training=True, statistics=None, routing_map=None, weights=False
+    model,
+    chosen,
+    loss=None,
+    training=True,
+    statistics=None,
+    routing_map=None,
+    weights=False,
+    block_formats=True,
 ):
     """Returns the probe pass of `model` for the Keras backend in use.
 
@@ -58,6 +65,8 @@ def new_capture(
         layers' routing maps.
       weights: also record each chosen layer's trainable weights and the
         gradients w.r.t. them (`weights.chosen_weights`), in the same pass.
+      block_formats: also write the precision record's block part (what the
+        block-scaled formats would do, `format.blocks`), on either path.
 
     Raises:
       ValueError: Keras runs on a backend tb_gradviz does not support.
@@ -71,6 +80,7 @@ def new_capture(
     module = importlib.import_module(f"tb_gradviz.capture.backends.{name}")
     probe = module.LayerCapture(model, chosen, loss=loss, training=training, statistics=statistics)
     probe.map_settings = routing_map
+    probe.block_formats = bool(block_formats)
     probe.weights = weights_module.chosen_weights(probe.chosen) if weights else {}
     return probe
 
@@ -118,6 +128,7 @@ class ProbePass:
         self._loss = loss
         self.plans = None  # the LayerPlans, known once the pass has run
         self.map_settings = None  # routing_map.Settings, or None for no routing maps
+        self.block_formats = True  # write the precision record's block part
         self.weights = {}  # path -> [(name, variable)] recorded (`weights.chosen_weights`)
         # The recorded weights' values on the host after a run with host statistics,
         # `{id(variable): array}` (`assemble.host_weights`); empty otherwise.

@@ -85,7 +85,15 @@ class LayerCapture(probe.ProbePass):
             arrays = [assemble.host_array(t) for t in tensors]
             self.host_weights = assemble.host_weights(self.plans, arrays)
             return assemble.host_records(
-                self.plans, arrays, divisor, counts, self._skipped, units, maps, self.map_settings
+                self.plans,
+                arrays,
+                divisor,
+                counts,
+                self._skipped,
+                units,
+                maps,
+                self.map_settings,
+                self.block_formats,
             )
         return assemble.device_records(
             self.plans,
@@ -101,7 +109,8 @@ class LayerCapture(probe.ProbePass):
         """Each tensor's row of `device_statistics`, computed where it is, in one jitted call."""
         scaled = [t.loss_scaled for plan in self.plans for t in plan.tensors]
         if self._groups is None:
-            keys = [(t.size, t.dtype, d) for t, d in zip(tensors, scaled)]
+            widths = [device_statistics.last_axis(t.shape) for t in tensors]
+            keys = [(t.size, t.dtype, d, w) for t, d, w in zip(tensors, scaled, widths)]
             self._groups = device_statistics.chunks(keys)
             platform = next(iter(tensors[0].devices())).platform
             self._statistics = jax.jit(
@@ -110,6 +119,7 @@ class LayerCapture(probe.ProbePass):
                     self._groups,
                     scaled,
                     mode=device_statistics.mode_for(platform),
+                    widths=widths if self.block_formats else None,
                 )
             )
         with jax.enable_x64(True):  # float64 sums and bucket arithmetic, as the definition's

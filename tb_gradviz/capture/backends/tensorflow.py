@@ -75,7 +75,11 @@ class LayerCapture(probe.ProbePass):
             )
             scale = float(outputs["scale"]) if "scale" in outputs else None
             summaries = assemble.host_summaries(
-                [(v, scale if divided else None) for v, divided in zip(values, self._divided_items)]
+                [
+                    (v, scale if divided else None)
+                    for v, divided in zip(values, self._divided_items)
+                ],
+                self.block_formats,
             )
         else:
             rows = device_statistics.tensor_rows(
@@ -287,11 +291,16 @@ class LayerCapture(probe.ProbePass):
             tensors = [t for t, _ in summarised]
             scaled = [divisor is not None for _, divisor in summarised]
             self._item_sizes = [t.shape.num_elements() for t in tensors]
-            keys = [(n, t.dtype, s) for n, t, s in zip(self._item_sizes, tensors, scaled)]
+            widths = [device_statistics.last_axis(t.shape.as_list()) for t in tensors]
+            keys = [
+                (n, t.dtype, s, w) for n, t, s, w in zip(self._item_sizes, tensors, scaled, widths)
+            ]
             self._groups = device_statistics.chunks(keys)
             divisor = tf.constant(1.0, tf.float64) if scale is None else scale
             mode = device_statistics.mode_for(device)
-            statistics = tf_statistics.compiled(self._groups, scaled, mode)
+            statistics = tf_statistics.compiled(
+                self._groups, scaled, mode, widths if self.block_formats else None
+            )
             outputs["statistics"] = statistics(tensors, divisor)
 
         # Written after every read above: automatic control dependencies keep

@@ -129,7 +129,15 @@ class LayerCapture(probe.ProbePass):
             arrays = [assemble.host_array(t) for t in tensors]
             self.host_weights = assemble.host_weights(self.plans, arrays)
             return assemble.host_records(
-                self.plans, arrays, scale, routing_counts, skipped, units, maps, self.map_settings
+                self.plans,
+                arrays,
+                scale,
+                routing_counts,
+                skipped,
+                units,
+                maps,
+                self.map_settings,
+                self.block_formats,
             )
         return assemble.device_records(
             self.plans,
@@ -144,11 +152,17 @@ class LayerCapture(probe.ProbePass):
     def _device_rows(self, tensors, divisor):
         """Each tensor's row of `device_statistics`, computed where it is (eager ops)."""
         scaled = [t.loss_scaled for plan in self.plans for t in plan.tensors]
-        keys = [(t.numel(), t.dtype, d) for t, d in zip(tensors, scaled)]
+        widths = [device_statistics.last_axis(t.shape) for t in tensors]
+        keys = [(t.numel(), t.dtype, d, w) for t, d, w in zip(tensors, scaled, widths)]
         groups = device_statistics.chunks(keys)
         with torch.no_grad():
             results = device_statistics.chunk_statistics(
-                groups, scaled, tensors, divisor, mode="eager"
+                groups,
+                scaled,
+                tensors,
+                divisor,
+                mode="eager",
+                widths=widths if self.block_formats else None,
             )
             return device_statistics.tensor_rows(groups, results, [t.numel() for t in tensors])
 
