@@ -9,14 +9,16 @@ Two measurements:
   tb_gradviz/capture/block_counts.py, loaded from `git show`), interleaved in
   alternating order; the process's CPU time and wall time, medians and minima.
 * `--part event`: ResNet50 (`--image-size`, `--batch`, TensorFlow on the CPU)
-  with `--layers` (pool or all): each repeat runs one log event of the
-  callback (`log_now`) and times `block_records` over the very tensors that
-  event summarised (as `bench_precision` takes them from `kernels.summaries`),
-  once on this thread and once on the capture's threads (largest first, one
-  per CPU). The extra per event is the block records' CPU time over the
-  event's. `wired` says whether capture computes the block record itself
-  (`assemble` calls `block_counts`); when it does, the event's time holds it
-  and the extra is taken over the event's time less it.
+  with `--layers` (pool or all). Each repeat runs two log events of the
+  callback (`log_now`), in alternating order: one as it is, one whose block
+  part is a constant (`assemble.block_fields` replaced), and times
+  `block_records` over the very tensors the event summarised (taken from
+  `kernels.summaries`, as `bench_precision` does), once on this thread and
+  once on threads (largest first, one per CPU, as `assemble` runs it). The
+  extra per event, through the callback: the event with the block part over
+  the event without, less one; directly: the block records' CPU time on this
+  thread over the event's without them. On a tree where capture does not
+  compute the block part (`wired` False) only the direct figure is taken.
 
 Examples:
   python bench/bench_block_formats.py --part kernel --repeats 7
@@ -182,9 +184,16 @@ def measure_event(args):
             rows.append((*times[True], *times[False], *serial, *threads))
     finally:
         kernels.summaries = original_summaries
-    with_wall, with_cpu, without_wall, without_cpu, serial_wall, serial_cpu, _, threads_cpu = (
-        np.array(column) for column in zip(*rows)
-    )
+    (
+        with_wall,
+        with_cpu,
+        without_wall,
+        without_cpu,
+        serial_wall,
+        serial_cpu,
+        threads_wall,
+        threads_cpu,
+    ) = (np.array(column) for column in zip(*rows))
     values = int(sum(a.size for a in arrays))
     row = {
         "model": "resnet50",
@@ -200,6 +209,7 @@ def measure_event(args):
         "blocks_serial_cpu_s": float(np.median(serial_cpu)),
         "blocks_serial_wall_s": float(np.median(serial_wall)),
         "blocks_threads_cpu_s": float(np.median(threads_cpu)),
+        "blocks_threads_wall_s": float(np.median(threads_wall)),
         "ns_per_value_cpu": float(np.median(serial_cpu) / values * 1e9),
         "extra_direct_cpu": float(np.median(serial_cpu / without_cpu)),
         "extra_direct_cpu_of_minima": float(serial_cpu.min() / without_cpu.min()),
