@@ -27,7 +27,7 @@ fi
 python3 -m ruff format --check .
 python3 -m ruff check .
 KERAS_BACKEND=jax python3 -m pytest -q -p no:cacheprovider tests/test_backends.py tests/test_weights.py \
-  tests/test_device_statistics.py tests/test_precision_capture.py
+  tests/test_device_statistics.py tests/test_precision_capture.py tests/test_device_blocks.py
 KERAS_BACKEND=torch python3 -m pytest -q -p no:cacheprovider tests/test_backends.py tests/test_weights.py \
-  tests/test_device_statistics.py tests/test_precision_capture.py
+  tests/test_device_statistics.py tests/test_precision_capture.py tests/test_device_blocks.py
 KERAS_BACKEND=tensorflow exec python3 -m pytest -q
