@@ -1,42 +1,32 @@
 """The block record on the host: `format.blocks.block_record` of every format at once.
 
-`format.blocks` defines the record with whole-array numpy operations, format
-by format. Here numba reads the tensor once for NVFP4's tensor amax (the
-largest magnitude of its blocks of 16 that hold no NaN or Inf), then once
-more a chunk at a time (`CHUNK` values of whole blocks, which stay in the L1
-cache) for all six formats:
+numba reads the tensor once for NVFP4's tensor amax, then a chunk at a time (`CHUNK` values of
+whole blocks, which stay in the L1 cache): per block of 16 (NVFP4's; an MX block is two) the
+bits of its largest and smallest non-zero magnitudes, in integer operations (a float32
+magnitude's bits order as its value; bits at or above +Inf's mean NaN or Inf), from them every
+block's scales, spread over its values; then each format in one loop over the chunk that LLVM
+vectorizes: no branch and no sum per block.
 
-1. per block of 16 (NVFP4's block; an MX block of 32 is two), the bits of its
-   largest and smallest non-zero magnitudes, in integer operations (a
-   float32 magnitude's bits order as its value; bits at or above +Inf's mean
-   NaN or Inf), and from them every block's scales;
-2. the scales spread over the block's values, then each format in one loop
-   over the chunk that LLVM vectorizes: no branch and no sum per block.
-
-Rounding without a division or a logarithm: a float `x >= 0` rounds to a
-multiple of a power of two `q` with ties to even as `(x + B) - B`,
-`B = q * 2**23` in float32 (`x < B`): the sum's last bit is worth `q`. An
-element's quantum of `x` is `2**(max(floor(log2(x)), e_min) - mantissa)`,
+Rounding without a division or a logarithm: a float `x >= 0` rounds to a multiple of a power of
+two `q`, ties to even, as `(x + B) - B` with `B = q * 2**23` in float32 (`x < B`): the sum's last
+bit is worth `q`. An element's quantum of `x` is `2**(max(floor(log2(x)), e_min) - mantissa)`,
 and `2**floor(log2(x))` is `x`'s bits with the significand masked off.
 
-MX: a block's E8M0 scale is `2**(K - emax)`, `K = floor(log2(amax))`, the
-same `2**K` for the five elements, so each value is taken to `u = |v| / 2**K`
-and each element's constants are divided by `2**emax`. `u` is exact unless
-it is below float32's normal range, where every element rounds it to zero;
-the error `q * 2**K - |v|` is exact in float32 (a power of two times `q`,
-then Sterbenz's lemma) and squared in float64. A block whose E8M0 scale
-clamps (`amax` below ~4e-34) or whose `2**-K` is not a normal float32 is
-rounded value by value in float64 instead (`_mx_block`). A chunk whose
-non-zero values are all normal elements of a format skips that format's
-subnormal arm. NVFP4: `(v * S) / s` in float32, as the definition computes
-it (IEEE gradual underflow), rounded the same way.
+MX: a block's E8M0 scale is `2**(K - emax)`, `K = floor(log2(amax))`, the same `2**K` for the
+five elements, so each value is taken to `u = |v| / 2**K` and each element's constants are
+divided by `2**emax`. `u` is exact unless it is below float32's normal range, where every
+element rounds it to zero; the error `q * 2**K - |v|` is exact in float32 (a power of two times
+`q`, then Sterbenz's lemma) and squared in float64. A block whose E8M0 scale clamps (`amax`
+below ~4e-34) or whose `2**-K` is not a normal float32 is rounded in float64 (`_mx_block`). A
+chunk whose non-zero values are all normal elements of a format skips its subnormal arm.
+NVFP4: `(v * S) / s` in float32 as the definition computes it (IEEE gradual underflow), rounded
+the same way.
 
-A block holding NaN or Inf is left out by zeroing its values in a copy of
-the chunk; the zeros are counted in the chunk and taken off the values that
-round to zero. Counts are exact; the squared sums are added in another order
-than numpy's, so they agree with the definition to rounding
-(tests/test_block_counts.py). The kernels release the GIL and run on the
-calling thread: capture runs tensors on threads of its own.
+A block holding NaN or Inf is left out by zeroing its values in a copy of the chunk; the zeros
+are counted in the chunk and taken off the values that round to zero. Counts are exact; the
+squared sums are added in another order than numpy's, so they agree with the definition to
+rounding (tests/test_block_counts.py). The kernels release the GIL and run on the calling
+thread: capture runs tensors on threads of its own.
 """
 
 import numba
@@ -58,19 +48,11 @@ _E8M0_LOW, _E8M0_HIGH = blocks.E8M0_EXPONENTS
 _K_LOW = _E8M0_LOW + max(e.max_exponent for e in _MX_ELEMENTS)
 _K_HIGH = 125
 # Per MX element, in units of 2**K: `B = max(2**floor(log2(u)) * unit, floor)`, the largest
-# value, the smallest normal; then the element as `_mx_block` reads it.
+# value, the smallest normal; then the element's own fields, as `_mx_block` reads them.
 _MX_CONSTANTS = np.array(
     [
-        (
-            2.0 ** (23 - e.mantissa),
-            2.0 ** (e.min_exponent - e.max_exponent + 23 - e.mantissa),
-            e.largest / 2.0**e.max_exponent,
-            2.0 ** (e.min_exponent - e.max_exponent),
-            e.mantissa,
-            e.min_exponent,
-            e.largest,
-            e.max_exponent,
-        )
+        (2.0 ** (23 - e.mantissa), 2.0 ** (e.min_exponent - e.max_exponent + 23 - e.mantissa))
+        + (e.largest / 2.0**e.max_exponent, 2.0 ** (e.min_exponent - e.max_exponent), *e)
         for e in _MX_ELEMENTS
     ]
 )
@@ -81,6 +63,7 @@ _EXPONENT32 = np.int32(0x7F800000)
 _EXPONENT64 = np.int64(0x7FF0000000000000)
 _RECIPROCAL = np.int32(254 << 23)  # 2**K's bits are this minus 2**-K's
 _F0, _F1 = np.float32(0.0), np.float32(1.0)
+_COUNTED = ("to_zero", "subnormal", "saturated", "wide_blocks", "nonfinite_blocks")
 
 
 @numba.njit(nogil=True, cache=True, fastmath={"reassoc"})
@@ -128,8 +111,10 @@ def _e4m3(x):
 
 
 @numba.njit(nogil=True, cache=True)
-def _tensor_amax(bits, rows, width):
-    """NVFP4's tensor amax: the largest magnitude of the blocks of 16 with no NaN or Inf."""
+def _tensor_scale(bits, rows, width):
+    """NVFP4's float32 tensor scale `448 * 6 / amax`, clamped to float32's largest value, as
+    `blocks` computes it; `amax` is the largest magnitude of the blocks of 16 with no NaN or
+    Inf (1 where it is 0)."""
     top = np.int32(0)
     for i in range(bits.size):
         top = max(top, bits[np.uint64(i)] & _ABS)
@@ -141,7 +126,10 @@ def _tensor_amax(bits, rows, width):
                 for i in range(start, min(start + 16, (r + 1) * width)):
                     high = max(high, bits[np.uint64(i)] & _ABS)
                 top = max(top, high if high < _INF else np.int32(0))
-    return np.float64(_float32_of(top))
+    if top == 0:
+        return np.float32(1.0)
+    scale = np.float32(_E4M3.largest * _FP4.largest) / _float32_of(top)
+    return min(scale, np.float32(np.finfo(np.float32).max))
 
 
 @numba.njit(nogil=True, cache=True)
@@ -205,13 +193,15 @@ def _above(spread, count, span):
 
 
 @numba.njit(nogil=True, cache=True)
-def _mx_chunk(src, off, n, inverse, unit, floor, top, smallest_normal, below_normal):
-    """One MX element over `src[off:off + n]`, `inverse` holding each value's `2**-K`:
-    `(zero, below, saturated, squared_error)`, zero and below counting the values that round
-    to 0 and below the smallest normal (zeros included), or both 0 where `below_normal` is
-    False: every non-zero value is then a normal element."""
+def _mx_chunk(src, off, n, inverse, element, below_normal):
+    """One MX element (its row of `_MX_CONSTANTS`) over `src[off:off + n]`, `inverse` holding
+    each value's `2**-K`: `(zero, below, saturated, squared_error)`, zero and below counting the
+    values that round to 0 and below the smallest normal (zeros included), or both 0 where
+    `below_normal` is False: every non-zero value is then a normal element."""
     zero = below = saturated = _F0
     error = 0.0
+    unit, floor = np.float32(element[0]), np.float32(element[1])
+    top, smallest_normal = np.float32(element[2]), np.float32(element[3])
     for i in range(n):
         m = abs(src[np.uint64(off + i)])
         g = inverse[np.uint64(i)]
@@ -289,20 +279,20 @@ def _mx_block(values, start, n, binade, mx, counts, sums):
 @numba.njit(nogil=True, cache=True)
 def _chunk(src, start, n, half, stats, work, mx, spans, tensor_scale, out):
     """Adds the counts of the chunk `src[start:start + n]` (whole MX blocks of `2 * half`
-    values) to `out`: `(counts, sums, totals)` of each format's `(to_zero, subnormal,
-    saturated)`, `(squared_error, squared_sum)` and `(wide_blocks, nonfinite_blocks)`."""
-    counts, sums, totals = out
+    values) to `out`: `(counts, sums)` of each format's `_COUNTED` and `(squared_error,
+    squared_sum)`."""
+    counts, sums = out
     amax, amin, inverse_b, spread, scale_h, decode_h = stats
     inverse, scale, decode, copy = work
     formats, count = mx.shape[0], n // (2 * half)
     _half_stats(src.view(np.int32), start, 2 * count, half, amax, amin)
     wide, nonfinite = _nvfp4_scales(amax, amin, 2 * count, tensor_scale, scale_h, decode_h)
-    totals[formats, 0] += wide
-    totals[formats, 1] += nonfinite
+    counts[formats, 3] += wide
+    counts[formats, 4] += nonfinite
     low, mx_nonfinite, left = _mx_scales(amax, amin, count, inverse_b, spread)
     for f in range(formats):
-        totals[f, 0] += _above(spread, count, spans[f])
-    totals[:formats, 1] += mx_nonfinite
+        counts[f, 3] += _above(spread, count, spans[f])
+    counts[:formats, 4] += mx_nonfinite
     for h in range(2 * count):  # each block's scales spread over its values
         s, d = scale_h[h], decode_h[h]
         for i in range(half * h, half * h + half):
@@ -342,17 +332,7 @@ def _chunk(src, start, n, half, stats, work, mx, spans, tensor_scale, out):
         squares, zeros = _squares(mx_src, mx_at, n)
     for f in range(formats):
         below_normal = low < mx[f, 3]
-        zero, below, saturated, error = _mx_chunk(
-            mx_src,
-            mx_at,
-            n,
-            inverse,
-            np.float32(mx[f, 0]),
-            np.float32(mx[f, 1]),
-            np.float32(mx[f, 2]),
-            np.float32(mx[f, 3]),
-            below_normal,
-        )
+        zero, below, saturated, error = _mx_chunk(mx_src, mx_at, n, inverse, mx[f], below_normal)
         if below_normal:
             counts[f, 0] += np.int64(zero) - zeros
             counts[f, 1] += np.int64(below) - np.int64(zero)
@@ -406,17 +386,6 @@ def _records(values, rows, width, half, mx, spans, tensor_scale, out):
         _chunk(padded, 0, n, half, stats, work, mx, spans, tensor_scale, out)
 
 
-def _tensor_scale(tensor_amax):
-    """NVFP4's float32 tensor scale `448 * 6 / amax`, clamped to float32's largest value, as
-    `blocks` computes it."""
-    f32 = np.float32
-    if tensor_amax <= 0:
-        return f32(1.0)
-    with np.errstate(over="ignore"):
-        scale = f32(_E4M3.largest * _FP4.largest) / f32(tensor_amax)
-    return min(scale, np.finfo(f32).max)
-
-
 def block_records(values):
     """`{format: blocks.block_record(values, format)}` for every format of `blocks.FORMATS`.
 
@@ -431,30 +400,15 @@ def block_records(values):
     width = 1 if values.ndim == 0 else values.shape[-1]
     rows = values.size // width if width else 0
     flat = values.reshape(-1)
-    tensor_amax = _tensor_amax(flat.view(np.int32), rows, width)
-    formats = len(_MX) + 1
-    out = (
-        np.zeros((formats, 3), np.int64),
-        np.zeros((formats, 2)),
-        np.zeros((formats, 2), np.int64),
-    )
-    _records(flat, rows, width, 16, _MX_CONSTANTS, _MX_SPANS, _tensor_scale(tensor_amax), out)
-    counts, sums, totals = out
-    blocks_of = [rows * -(-width // 32)] * len(_MX) + [rows * -(-width // 16)]
-    by_name = {
-        name: {
-            "to_zero": int(counts[i, 0]),
-            "subnormal": int(counts[i, 1]),
-            "saturated": int(counts[i, 2]),
-            "wide_blocks": int(totals[i, 0]),
-            "blocks": blocks_of[i],
-            "nonfinite_blocks": int(totals[i, 1]),
-            "squared_error": float(sums[i, 0]),
-            "squared_sum": float(sums[i, 1]),
-        }
-        for i, name in enumerate(_MX + _NVFP4)
-    }
-    return {name: by_name[name] for name in blocks.FORMATS}
+    counts, sums = np.zeros((len(_MX) + 1, len(_COUNTED)), np.int64), np.zeros((len(_MX) + 1, 2))
+    scale = np.float32(_tensor_scale(flat.view(np.int32), rows, width))  # float32 in the kernel
+    _records(flat, rows, width, 16, _MX_CONSTANTS, _MX_SPANS, scale, (counts, sums))
+    records = {}
+    for i, name in enumerate(_MX + _NVFP4):
+        records[name] = dict(zip(_COUNTED, map(int, counts[i])))
+        records[name]["blocks"] = rows * -(-width // blocks.FORMATS[name].block_size)
+        records[name]["squared_error"], records[name]["squared_sum"] = map(float, sums[i])
+    return {name: {k: records[name][k] for k in blocks.COUNTS} for name in blocks.FORMATS}
 
 
 def block_record(values, name):
