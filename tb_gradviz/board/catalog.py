@@ -10,7 +10,7 @@ import logging
 import threading
 from typing import NamedTuple
 
-from tb_gradviz.format import metadata, records
+from tb_gradviz.format import digest, digest_parts, metadata, records
 
 logger = logging.getLogger(__name__)
 
@@ -57,11 +57,13 @@ class TensorSeries(NamedTuple):
 
 
 class Digest(NamedTuple):
-    """One digest series of a run (`store.RunStore.digests`)."""
+    """One digest series of a run (`store.RunStore.digests`): its parts, joined when read."""
 
     # Its metadata's `rows`: `[kind, layer, role or weight]` per row.
     rows: list
-    time_series: object
+    # `((tag, provider.TensorTimeSeries), ...)` of its parts by first step: a digest written
+    # whole (before layout 13) is one part, under the series' own tag, first.
+    parts: tuple
 
 
 class Budget(NamedTuple):
@@ -162,6 +164,38 @@ def weight_updates(layer):
     return {
         weight: updates[weight]
         for weight in sorted(updates, key=lambda w: (indexes.get(w, len(indexes)), w))
+    }
+
+
+def digest_series(run, time_series_by_tag, skip_warning):
+    """Groups one run's digest series (plugin `gradviz_digest`) by their rows.
+
+    The parts of a series (layout 13, `digest_parts`) are grouped under the
+    tag of their rows (`digest_parts.series_tag`), with a digest of those
+    rows written whole by an earlier writer. A digest with a row kind this
+    reader does not know (`digest.ROW_KINDS`) is left out, with a warning
+    logged once: the run is then read as one without a digest.
+
+    Returns:
+      `{series tag: Digest}`.
+    """
+    found = {}
+    for tag in sorted(time_series_by_tag):
+        time_series = time_series_by_tag[tag]
+        content = parse_content(time_series, run, tag, skip_warning)
+        if content is None or content["kind"] != metadata.KIND_DIGEST:
+            continue
+        # A newer writer's row kind has a length this reader cannot know.
+        unknown = sorted({kind for kind, _, _ in content["rows"]} - set(digest.ROW_KINDS))
+        if unknown:
+            skip_warning("digest rows of an unknown kind", run, tag, f"row kinds {unknown}")
+            continue
+        first = digest_parts.first_step(content)
+        rows, parts = found.setdefault(digest_parts.series_tag(content), (content["rows"], []))
+        parts.append(((first is not None, first or 0, tag), tag, time_series))
+    return {
+        series: Digest(rows, tuple((tag, time_series) for _, tag, time_series in sorted(parts)))
+        for series, (rows, parts) in found.items()
     }
 
 

@@ -36,10 +36,11 @@ def digest_layout(rows):
 
 
 def read_digests(run_store):
-    """`[(rows, series)]`: every digest series of a `store.RunStore`'s run, read whole."""
+    """`[(rows, series)]`: every digest series of a `store.RunStore`'s run, read whole, its
+    parts joined in step order (`store.RunStore.read_digest`)."""
     return [
-        (rows, run_store.read({tag: ts}, digest_layout(rows), digest.PLUGIN_NAME)[tag])
-        for tag, (rows, ts) in run_store.digests().items()
+        (found.rows, run_store.read_digest(tag, found, digest_layout(found.rows)))
+        for tag, found in run_store.digests().items()
     ]
 
 

@@ -193,7 +193,8 @@ class GradVizPlugin(layer_impls.LayerImpls, base_plugin.TBPlugin):
           ctx: the request's `tensorboard.context.RequestContext`.
           experiment: the experiment id.
           run: a run name.
-          field, role, width, ratio, start, end: as `timeline.timeline_body` takes them.
+          field, role, ratio: as `timeline.timeline_source` takes them.
+          width, start, end: as `timeline.timeline_body` takes them.
 
         Returns:
           A dict as described in docs/API.md. The same object while the run's
@@ -213,7 +214,9 @@ class GradVizPlugin(layer_impls.LayerImpls, base_plugin.TBPlugin):
         budget = run_store.budget()
         key = (experiment, run, field, role, width, ratio, start, end)
         current = (
-            tuple((tag, series.version(d.time_series)) for tag, d in found.items()),
+            tuple(
+                (tag, tuple(series.version(ts) for _, ts in d.parts)) for tag, d in found.items()
+            ),
             None if budget is None else series.version(budget.time_series),
         )
         body = self._caches.bodies.get(key, current)
@@ -224,20 +227,29 @@ class GradVizPlugin(layer_impls.LayerImpls, base_plugin.TBPlugin):
         with self._caches.reading([("timeline", experiment, run)]):
             body = self._caches.bodies.get(key, current)
             if body is None:
-                body = self._timeline_body(run_store, field, role, width, ratio, start, end)
+                source_key = ("timeline_source", experiment, run, field, role, ratio)
+                source = self._caches.bodies.get(source_key, current)
+                if source is None:
+                    source = self._timeline_source(run_store, field, role, ratio)
+                    self._caches.bodies.put(source_key, current, source)
+                body = self._timeline_body(run, source, field, role, width, start, end)
                 body["budget"] = self.budget_impl(ctx, experiment, run)
                 self._caches.bodies.put(key, current, body)
         return body
 
-    def _timeline_body(self, run_store, field, role, width, ratio, start, end):
-        """Builds the `/timeline` body from the run's digest columns, those `/onset` judges."""
-        run = run_store.run
+    def _timeline_source(self, run_store, field, role, ratio):
+        """The run's `timeline.Source` from its digest columns, those `/onset` judges: another
+        width or range (a zoom) is cut from it without reading the digest again."""
         found = self._digest_columns(run_store, run_store.layers())
         if found is None:
             raise errors.NotFoundError(
-                f"run {run!r} has no digest (it was written by a tb_gradviz without one)"
+                f"run {run_store.run!r} has no digest (it was written by a tb_gradviz without one)"
             )
-        body = timeline.timeline_body(run, found, field, role, width, ratio, start, end)
+        return timeline.timeline_source(found, field, role, ratio)
+
+    def _timeline_body(self, run, source, field, role, width, start, end):
+        """Cuts the `/timeline` body of one width and range from the run's `timeline.Source`."""
+        body = timeline.timeline_body(run, source, field, role, width, start, end)
         if body is None:
             first = "its first" if start is None else f"step {start}"
             last = "its last" if end is None else f"step {end}"

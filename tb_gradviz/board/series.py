@@ -27,7 +27,8 @@ _CACHE_MAX_SERIES = 2048
 _CACHE_MAX_SERIES_BYTES = 1 << 30
 _CACHE_MAX_LISTINGS = 16384
 _CACHE_MAX_LISTING_BYTES = 64 << 20
-# Whole response bodies that cost a pass over a run's every step (`/timeline`).
+# Whole response bodies that cost a pass over a run's every step (`/timeline`), and what they are
+# cut from (`timeline.Source`).
 _CACHE_MAX_BODIES = 16
 _CACHE_MAX_BODY_BYTES = 512 << 20
 # What an entry costs besides its value: its key, version and bookkeeping.
@@ -171,6 +172,35 @@ def decode_series(data, layout, left_out=None):
         # Every row valid and in step order (the usual case): no copy.
         return Series(steps, wall_times, values)
     return Series(steps[rows], wall_times[rows], values[rows])
+
+
+def decode_parts(parts, layout, left_out=None):
+    """The `Series` of several parts of one series (`[[provider.TensorDatum]]`, each part's
+    points), joined in step order (stable: a step in two parts keeps the parts' order).
+
+    Each part is decoded (`decode_series`) into one array of every part's rows and
+    let go (`parts` is emptied): the peak is that array and the points not yet
+    decoded, not every part decoded and then joined.
+    """
+    total = sum(map(len, parts))
+    if len(parts) == 1 or not total:
+        return decode_series(parts[0] if parts else [], layout, left_out)
+    steps, wall_times, values, filled = [], [], None, 0
+    for i in range(len(parts)):
+        part, parts[i] = decode_series(parts[i], layout, left_out), []
+        if values is None:
+            values = np.empty((total,) + part.values.shape[1:], part.values.dtype)
+        values[filled : filled + len(part.steps)] = part.values
+        filled += len(part.steps)
+        steps.append(part.steps)
+        wall_times.append(part.wall_times)
+    steps, wall_times = np.concatenate(steps), np.concatenate(wall_times)
+    # Rows left out leave the array's end unused: a view keeps it, as long as the series lives.
+    values = values[:filled]
+    if np.all(steps[1:] >= steps[:-1]):
+        return Series(steps, wall_times, values)
+    order = np.argsort(steps, kind="stable")
+    return Series(steps[order], wall_times[order], values[order])
 
 
 def listing_bytes(time_series):

@@ -16,7 +16,7 @@ from tensorboard.data import provider
 from tensorboard.plugins.histogram import metadata as histogram_metadata
 
 from tb_gradviz.board import catalog
-from tb_gradviz.board.series import decode_series, version
+from tb_gradviz.board.series import decode_parts, decode_series, version
 from tb_gradviz.format import digest, metadata, records
 
 # Ask the provider for every point it holds: it has already downsampled to
@@ -202,27 +202,42 @@ class RunStore:
         return catalog.weight_updates(found)
 
     def digests(self):
-        """Returns `{tag: catalog.Digest}` of the run's digest series (none in older runs).
-
-        A digest with a row kind this reader does not know (`digest.ROW_KINDS`)
-        is left out, with a warning logged once.
-        """
+        """Returns `{series tag: catalog.Digest}` of the run's digest series, each with its parts
+        (`catalog.digest_series`); none in older runs."""
         listing = self._list(digest.PLUGIN_NAME, run=self.run).get(self.run) or {}
-        result = {}
-        for tag, time_series in sorted(listing.items()):
-            content = self._content(tag, time_series)
-            if content is None or content["kind"] != metadata.KIND_DIGEST:
-                continue
-            # A newer writer's row kind has a length this reader cannot know: the run is
-            # then read as one without a digest.
-            unknown = sorted({kind for kind, _, _ in content["rows"]} - set(digest.ROW_KINDS))
-            if unknown:
-                self._caches.skip_warning(
-                    "digest rows of an unknown kind", self.run, tag, f"row kinds {unknown}"
-                )
-                continue
-            result[tag] = catalog.Digest(content["rows"], time_series)
-        return result
+        return catalog.digest_series(self.run, listing, self._caches.skip_warning)
+
+    def read_digest(self, series_tag, found, layout):
+        """Returns the `Series` of a digest series, its parts joined in step order.
+
+        Each part is asked for in a request of its own (`digest_parts.PART_BYTES`
+        each, far below the data server's message limit); the parts' points
+        are decoded together, as one series read whole was, and cached under
+        the versions of every part.
+
+        Args:
+          series_tag: its key in `digests()`.
+          found: its `catalog.Digest`.
+          layout: its `records.Layout` (`columns.digest_layout`).
+        """
+        key = self._key(digest.PLUGIN_NAME, series_tag, ALL_SAMPLES)
+        versions = tuple(version(time_series) for _, time_series in found.parts)
+        series = self._caches.series.get(key, versions)
+        if series is not None:
+            return series
+        with self._caches.reading([key]):
+            series = self._caches.series.get(key, versions)
+            if series is not None:
+                return series
+            # Each part read, then decoded into the joined series and let go.
+            parts = [
+                self._read_points(digest.PLUGIN_NAME, [tag], ALL_SAMPLES).get(tag, [])
+                for tag, _ in found.parts
+            ]
+            left_out = functools.partial(self._caches.left_out, self.run, series_tag)
+            series = decode_parts(parts, layout, left_out)
+            self._caches.series.put(key, versions, series)
+        return series
 
     def budget(self):
         """Returns the run's cost-budget series (a `catalog.Budget`), or None (none)."""

@@ -20,6 +20,8 @@ is `block_headroom.role_share`: the share that becomes zero in MXFP8 E4M3
 (the `block_underflow` flag's count, the one block format the digest holds).
 """
 
+from typing import NamedTuple
+
 import numpy as np
 
 from tb_gradviz.board.series import column_starts, envelope
@@ -52,32 +54,57 @@ def _field_values(layer, field, role):
     return values["zero_fraction" if field == "zero_share" else field], {}
 
 
-def timeline_body(
-    run,
-    found,
-    field="rms",
-    role=records.OUTPUT_GRADIENT,
-    width=DEFAULT_WIDTH,
-    ratio=health.DEFAULT_RATIO,
-    start=None,
-    end=None,
-):
-    """The `/timeline` body (docs/API.md), or None when the run has no logged step in the range.
+class Source(NamedTuple):
+    """What `/timeline` shows of a run for one field, role and ratio, at every logged step: the
+    body of any width and range is cut from it (`timeline_body`). It holds copies, never views
+    of the digest's columns, so that it can be kept while they are let go."""
+
+    steps: np.ndarray  # [steps] ints, sorted
+    # Per layer in model order: `{"layer", "values": [steps] float64, "extra": {...},
+    # "flags": {flag: [steps] bool}}`.
+    rows: list
+
+
+def timeline_source(found, field="rms", role=records.OUTPUT_GRADIENT, ratio=health.DEFAULT_RATIO):
+    """The `Source` of a run's `/timeline` bodies.
 
     Args:
-      run: the run name.
       found: the run's `columns.Columns` from its digest: the rows, their
         order and the steps are those `/onset` and `check` judge.
       field: what the cells show, one of `FIELDS`.
       role: whose tensors' values they show (`records.ROLES`).
-      width: the most columns.
-      ratio: the vanishing / exploding ratio.
-      start, end: the first and last step shown (None: the run's first, its last). The flags
-        are judged over every logged step first, so a step's flags are those `/step` gives it
-        whatever the range.
+      ratio: the vanishing / exploding ratio. The flags are judged over every
+        logged step, so a step's flags are those `/step` gives it whatever the
+        range a body shows.
     """
     steps, layers = found
-    if not len(steps) or not layers:
+    judged = health.verdicts(layers, ratio) if layers else {}
+    rows = []
+    for i, layer in enumerate(layers):
+        values, extra = _field_values(layer, field, role)
+        rows.append(
+            {
+                "layer": layer["layer"],
+                "values": np.array(values, dtype=np.float64),
+                "extra": extra,
+                "flags": {flag: np.array(judged[flag][i], dtype=bool) for flag in health.FLAGS},
+            }
+        )
+    return Source(np.array(steps), rows)
+
+
+def timeline_body(run, source, field, role, width=DEFAULT_WIDTH, start=None, end=None):
+    """The `/timeline` body (docs/API.md), or None when the run has no logged step in the range.
+
+    Args:
+      run: the run name.
+      source: the run's `Source` for this field, role and ratio (`timeline_source`).
+      field, role: those of the source.
+      width: the most columns.
+      start, end: the first and last step shown (None: the run's first, its last).
+    """
+    steps, rows = source
+    if not len(steps) or not rows:
         return None
     low = 0 if start is None else int(np.searchsorted(steps, start, side="left"))
     high = len(steps) if end is None else int(np.searchsorted(steps, end, side="right"))
@@ -86,24 +113,19 @@ def timeline_body(
     shown = slice(low, high)
     starts = column_starts(high - low, width)
     ends = np.append(starts[1:], high - low) - 1
-    judged = health.verdicts(layers, ratio)
-    body_rows = []
-    for i, layer in enumerate(layers):
-        values, extra = _field_values(layer, field, role)
-        body_rows.append(
-            {
-                "layer": layer["layer"],
-                field: envelope(values[shown], starts),
-                **extra,
-                # The columns where each flag is raised at one of the steps at least.
-                "flags": {
-                    flag: np.flatnonzero(
-                        np.logical_or.reduceat(judged[flag][i][shown], starts)
-                    ).tolist()
-                    for flag in health.FLAGS
-                },
-            }
-        )
+    body_rows = [
+        {
+            "layer": row["layer"],
+            field: envelope(row["values"][shown], starts),
+            **row["extra"],
+            # The columns where each flag is raised at one of the steps at least.
+            "flags": {
+                flag: np.flatnonzero(np.logical_or.reduceat(raised[shown], starts)).tolist()
+                for flag, raised in row["flags"].items()
+            },
+        }
+        for row in rows
+    ]
     return {
         "run": run,
         "field": field,

@@ -279,17 +279,23 @@ class DigestLayout(records.Layout):
             for field in COUNT_FIELDS[kind]
         ]
         columns = [i for i, _ in counted]
-        unknown_allowed = np.array([allowed for _, allowed in counted], bool)
+        unknown_allowed = np.flatnonzero([allowed for _, allowed in counted])
 
         def counts(values):
-            found = values[:, columns]
-            return np.where(unknown_allowed & np.isnan(found), 0.0, found)
+            found = values[:, columns]  # a copy: NaN where unknown is allowed becomes 0 in it
+            allowed = found[:, unknown_allowed]
+            allowed[np.isnan(allowed)] = 0.0
+            found[:, unknown_allowed] = allowed
+            return found
 
         super().__init__("digest", (length,), counts)
         self._rows = rows
 
     def upgrade(self, array):
+        # Called for every point of a series: today's length is told without the rows.
         array = np.asarray(array, dtype=np.float64)
+        if array.shape == self.shape:
+            return array
         return upgrade(self._rows, array) if array.ndim == 1 else None
 
 

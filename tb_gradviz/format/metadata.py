@@ -144,8 +144,16 @@ def _valid_content(content):
         return isinstance(fields, list) and all(map(_is_str, fields))
     if content["kind"] == KIND_DIGEST:
         rows = content.get("rows")
-        return isinstance(rows, list) and all(
-            isinstance(row, list) and len(row) == 3 and all(map(_is_str, row)) for row in rows
+        # A part of a digest series (layout 13, `digest_parts`); absent in a digest written whole.
+        part = content.get("part", {"first_step": 0, "max_events": 1})
+        return (
+            isinstance(rows, list)
+            and all(
+                isinstance(row, list) and len(row) == 3 and all(map(_is_str, row)) for row in rows
+            )
+            and isinstance(part, dict)
+            and _is_int(part.get("first_step"))
+            and _is_int(part.get("max_events"))
         )
     common = (
         _is_str(content.get("layer"))
