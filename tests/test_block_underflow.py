@@ -147,21 +147,8 @@ def spread_run(tmp_path_factory):
     from tb_gradviz import GradVizCallback
 
     logdir = tmp_path_factory.mktemp("block_underflow")
-    keras.utils.set_random_seed(0)
     spread = Spread(name="spread")
-    model = keras.Sequential(
-        [
-            keras.Input((6,)),
-            keras.layers.Dense(8, activation="tanh", name="d1"),
-            spread,
-            keras.layers.Dense(8, activation="tanh", name="d2"),
-            keras.layers.Dense(3, name="logits"),
-        ]
-    )
-    model.compile(keras.optimizers.SGD(0.01), "mse")
-    rng = np.random.default_rng(0)
-    x = rng.normal(size=(32, 6)).astype("float32")
-    y = rng.normal(size=(32, 3)).astype("float32")
+    model, x, y = test_onset.middle_layer_network(spread)
     factor = np.where(np.arange(8) % 2, 2.0**-30, 1.0).astype("float32")
     callbacks = [
         test_onset.SetFactorAt(spread, test_onset.FAULT_STEP, factor),

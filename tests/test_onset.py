@@ -38,26 +38,33 @@ class SetFactorAt(keras.callbacks.Callback):
             self.layer.factor.assign(self.value)
 
 
-def faulty_run(logdir, value, layers):
-    """A small dense network trained STEPS steps and logged at each; the `scale` layer's factor
-    becomes `value` at step FAULT_STEP."""
-    from tb_gradviz import GradVizCallback
-
+def middle_layer_network(middle, examples=32):
+    """`(model, x, y)`: a small dense network d1 -> `middle` -> d2 -> logits (SGD, MSE), seeded,
+    and `examples` seeded examples: the runs with a fault put into `middle` at a known step."""
     keras.utils.set_random_seed(0)
-    scale = Scale(name="scale")
     model = keras.Sequential(
         [
             keras.Input((6,)),
             keras.layers.Dense(8, activation="tanh", name="d1"),
-            scale,
+            middle,
             keras.layers.Dense(8, activation="tanh", name="d2"),
             keras.layers.Dense(3, name="logits"),
         ]
     )
     model.compile(keras.optimizers.SGD(0.01), "mse")
     rng = np.random.default_rng(0)
-    x = rng.normal(size=(32, 6)).astype("float32")
-    y = rng.normal(size=(32, 3)).astype("float32")
+    x = rng.normal(size=(examples, 6)).astype("float32")
+    y = rng.normal(size=(examples, 3)).astype("float32")
+    return model, x, y
+
+
+def faulty_run(logdir, value, layers):
+    """A small dense network trained STEPS steps and logged at each; the `scale` layer's factor
+    becomes `value` at step FAULT_STEP."""
+    from tb_gradviz import GradVizCallback
+
+    scale = Scale(name="scale")
+    model, x, y = middle_layer_network(scale)
     callbacks = [
         SetFactorAt(scale, FAULT_STEP, value),
         GradVizCallback(logdir, (x[:8], y[:8]), layers=layers, every_n_batches=1),

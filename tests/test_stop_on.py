@@ -37,21 +37,8 @@ def growing_run(logdir, stop_on=None):
     GROWTH_STEP on; returns the callback."""
     from tb_gradviz import GradVizCallback
 
-    keras.utils.set_random_seed(0)
     scale = test_onset.Scale(name="scale")
-    model = keras.Sequential(
-        [
-            keras.Input((6,)),
-            keras.layers.Dense(8, activation="tanh", name="d1"),
-            scale,
-            keras.layers.Dense(8, activation="tanh", name="d2"),
-            keras.layers.Dense(3, name="logits"),
-        ]
-    )
-    model.compile(keras.optimizers.SGD(0.01), "mse")
-    rng = np.random.default_rng(0)
-    x = rng.normal(size=(STEPS * 4, 6)).astype("float32")
-    y = rng.normal(size=(STEPS * 4, 3)).astype("float32")
+    model, x, y = test_onset.middle_layer_network(scale, examples=STEPS * 4)
     gradviz = GradVizCallback(
         logdir, (x[:8], y[:8]), layers=["scale", "d2"], every_n_batches=1, stop_on=stop_on
     )
