@@ -70,6 +70,12 @@ def values(accumulator, tag):
     return [(e.step, tensor_util.make_ndarray(e.tensor_proto)) for e in accumulator.Tensors(tag)]
 
 
+def last_step(run_dir):
+    """The last step of any tensor series of the run written in `run_dir`."""
+    log = load(run_dir)
+    return max(step for tag in tensor_tags(log) for step, _ in values(log, tag))
+
+
 def last(accumulator, tag):
     return values(accumulator, tag)[-1][1]
 

@@ -45,11 +45,6 @@ NAMES = {
 }
 
 
-def _last_step(run_dir):
-    log = eventdata.load(run_dir)
-    return max(step for tag in eventdata.tensor_tags(log) for step, _ in eventdata.values(log, tag))
-
-
 @pytest.fixture(scope="module")
 def tensorboard(tmp_path_factory):
     pytest.importorskip("keras")
@@ -57,7 +52,7 @@ def tensorboard(tmp_path_factory):
     logdir = root / "logs"
     block_runs.fit_spread(logdir / SPREAD)
     shutil.copytree(LAYOUT11, logdir / OLDER)
-    steps = {run: _last_step(logdir / run) for run in (SPREAD, OLDER)}
+    steps = {run: eventdata.last_step(logdir / run) for run in (SPREAD, OLDER)}
     with running_tensorboard(logdir, root / "tensorboard.log", runs_loaded(steps)) as url:
         yield url, logdir, steps
 

@@ -60,11 +60,6 @@ def _fit_float32(log_dir):
     model.fit(x, y, batch_size=8, epochs=1, verbose=0, callbacks=[callback])
 
 
-def _last_step(run_dir):
-    log = eventdata.load(run_dir)
-    return max(step for tag in eventdata.tensor_tags(log) for step, _ in eventdata.values(log, tag))
-
-
 @pytest.fixture(scope="module")
 def tensorboard(tmp_path_factory):
     pytest.importorskip("keras")
@@ -75,7 +70,7 @@ def tensorboard(tmp_path_factory):
     demos.train_mixed_cnn(logdir / MIXED, 1.0, steps=5, log_every=5, verbose=0)
     _fit_float32(logdir / FLOAT32)
     synthetic.write_run(logdir / OLD, layers=2, steps=2)
-    ready = runs_loaded({run: _last_step(logdir / run) for run in (MIXED, FLOAT32, OLD)})
+    ready = runs_loaded({run: eventdata.last_step(logdir / run) for run in (MIXED, FLOAT32, OLD)})
     with running_tensorboard(logdir, root / "tensorboard.log", ready) as url:
         yield url, root
 
