@@ -12,6 +12,7 @@ import json
 
 import numpy as np
 import pytest
+import synthetic
 import tbserver
 import test_flags_from_digest
 import test_onset
@@ -19,7 +20,7 @@ from eventdata import load, plugin_over, tensor_tags, values
 from tensorboard import context
 from tensorboard.data import provider
 
-from tb_gradviz.board import series
+from tb_gradviz.board import parts as parts_module
 from tb_gradviz.format import digest, digest_parts, events, metadata, records, summaries
 
 keras = pytest.importorskip("keras")
@@ -299,20 +300,44 @@ def test_an_earlier_writers_whole_digest_and_later_parts_are_read_as_one_series(
     assert onsets["nonfinite"]["step"] == 8
 
 
+def test_the_synthetic_large_run_writes_its_digest_in_parts_as_the_callback_does(
+    tmp_path, monkeypatch
+):
+    def write(name):
+        synthetic.write_large_run(
+            tmp_path / name / "run", layers=2, steps=30, wall_time=0, layer_spike=(23, 0, 1e6)
+        )
+
+    write("one")
+    monkeypatch.setattr(digest_parts, "PART_BYTES", 10 * (2 * 3 * 28 + digest_parts.DATUM_BYTES))
+    write("parts")
+    found = parts_of(tmp_path / "parts" / "run")
+    assert sorted(part["first_step"] for _, part in found.values()) == [1, 11, 21]
+    assert sorted(len(steps) for steps, _ in found.values()) == [10, 10, 10]
+    onset = served(tmp_path / "parts", "onset")
+    assert json.dumps(onset) == json.dumps(served(tmp_path / "one", "onset"))
+    assert [(o["flag"], o["step"]) for o in onset["onsets"]] == [("exploding", 23)]
+
+
 def datum(step, value):
     return provider.TensorDatum(
         step=step, wall_time=float(step), numpy=np.full(2, value, np.float32)
     )
 
 
-def test_parts_are_joined_in_step_order_and_a_step_in_two_parts_keeps_their_order():
-    layout = records.Layout("pair", (2,), lambda values: values[:, :0])
+@pytest.mark.parametrize("capacity", [None, 2, 5, 100])
+def test_parts_are_joined_in_step_order_and_a_step_in_two_parts_keeps_their_order(capacity):
+    layout = records.Layout("pair", (2,), lambda values: values[:, :1])
     parts = [[datum(5, 50.0), datum(6, 60.0)], [datum(1, 10.0), datum(2, 20.0)], [datum(6, 61.0)]]
-    joined = series.decode_parts(parts, layout)
+    left_out = []
+    joined = parts_module.joined(
+        iter(parts + [[datum(3, -1.0)]]), layout, capacity, lambda *e: left_out.append(e)
+    )
     assert joined.steps.tolist() == [1, 2, 5, 6, 6]
     assert joined.values[:, 0].tolist() == [10.0, 20.0, 50.0, 60.0, 61.0]
     assert joined.wall_times.tolist() == [1.0, 2.0, 5.0, 6.0, 6.0]
-    assert parts == [[], [], []]  # each part let go once decoded
+    # A negative count is malformed: left out, and said so, as `decode_series` does.
+    assert left_out == [([3], "their pair record counts are not all finite and non-negative")]
 
 
 def test_a_part_holds_at_most_part_bytes():

@@ -64,6 +64,9 @@ class Digest(NamedTuple):
     # `((tag, provider.TensorTimeSeries), ...)` of its parts by first step: a digest written
     # whole (before layout 13) is one part, under the series' own tag, first.
     parts: tuple
+    # The most events of all parts together (their `max_events`), or None when a part was
+    # written whole.
+    capacity: object
 
 
 class Budget(NamedTuple):
@@ -192,11 +195,15 @@ def digest_series(run, time_series_by_tag, skip_warning):
             continue
         first = digest_parts.first_step(content)
         rows, parts = found.setdefault(digest_parts.series_tag(content), (content["rows"], []))
-        parts.append(((first is not None, first or 0, tag), tag, time_series))
-    return {
-        series: Digest(rows, tuple((tag, time_series) for _, tag, time_series in sorted(parts)))
-        for series, (rows, parts) in found.items()
-    }
+        part = content.get("part", {})
+        parts.append(((first is not None, first or 0, tag), tag, time_series, part))
+    result = {}
+    for series, (rows, parts) in found.items():
+        parts.sort(key=lambda entry: entry[0])
+        bounds = [part.get("max_events") for *_, part in parts]
+        capacity = None if None in bounds else sum(bounds)
+        result[series] = Digest(rows, tuple((tag, ts) for _, tag, ts, _ in parts), capacity)
+    return result
 
 
 def parse_content(time_series, run, tag, skip_warning):

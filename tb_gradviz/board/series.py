@@ -37,6 +37,9 @@ ENTRY_BYTES = 256
 _NAMED_STEPS = 10
 _MAX_NAMED_ROWS = 1 << 16
 
+# Why rows whose counts are malformed are left out (`decode_series`).
+MALFORMED = "their {} record counts are not all finite and non-negative"
+
 logger = logging.getLogger(__name__)
 
 
@@ -165,42 +168,12 @@ def decode_series(data, layout, left_out=None):
     del kept
     valid = layout.valid_rows(values)
     if left_out is not None and not valid.all():
-        reason = f"their {layout.name} record counts are not all finite and non-negative"
-        left_out(steps[~valid].tolist(), reason)
+        left_out(steps[~valid].tolist(), MALFORMED.format(layout.name))
     rows = np.flatnonzero(valid)[np.argsort(steps[valid], kind="stable")]
     if len(rows) == len(values) and np.all(rows[1:] > rows[:-1]):
         # Every row valid and in step order (the usual case): no copy.
         return Series(steps, wall_times, values)
     return Series(steps[rows], wall_times[rows], values[rows])
-
-
-def decode_parts(parts, layout, left_out=None):
-    """The `Series` of several parts of one series (`[[provider.TensorDatum]]`, each part's
-    points), joined in step order (stable: a step in two parts keeps the parts' order).
-
-    Each part is decoded (`decode_series`) into one array of every part's rows and
-    let go (`parts` is emptied): the peak is that array and the points not yet
-    decoded, not every part decoded and then joined.
-    """
-    total = sum(map(len, parts))
-    if len(parts) == 1 or not total:
-        return decode_series(parts[0] if parts else [], layout, left_out)
-    steps, wall_times, values, filled = [], [], None, 0
-    for i in range(len(parts)):
-        part, parts[i] = decode_series(parts[i], layout, left_out), []
-        if values is None:
-            values = np.empty((total,) + part.values.shape[1:], part.values.dtype)
-        values[filled : filled + len(part.steps)] = part.values
-        filled += len(part.steps)
-        steps.append(part.steps)
-        wall_times.append(part.wall_times)
-    steps, wall_times = np.concatenate(steps), np.concatenate(wall_times)
-    # Rows left out leave the array's end unused: a view keeps it, as long as the series lives.
-    values = values[:filled]
-    if np.all(steps[1:] >= steps[:-1]):
-        return Series(steps, wall_times, values)
-    order = np.argsort(steps, kind="stable")
-    return Series(steps[order], wall_times[order], values[order])
 
 
 def listing_bytes(time_series):

@@ -15,8 +15,8 @@ from tensorboard import errors
 from tensorboard.data import provider
 from tensorboard.plugins.histogram import metadata as histogram_metadata
 
-from tb_gradviz.board import catalog
-from tb_gradviz.board.series import decode_parts, decode_series, version
+from tb_gradviz.board import catalog, parts
+from tb_gradviz.board.series import decode_series, version
 from tb_gradviz.format import digest, metadata, records
 
 # Ask the provider for every point it holds: it has already downsampled to
@@ -211,9 +211,9 @@ class RunStore:
         """Returns the `Series` of a digest series, its parts joined in step order.
 
         Each part is asked for in a request of its own (`digest_parts.PART_BYTES`
-        each, far below the data server's message limit); the parts' points
-        are decoded together, as one series read whole was, and cached under
-        the versions of every part.
+        each, far below the data server's message limit) when the one before is
+        decoded (`parts.joined`); the series is cached under the versions of
+        every part.
 
         Args:
           series_tag: its key in `digests()`.
@@ -229,13 +229,13 @@ class RunStore:
             series = self._caches.series.get(key, versions)
             if series is not None:
                 return series
-            # Each part read, then decoded into the joined series and let go.
-            parts = [
+            # Each part read when the previous one is decoded into the joined series.
+            points = (
                 self._read_points(digest.PLUGIN_NAME, [tag], ALL_SAMPLES).get(tag, [])
                 for tag, _ in found.parts
-            ]
+            )
             left_out = functools.partial(self._caches.left_out, self.run, series_tag)
-            series = decode_parts(parts, layout, left_out)
+            series = parts.joined(points, layout, found.capacity, left_out)
             self._caches.series.put(key, versions, series)
         return series
 
