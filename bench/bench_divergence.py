@@ -3,10 +3,11 @@ tb_gradviz's onsets come before the loss diverges.
 
 Each case trains a small model on generated data with fixed seeds on the CPU,
 with `GradVizCallback(layers=every layer, every_n_batches=N)`, and records
-each batch's own loss. Cases:
+each batch's own loss. The transformer and the float16 network, and the ramp, are
+`tb_gradviz/divergence_cases.py`'s (the demo trains two of them). Cases:
 
 - `cnn_lr_ramp`: the demo's small CNN (`demos.small_cnn`), Adam at 1e-3,
-  whose learning rate grows by `--ramp` per step from step `RAMP_START`;
+  whose learning rate grows by `--ramp` per step from step `RAMP_START` (100);
 - `transformer_high_lr`: a two-block transformer (Keras `MultiHeadAttention`,
   `LayerNormalization`) on generated sequences, Adam at 1e-3 whose learning
   rate grows as the CNN's, far past stability;
@@ -45,13 +46,10 @@ import sys
 import tempfile
 import time
 
-import numpy as np
-
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import common  # noqa: E402
 
-RAMP_START = 100
 CORRUPT_STEP = 150
 DIVERGENCE_FACTOR = 3.0
 SMOOTHING = 5
@@ -100,28 +98,11 @@ def batch_losses_callback(stop_after):
     return BatchLosses()
 
 
-class RampedRate:
-    """A learning rate constant until `start`, then multiplied by `factor` at each step."""
-
-    def __new__(cls, base, start, factor):
-        import keras
-
-        class Ramp(keras.optimizers.schedules.LearningRateSchedule):
-            def __call__(self, step):
-                ops = keras.ops
-                past = ops.maximum(ops.cast(step, "float32") - start, 0.0)
-                return base * ops.power(factor, past)
-
-            def get_config(self):
-                return {"base": base, "start": start, "factor": factor}
-
-        return Ramp()
-
-
 def cnn_case(steps, seed, learning_rate, ramp=None, corrupt_step=None):
     import keras
 
     from tb_gradviz import demos
+    from tb_gradviz.divergence_cases import RAMP_START, RampedRate
 
     keras.backend.clear_session()  # a case's weights do not depend on the cases before it
     keras.utils.set_random_seed(seed)
@@ -138,66 +119,10 @@ def cnn_case(steps, seed, learning_rate, ramp=None, corrupt_step=None):
     return model, x, y, batch_size
 
 
-def transformer_case(steps, seed, learning_rate, ramp=None):
-    """Sequences of 16 tokens from 32; the target at each position is the sequence's sorted
-    token at that position, which attention across positions can learn."""
-    import keras
-
-    keras.backend.clear_session()  # a case's weights do not depend on the cases before it
-    keras.utils.set_random_seed(seed)
-    batch_size, length, vocabulary, width = 32, 16, 32, 32
-    rng = np.random.default_rng(seed)
-    x = rng.integers(0, vocabulary, (steps * batch_size, length)).astype("int32")
-    y = np.sort(x, axis=1)
-    inputs = keras.Input((length,), dtype="int32")
-    h = keras.layers.Embedding(vocabulary, width, name="embed")(inputs)
-    for block in range(2):
-        attended = keras.layers.MultiHeadAttention(2, width // 2, name=f"attn{block}")(h, h)
-        h = keras.layers.LayerNormalization(name=f"norm{block}a")(h + attended)
-        hidden = keras.layers.Dense(2 * width, activation="relu", name=f"ff{block}a")(h)
-        h = keras.layers.LayerNormalization(name=f"norm{block}b")(
-            h + keras.layers.Dense(width, name=f"ff{block}b")(hidden)
-        )
-    outputs = keras.layers.Dense(vocabulary, name="logits")(h)
-    model = keras.Model(inputs, outputs, name="transformer")
-    rate = learning_rate if ramp is None else RampedRate(learning_rate, RAMP_START, ramp)
-    model.compile(
-        keras.optimizers.Adam(rate),
-        keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-    )
-    return model, x, y, batch_size
-
-
-def mixed_case(steps, seed, ramp=None):
-    """A dense ReLU network under mixed_float16 without loss scaling, trained by SGD whose
-    learning rate grows by `ramp` per step from `RAMP_START` (None: a fixed rate): its weights,
-    then its float16 activations, grow until they overflow."""
-    import keras
-
-    keras.backend.clear_session()  # a case's weights do not depend on the cases before it
-    keras.utils.set_random_seed(seed)
-    batch_size, features = 32, 16
-    rng = np.random.default_rng(seed)
-    x = rng.standard_normal((steps * batch_size, features)).astype("float32")
-    y = np.tanh(x @ rng.standard_normal((features, 1))).astype("float32")
-    previous = keras.mixed_precision.global_policy()
-    keras.mixed_precision.set_global_policy("mixed_float16")
-    try:
-        inputs = keras.Input((features,))
-        h = inputs
-        for i in range(4):
-            h = keras.layers.Dense(32, activation="relu", name=f"dense{i}")(h)
-        outputs = keras.layers.Dense(1, name="out", dtype="float32")(h)
-        model = keras.Model(inputs, outputs, name="mixed_mlp")
-    finally:
-        keras.mixed_precision.set_global_policy(previous)
-    rate = 1e-2 if ramp is None else RampedRate(1e-2, RAMP_START, ramp)
-    model.compile(keras.optimizers.SGD(rate), "mse", auto_scale_loss=False)
-    return model, x, y, batch_size
-
-
 def cases(args):
     """`{name: (diverges, build(steps, seed))}`."""
+    from tb_gradviz.divergence_cases import mixed_case, transformer_case
+
     return {
         "cnn_lr_ramp": (True, lambda s, r: cnn_case(s, r, 1e-3, ramp=args.ramp)),
         "cnn_healthy": (False, lambda s, r: cnn_case(s, r, 1e-3)),
