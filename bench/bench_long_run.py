@@ -48,14 +48,22 @@ from tensorboard.plugins import base_plugin  # noqa: E402
 from werkzeug import test as werkzeug_test  # noqa: E402
 
 from tb_gradviz.board import plugin  # noqa: E402
-from tb_gradviz.format import digest, events  # noqa: E402
+from tb_gradviz.format import digest, events, records, summaries  # noqa: E402
 
 
-def event_records(layers, variant, seed=0):
+def event_records(layers, variant, seed=0, precision=False):
+    """One event's records of `layers` synthetic max pools; with `precision`, each tensor's
+    precision record too, so that the digest has the rows of a real run's (~192 bytes a layer:
+    all ResNet50 layers' digest is ~34 KB)."""
     rng = np.random.default_rng(seed + variant)
     result = []
     for index in range(layers):
-        result += synthetic.pool_records(rng, f"block{index}/pool", index, 2, 8, 4, variant)
+        name = f"block{index}/pool"
+        result += synthetic.pool_records(rng, name, index, 2, 8, 4, variant)
+        for role in records.TENSOR_ROLES if precision else ():
+            vector = summaries.precision_vector(rng.normal(0, 1e-3, 256))
+            content = {"layer_index": index, "role": role, "index": 0, "dtype": "float32"}
+            result += events.precision_records(name, role, vector, content)
     return result
 
 
@@ -83,9 +91,10 @@ def digest_cost(layers, repeats):
     }
 
 
-def write_long_run(logdir, layers, steps, full_every, variants=4):
-    """Every event's digest, and the full records at every `full_every`-th event."""
-    sets = [event_records(layers, v) for v in range(variants)]
+def write_long_run(logdir, layers, steps, full_every, variants=4, precision=False, in_parts=True):
+    """Every event's digest, and the full records at every `full_every`-th event; the digest in
+    parts as the callback writes it, or (`in_parts=False`) under one tag, as before layout 13."""
+    sets = [event_records(layers, v, precision=precision) for v in range(variants)]
     digests = [digest.digest_records(records) for records in sets]
 
     def field(records, with_metadata):
@@ -94,15 +103,15 @@ def write_long_run(logdir, layers, steps, full_every, variants=4):
 
     full_first = [field(records, True) for records in sets]
     full = [field(records, False) for records in sets]
-    digest_first = field(digests[0], True)
-    digest_fields = [field(d, False) for d in digests]
+    # Each event's digest in its part, as the callback writes it (layout 13).
+    digest_field = synthetic.DigestFields(in_parts)
     event_file = events.EventFile(logdir)
     start = time.time()
     seen_full = False
     for s in range(steps):
         v = s % variants
         prefix = event_pb2.Event(wall_time=start + s, step=s + 1).SerializeToString()
-        body = digest_first if s == 0 else digest_fields[v]
+        body = digest_field(s + 1, digests[v][0])
         if s % full_every == 0:
             body += full[v] if seen_full else full_first[v]
             seen_full = True
@@ -157,15 +166,18 @@ def _gzipped_get(url):
 
 
 @contextlib.contextmanager
-def running_tensorboard(root, steps, full_every):
-    """Starts `tensorboard` on `root` with README_SAMPLES and waits until the run is loaded.
+def running_tensorboard(
+    root, steps, full_every, samples=(f"--samples_per_plugin={README_SAMPLES}",), log_path=None
+):
+    """Starts `tensorboard` on `root` with `samples` (README_SAMPLES; `()` for no flags) and
+    waits until the run is loaded.
 
     Yields `(base URL, load seconds, RSS sampler, rss_mb())`: the sampler keeps
     the peak RSS of TensorBoard and its children, `rss_mb()` gives the current one.
     """
     import bench_plugin
 
-    log_path = os.path.join(tempfile.mkdtemp(), "tensorboard.log")
+    log_path = log_path or os.path.join(tempfile.mkdtemp(), "tensorboard.log")
     port = bench_plugin.free_port()
     command = [
         sys.executable,
@@ -177,7 +189,7 @@ def running_tensorboard(root, steps, full_every):
         "127.0.0.1",
         "--port",
         str(port),
-        f"--samples_per_plugin={README_SAMPLES}",
+        *samples,
     ]
     with open(log_path, "wb") as log:
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)

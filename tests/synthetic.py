@@ -20,7 +20,7 @@ import time
 import numpy as np
 from tensorboard.compat.proto import event_pb2
 
-from tb_gradviz.format import digest, events, records, summaries
+from tb_gradviz.format import digest, digest_parts, events, records, summaries
 
 _POOL_2X2 = {
     "type": "max",
@@ -149,6 +149,35 @@ def _summary_field(layer_records, with_metadata):
     return event_pb2.Event(summary=summary).SerializeToString()
 
 
+def _fields_and_digest(layer_records):
+    """`(summary fields, digest record)` of an event holding `layer_records` (one list a layer)."""
+    fields = b"".join(_summary_field(records_, with_metadata=False) for records_ in layer_records)
+    (found,) = digest.digest_records([r for records_ in layer_records for r in records_])
+    return fields, found
+
+
+class DigestFields:
+    """The serialized digest field of each event, in its part (`digest_parts.Parts`), as
+    `EventLog` writes it: the metadata with the first value of each part's tag. With
+    `in_parts=False`, under the rows' tag alone, as before layout 13."""
+
+    def __init__(self, in_parts=True):
+        self._parts = digest_parts.Parts() if in_parts else None
+        self._tags = set()  # the parts' tags written
+        self._fields = {}  # (tag, id of the digest record) -> its field without metadata
+
+    def __call__(self, step, found):
+        record = found if self._parts is None else self._parts.place(step, found)
+        tag = record[0]
+        if tag not in self._tags:
+            self._tags.add(tag)
+            return _summary_field([record], with_metadata=True)
+        key = (tag, id(found))
+        if key not in self._fields:
+            self._fields[key] = _summary_field([record], with_metadata=False)
+        return self._fields[key]
+
+
 def write_large_run(
     logdir,
     layers=200,
@@ -194,52 +223,41 @@ def write_large_run(
         [pool_records(rng, name, index, 2, 8, 4, v) for v in range(variants)]
         for index, name in enumerate(names)
     ]
-    # Each event ends with the digest of its records, as `EventLog` writes it.
+    # Each event ends with the digest of its records in its part, as `EventLog` writes it.
     digests = [
-        digest.digest_records([r for layer in sets for r in layer[v]]) for v in range(variants)
+        digest.digest_records([r for layer in sets for r in layer[v]])[0] for v in range(variants)
     ]
     variant_fields = [
-        b"".join(
-            _summary_field(fields, with_metadata=False) for fields in [*layer_sets, digests[v]]
-        )
-        for v, layer_sets in enumerate(zip(*sets))
+        b"".join(_summary_field(fields, with_metadata=False) for fields in layer_sets)
+        for layer_sets in zip(*sets)
     ]
     first_fields = b"".join(
-        _summary_field(fields, with_metadata=True)
-        for fields in [*(layer[0] for layer in sets), digests[0]]
+        _summary_field(fields, with_metadata=True) for fields in (layer[0] for layer in sets)
     )
+    special = {}  # step -> (fields, digest record) of a spiked event
     if spike is not None:
         spiked = [pool_records(rng, name, i, 2, 8, 4, 0, spike[1]) for i, name in enumerate(names)]
-        spike_fields = b"".join(
-            _summary_field(fields, with_metadata=False)
-            for fields in [*spiked, digest.digest_records([r for layer in spiked for r in layer])]
-        )
+        special[spike[0]] = _fields_and_digest(spiked)
     if layer_spike is not None:
         _, spiked_index, scale = layer_spike
         layer_fields = [
             pool_records(rng, name, i, 2, 8, 4, 0, scale) if i == spiked_index else layer[0]
             for i, (name, layer) in enumerate(zip(names, sets))
         ]
-        layer_spike_fields = b"".join(
-            _summary_field(fields, with_metadata=False)
-            for fields in [
-                *layer_fields,
-                digest.digest_records([r for layer in layer_fields for r in layer]),
-            ]
-        )
+        special.setdefault(layer_spike[0], _fields_and_digest(layer_fields))
+    digest_field = DigestFields()
     start = time.time() if wall_time is None else wall_time
     event_file = events.EventFile(logdir, wall_time=start)
     try:
         for s in range(steps):
-            prefix = event_pb2.Event(wall_time=start + s, step=first_step + s).SerializeToString()
-            if s == 0:
-                fields = first_fields
-            elif spike is not None and first_step + s == spike[0]:
-                fields = spike_fields
-            elif layer_spike is not None and first_step + s == layer_spike[0]:
-                fields = layer_spike_fields
-            else:
-                fields = variant_fields[s % variants]
+            step = first_step + s
+            prefix = event_pb2.Event(wall_time=start + s, step=step).SerializeToString()
+            fields, found = (
+                (first_fields if s == 0 else variant_fields[s % variants], digests[s % variants])
+                if s == 0 or step not in special
+                else special[step]
+            )
+            fields += digest_field(step, found)
             event_file.write(prefix + fields)
     finally:
         event_file.close()
