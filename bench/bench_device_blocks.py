@@ -19,6 +19,7 @@ when the block record is on.
     KERAS_BACKEND=jax python bench/bench_device_blocks.py --image-size 224 --batch 32
 """
 
+import json
 import os
 import sys
 
@@ -104,7 +105,7 @@ def main():
                 "compile_s": compile_s["stats+blocks"],
             }
         )
-        print(rows[-1], flush=True)
+        print("RESULT " + json.dumps(rows[-1]), flush=True)
     common.print_table(
         f"block record on the device: {backend}, ResNet50 {args.image_size} px, batch "
         f"{args.batch}, {args.repeats} repeats (medians)",

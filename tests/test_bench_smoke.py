@@ -199,3 +199,26 @@ def test_divergence_bench_runs_each_kind_of_model_and_reads_its_onsets(tmp_path)
         # 30 steps end before the learning rate starts to grow: nothing diverges.
         assert row["steps_run"] == 30 and row["divergence_step"] is None
         assert row["every_n_batches"] == 10 and isinstance(row["onsets"], list)
+
+
+def test_indicators_bench_times_the_judging_of_flags_and_warnings_in_a_log_event(tmp_path):
+    pytest.importorskip("tensorflow")
+    (row,) = run_smoke(tmp_path, "bench_indicators.py", "--model", "cnn")
+    # The smoke window: 5 events 20 steps apart, then 6 (a window of 100 steps holds both ends).
+    assert row["n_layers"] == 7 and row["history_events"] in (5, 6)
+    # The warnings are part of the judging, and the rules part of the warnings.
+    assert 0 < row["rules_wall_s"] <= row["warnings_wall_s"] <= row["judge_wall_s"]
+    assert row["event_without_wall_s"] > 0 and row["keeper_flags_wall_s"] > 0
+
+
+def test_real_fit_bench_names_the_onset_of_its_nan(tmp_path):
+    """30 steps of a 4-convolution CNN, a NaN put into c2's kernel at step 20: check and a plain
+    tensorboard's /onset name step 20, c2's activation, whose full records /step serves."""
+    (row,) = run_smoke(tmp_path, "bench_real_fit.py", "--logdir", str(tmp_path / "run"))
+    assert row["steps"] == 30 and row["logged_layers"] == 7 and row["check_exit"] == 1
+    for onset in (row["check_nonfinite"], row["onset_nonfinite"]):
+        assert (onset["step"], onset["layer"], onset["tensor"]) == (20, "c2", "activation")
+    assert row["onset_steps_judged"] == 30
+    assert row["full_records_at_onset"] == dict.fromkeys(
+        ("activation", "input_gradient", "output_gradient"), True
+    )
