@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The main job, on a fresh machine: installs tb_gradviz with TensorFlow (CPU),
-# trains small CNNs, two plain CNNs and ResNet50 with the callback on generated
-# data (saying which and why before each), and serves TensorBoard with the
-# GradViz tab on 127.0.0.1 (the URL is printed).
+# trains small CNNs, two plain CNNs, a transformer, a network that diverges and
+# ResNet50 with the callback on generated data (saying which and why before
+# each), and serves TensorBoard with the GradViz tab on 127.0.0.1 (the URL is
+# printed).
 # Arguments go to `tb-gradviz demo`, e.g. --no-serve, --port 6006, --model cnn.
 set -euo pipefail
 cd "$(dirname "$0")/.."

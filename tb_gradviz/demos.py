@@ -1,8 +1,10 @@
-"""The demos: ResNet50 and a small CNN trained with GradVizCallback on generated data.
+"""The demos: ResNet50, small CNNs, a transformer and a run that diverges, trained with
+GradVizCallback on generated data.
 
 The data is generated deterministically (no download): images of four kinds
 of pattern (horizontal stripes, vertical stripes, a disc, a checkerboard) in
-random colours, positions and scales, with noise.
+random colours, positions and scales, with noise; the transformer's and the
+diverging network's are `divergence_cases`'.
 
 Each run also holds each step's training loss and accuracy as TensorBoard
 scalars, so the Scalars dashboard shows the model learning next to the
@@ -11,14 +13,13 @@ GradViz tab.
 
 import functools
 import os
-import time
 
 import keras
 import numpy as np
-from tensorboard.compat.proto import event_pb2, summary_pb2
 
+from tb_gradviz import divergence_cases
 from tb_gradviz.capture.callback import GradVizCallback
-from tb_gradviz.format import events
+from tb_gradviz.step_scalars import StepScalars
 
 PATTERNS = ("horizontal stripes", "vertical stripes", "disc", "checkerboard")
 
@@ -63,52 +64,6 @@ def pattern_images(count, size, seed=0):
     return images, labels.astype(np.int32)
 
 
-class StepScalars(keras.callbacks.Callback):
-    """Writes each training step's loss and accuracy as TensorBoard scalars into `log_dir`.
-
-    Not Keras' `TensorBoard(update_freq=1)`: that one writes into
-    `log_dir/train`, a run apart from the GradViz run, and writes the
-    epoch's running mean, which lags behind the steps. These go into the
-    GradViz run's own directory, so the Scalars dashboard names the same runs
-    as the GradViz tab, through tb_gradviz's own event file writer
-    (`events.EventFile`), without TensorFlow. The run then holds two event
-    files: the demo serves once both are complete, since TensorBoard's Python
-    loader follows only the newest file of a run that is still being written.
-    """
-
-    TAGS = {"loss": "train/loss", "accuracy": "train/accuracy"}
-
-    def __init__(self, log_dir):
-        super().__init__()
-        self.log_dir = log_dir
-        self._writer = None
-        self._means = {}
-
-    def on_train_batch_end(self, batch, logs=None):
-        if self._writer is None:
-            self._writer = events.EventFile(self.log_dir, suffix=".scalars")
-        values = []
-        for name, tag in self.TAGS.items():
-            # Keras' logs hold the mean over the epoch's first `batch + 1`
-            # batches; the demo's batches are all full, so this batch's own
-            # value is what that mean gained.
-            mean = float(logs[name])
-            value = (batch + 1) * mean - batch * self._means.get(name, 0.0)
-            self._means[name] = mean
-            values.append(summary_pb2.Summary.Value(tag=tag, simple_value=value))
-        step = int(keras.ops.convert_to_numpy(self.model.optimizer.iterations))
-        event = event_pb2.Event(
-            wall_time=time.time(), step=step, summary=summary_pb2.Summary(value=values)
-        )
-        self._writer.write(event.SerializeToString())
-        self._writer.flush()
-
-    def on_train_end(self, logs=None):
-        if self._writer is not None:
-            self._writer.close()
-            self._writer = None
-
-
 def _compile(model, optimizer, from_logits=True):
     """Compiles a demo model for its pattern classes: sparse cross-entropy, and accuracy."""
     model.compile(
@@ -118,13 +73,14 @@ def _compile(model, optimizer, from_logits=True):
     )
 
 
-def _fit(model, log_dir, layers, x, y, batch_size, log_every, verbose, weights=False):
+def _fit(model, log_dir, layers, x, y, batch_size, log_every, verbose, weights=False, stop_on=None):
     callback = GradVizCallback(
         log_dir,
         probe_data=(x[:batch_size], y[:batch_size]),
         layers=layers,
         every_n_batches=log_every,
         weights=weights,
+        stop_on=stop_on,
     )
     callbacks = [callback, StepScalars(log_dir)]
     model.fit(
@@ -297,12 +253,60 @@ def train_mixed_cnn(log_dir, loss_scale, steps=10, batch_size=64, log_every=5, v
     return fitted.chosen_layers
 
 
+def train_transformer(log_dir, steps=150, log_every=5, verbose=1, seed=0):
+    """Trains the divergence suite's transformer (`divergence_cases.transformer_case`) with Adam
+    at 1e-3 for `steps` steps; logs every layer it calls.
+
+    Its feed-forward layers apply GELU: with ReLU, some units of the second
+    block never fire on the probe batch, which the `dead` flag names, and
+    this run is the demo's healthy one.
+
+    Returns:
+      The paths of the logged layers.
+    """
+    model, x, y, batch_size = divergence_cases.transformer_case(
+        steps, seed, 1e-3, activation="gelu"
+    )
+    return _fit(model, log_dir, _called, x, y, batch_size, log_every, verbose).chosen_layers
+
+
+def _called(layer):
+    # MultiHeadAttention computes its attention in one fused op, without calling its softmax
+    # and dropout layers: nothing would be logged for them.
+    return not isinstance(layer, (keras.layers.Softmax, keras.layers.Dropout))
+
+
+# The flags that say the diverging run has failed: it stops after the log event that raises one.
+FAILURES = ("nonfinite", "exploding")
+DIVERGING_RUN = "diverging_mlp"
+
+
+def train_diverging_mlp(log_dir, steps=300, ramp=1.05, log_every=5, verbose=1, seed=0):
+    """Trains the divergence suite's `mixed_overflow` case (`divergence_cases.mixed_case`): SGD
+    whose rate grows by `ramp` per step from `divergence_cases.RAMP_START`, in `mixed_float16`
+    without loss scaling, until its float16 activations overflow.
+
+    Logs every layer with `weights=True` (the update ratios that
+    `update_spike` reads), and stops after the log event that raises one of
+    `FAILURES` (`stop_on`), as a run guarded by the callback would.
+
+    Returns:
+      The paths of the logged layers.
+    """
+    model, x, y, batch_size = divergence_cases.mixed_case(steps, seed, ramp)
+    every_layer, stop_on = (lambda layer: True), list(FAILURES)
+    fitted = _fit(model, log_dir, every_layer, x, y, batch_size, log_every, verbose, True, stop_on)
+    return fitted.chosen_layers
+
+
 def demo_plan(model="all", steps=None, image_size=64, batch_size=16):
     """The demo's runs in training order: `[(run, what trains, why, train(log_dir, verbose))]`.
 
     The small models come first, so their runs can be looked at while
     ResNet50 trains; `steps` (None: each run's own default) applies to the
-    small CNNs and ResNet50, not to the plain CNNs.
+    small CNNs and ResNet50, not to the plain CNNs nor to the transformer and
+    the diverging run (whose lengths are what a warning needs: a baseline of
+    50 steps or more, then the divergence).
     """
     plan = []
     step_arg = {} if steps is None else {"steps": steps}
@@ -346,6 +350,25 @@ def demo_plan(model="all", steps=None, image_size=64, batch_size=16):
                 functools.partial(train_mixed_cnn, loss_scale=1.0),
             ),
         ]
+    if model in ("divergence", "all"):
+        start, ramp = divergence_cases.RAMP_START, 1.05
+        plan += [
+            (
+                "transformer",
+                "a 2-block transformer (MultiHeadAttention, LayerNormalization) on generated "
+                "token sequences, Adam(1e-3)",
+                "healthy: no flag and no warning, beside the run that diverges",
+                train_transformer,
+            ),
+            (
+                DIVERGING_RUN,
+                "a 4-layer ReLU network in mixed_float16 without loss scaling, its SGD "
+                f"learning rate growing {ramp - 1:.0%} per step from step {start}",
+                "it diverges: its updates spike (the update_spike warning) tens of steps "
+                "before its float16 activations overflow (nonfinite), where stop_on ends it",
+                functools.partial(train_diverging_mlp, ramp=ramp),
+            ),
+        ]
     if model in ("resnet50", "all"):
         plan.append(
             (
@@ -363,13 +386,15 @@ def demo_plan(model="all", steps=None, image_size=64, batch_size=16):
 def run_demo(logdir, model="all", steps=None, image_size=64, batch_size=16, verbose=1, say=None):
     """Writes the demo runs into `logdir`, in `demo_plan`'s order; returns `{run: [layer paths]}`.
 
-    `model` is "resnet50", "cnn" or "all". The CNN demo writes two runs,
+    `model` is "resnet50", "cnn", "divergence" or "all". The CNN demo writes two runs,
     max and average pooling, so the GradViz tab can overlay them, and two
     20-layer plain CNNs, sigmoid and ReLU with BatchNorm, whose gradient
     flow and health flags show a vanishing gradient next to a healthy one,
     with their weights (`weights=True`), and the small CNN in mixed_float16
     with and without loss scaling, whose precision records and `underflow`
-    flags show the float16 gradients underflowing without it.
+    flags show the float16 gradients underflowing without it. The
+    divergence demo writes a healthy transformer and `DIVERGING_RUN`, whose
+    warnings come before its failure flag.
 
     Args:
       say: None, or a function given a line of text before each run trains

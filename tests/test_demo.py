@@ -84,7 +84,8 @@ def no_training(monkeypatch):
         os.makedirs(logdir, exist_ok=True)
         return {}
 
-    monkeypatch.setitem(sys.modules, "tb_gradviz.demos", types.SimpleNamespace(run_demo=run_demo))
+    stub = types.SimpleNamespace(run_demo=run_demo, DIVERGING_RUN="diverging_mlp", FAILURES=())
+    monkeypatch.setitem(sys.modules, "tb_gradviz.demos", stub)
     return calls
 
 
@@ -231,15 +232,18 @@ def test_readme_main_job_trains_writes_and_serves_within_five_minutes(main_job):
     assert [r["run"] for r in runs] == [
         "cnn_averagepool",
         "cnn_maxpool",
+        "diverging_mlp",
         "mixed_float16_scaled",
         "mixed_float16_unscaled",
         "plain_relu_bn",
         "plain_sigmoid",
         "resnet50",
+        "transformer",
     ]
     from tb_gradviz import demos
 
-    assert [layer["layer"] for layer in runs[-1]["layers"]] == list(demos.RESNET50_LAYERS)
+    (resnet50,) = [r for r in runs if r["run"] == "resnet50"]
+    assert [layer["layer"] for layer in resnet50["layers"]] == list(demos.RESNET50_LAYERS)
     assert os.path.isdir(logs / "resnet50")
 
 
@@ -352,3 +356,48 @@ def test_the_demo_url_opens_resnet50s_pool1_pool():
     }
     assert demo.focus(runs) == "&run=resnet50&layer=resnet50%2Fpool1_pool&view=layer"
     assert demo.focus({"cnn_maxpool": ["pool1"]}) == ""
+
+
+def test_demo_divergence_warns_before_its_run_fails_and_its_transformer_raises_nothing(tmp_path):
+    # The divergence demo alone (`--model divergence`, its two runs at their own lengths).
+    logs = tmp_path / "logs"
+    done = subprocess.run(
+        [sys.executable, "-m", "tb_gradviz.cli", "demo", "--model", "divergence", "--no-serve"]
+        + ["--logdir", str(logs)],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr
+    from tb_gradviz import demos
+
+    said = [line for line in done.stdout.splitlines() if re.match(r"\[\d+/2\] ", line)]
+    plan = demos.demo_plan("divergence")
+    assert said == [
+        f"[{i}/2] {run}: {what}; {why}." for i, (run, what, why, _) in enumerate(plan, 1)
+    ]
+    assert [run for run, *_ in plan] == ["transformer", demos.DIVERGING_RUN]
+    # Read back as check reads the written logdir: every onset of each run.
+    status, out, _ = run_cli("check", logs, "--format", "json")
+    assert status == cli.EXIT_FLAGGED
+    runs = {r["run"]: r for r in json.loads(out)["runs"]}
+    assert runs["transformer"]["flags"] == [] and runs["transformer"]["onsets"] == []
+    onsets = runs[demos.DIVERGING_RUN]["onsets"]
+    warnings = [o for o in onsets if o["class"] == "warning"]
+    failures = [o for o in onsets if o["flag"] in demos.FAILURES]
+    assert warnings and failures, onsets
+    warning = min(warnings, key=lambda o: o["step"])
+    failure = min(failures, key=lambda o: o["step"])
+    # The warning leads by tens of steps: the float16 activations overflow 60-70 steps after it.
+    assert warning["step"] + 20 <= failure["step"], (warning, failure)
+    # The run stopped after the event that raised the failure (stop_on), its last logged step.
+    assert runs[demos.DIVERGING_RUN]["step"] == failure["step"]
+    # What the demo says at the end is what check finds.
+    expected = (
+        f"{demos.DIVERGING_RUN} warned before it failed: {warning['flag']} at step "
+        f"{warning['step']} ({warning['layer']}, {warning['tensor']}), "
+        f"{failure['step'] - warning['step']} steps before {failure['flag']} at step "
+        f"{failure['step']} ({failure['layer']}, {failure['tensor']})."
+    )
+    assert expected in done.stdout, done.stdout

@@ -15,8 +15,9 @@ class _Parser(argparse.ArgumentParser):
 
 
 SYNOPSIS = """commands:
-  tb-gradviz demo [--logdir DIR] [--model all|resnet50|cnn] [--steps N] [--image-size PX]
-                  [--batch-size N] [--no-serve] [--host HOST] [--port PORT] [--serve-seconds S]
+  tb-gradviz demo [--logdir DIR] [--model all|resnet50|cnn|divergence] [--steps N]
+                  [--image-size PX] [--batch-size N] [--no-serve] [--host HOST] [--port PORT]
+                  [--serve-seconds S]
   tb-gradviz summary LOGDIR [--run RUN] [--step STEP]
   tb-gradviz export LOGDIR [--format csv|json] [--output FILE] [--run RUN]
   tb-gradviz check LOGDIR [--run RUN] [--fail-on FLAGS] [--ratio R] [--format text|json]"""
@@ -45,7 +46,7 @@ def build_parser():
     )
     demo.add_argument(
         "--model",
-        choices=("all", "resnet50", "cnn"),
+        choices=("all", "resnet50", "cnn", "divergence"),
         default="all",
         help="which demo (default: %(default)s)",
     )
@@ -53,7 +54,8 @@ def build_parser():
         "--steps",
         type=_positive_int,
         default=None,
-        help="training steps per run (default: 48 ResNet50, 40 CNN; the plain CNNs always 12)",
+        help="training steps per run of the small CNNs and ResNet50 (default: 48 ResNet50, 40 "
+        "CNN; the plain CNNs always 12, the transformer 150, the diverging run until it fails)",
     )
     demo.add_argument(
         "--image-size",

@@ -82,6 +82,8 @@ def run_demo(args):
         "gradient, and dead ReLU channels in the small CNNs, are flagged)",
         flush=True,
     )
+    if demos.DIVERGING_RUN in runs:
+        print(warned_before_failing(args.logdir, demos.DIVERGING_RUN, demos.FAILURES), flush=True)
     if args.no_serve:
         print(
             f"View them with: tensorboard --logdir {args.logdir} "
@@ -89,6 +91,35 @@ def run_demo(args):
         )
         return EXIT_OK
     return serve(args.logdir, args.host, args.port, args.serve_seconds, focus(runs))
+
+
+def warned_before_failing(logdir, run, failures):
+    """Where to see `run`'s first warning come before its first failure flag (one of
+    `failures`): the onsets `tb-gradviz check` finds in the written run, in a line of text."""
+    from tb_gradviz.cli.logs import open_logdir, runs_of
+
+    where = os.path.join(logdir, run)
+    gradviz, ctx, experiment = open_logdir(where)
+    (found,) = runs_of(gradviz, ctx, experiment, where, None)
+    _, body = gradviz.check_impl(ctx, experiment, found["run"])
+    onsets = sorted(body["onsets"], key=lambda onset: onset["step"])
+    warning = next((o for o in onsets if o.get("class") == "warning"), None)
+    failure = next((o for o in onsets if o["flag"] in failures), None)
+
+    def named(onset):
+        return f"{onset['flag']} at step {onset['step']} ({onset['layer']}, {onset['tensor']})"
+
+    if warning is None or failure is None or warning["step"] >= failure["step"]:
+        return (
+            f"{run}: no warning before a failure this time (first warning: "
+            f"{named(warning) if warning else 'none'}; first failure: "
+            f"{named(failure) if failure else 'none'})"
+        )
+    return (
+        f"{run} warned before it failed: {named(warning)}, {failure['step'] - warning['step']} "
+        f"steps before {named(failure)}. See it in the tab's 'Over time' section (the onset "
+        f"table, run {run}) or with: tb-gradviz check {logdir} --run {run}"
+    )
 
 
 def check_host(host):
