@@ -96,6 +96,25 @@ def test_plain_tensorboard_judges_every_step_a_nan_at_step_137_named_at_137(
 
 @pytest.mark.slow
 @pytest.mark.parametrize("load_fast", LOADERS)
+def test_plain_tensorboard_serves_the_full_records_of_the_onset_step(logdir, tmp_path, load_fast):
+    """Every step holds full records here; a sample of them (10 or 100 steps) would most likely
+    not hold step 137, and the layer view at the onset would show an earlier step's."""
+    with tbserver.running_tensorboard(
+        logdir,
+        tmp_path / "tensorboard.log",
+        ready=lambda url: onset_when_loaded(url) is not None,
+        extra_args=(f"--load_fast={load_fast}",),
+        samples=(),
+    ) as url:
+        body = tbserver.get_json(f"{url}/data/plugin/gradviz/step?run=run&step={NAN_STEP}")
+    (b,) = [layer for layer in body["layers"] if layer["layer"] == "b"]
+    assert {tensor: b["tensors"][tensor]["step"] for tensor in TENSORS} == dict.fromkeys(
+        TENSORS, NAN_STEP
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("load_fast", LOADERS)
 def test_the_users_own_samples_per_plugin_for_the_digest_is_honoured(logdir, tmp_path, load_fast):
     samples = ("--samples_per_plugin", "gradviz=0,histograms=0,gradviz_digest=10")
     body = served_onset(logdir, tmp_path / "tensorboard.log", load_fast, samples)
@@ -106,8 +125,12 @@ def test_the_users_own_samples_per_plugin_for_the_digest_is_honoured(logdir, tmp
 @pytest.mark.parametrize(
     "argv, samples",
     [
-        ([], {"gradviz_digest": 0}),
+        ([], {"gradviz_digest": 0, "gradviz": 0}),
         (["--samples_per_plugin=gradviz=5"], {"gradviz": 5, "gradviz_digest": 0}),
+        (
+            ["--samples_per_plugin=histograms=7"],
+            {"histograms": 7, "gradviz_digest": 0, "gradviz": 0},
+        ),
         (
             ["--samples_per_plugin=gradviz_digest=10,gradviz=5"],
             {"gradviz_digest": 10, "gradviz": 5},
