@@ -20,7 +20,7 @@ without is judged after it, outside its time, so that the window holds
 every event as in a fit. The extra is the median over repeats of
 with/without - 1. The judging is also timed where it runs (wall and
 the process's CPU time): `StopOn.judge` in the event with it, split into
-its warnings (`stop_on._warnings`: merging the window's rows into series,
+its warnings (`stop_on._warnings`: reading the window's series,
 then the rules, `leading.verdicts`, timed apart) and its flags
 (`stop_on._flags`), and the Keeper's flag judgement
 (`full_records.raised_flags` over `event_columns`) on each event's records.
@@ -137,7 +137,7 @@ def measure(args):
             if with_judging:
                 assert len(judge.calls) == calls + 1
                 parts = [t.calls[-1] for t in (judge, warnings_part, rules_part, flags_part)]
-                history = len(judging._history)
+                history = len(judging._window.steps)
             else:  # outside the timed event: the window holds every event, as in a fit
                 judging.judge(step, records[-1])
             step += spacing
