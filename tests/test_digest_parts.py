@@ -14,11 +14,12 @@ import numpy as np
 import pytest
 import synthetic
 import tbserver
-import test_flags_from_digest
+import test_full_records
 import test_onset
 from eventdata import load, plugin_over, tensor_tags, values
 from tensorboard import context
 from tensorboard.data import provider
+from tensorboard.util import tensor_util
 
 from tb_gradviz.board import parts as parts_module
 from tb_gradviz.format import digest, digest_parts, events, metadata, records, summaries
@@ -31,11 +32,15 @@ EVENTS_PER_PART = 5
 # The parts' first steps: NAN_STEP is in the fourth of five.
 FIRST_STEPS = [1, 6, 11, 16, 21]
 LAYERS = ["d1", "scale", "d2", "logits"]
+# Full records at the first 6 events, then thinning (and at the onset and the step before):
+# most steps have their digest alone.
+FULL_FIRST = 6
+FULL_STEPS = [1, 2, 3, 4, 5, 6, 7, 9, 12, 16, 17, 21]
 
 
 def fit(logdir, steps):
-    """test_onset's dense network, `steps` steps logged at each; the `scale` layer's factor
-    becomes NaN at NAN_STEP."""
+    """test_onset's dense network, `steps` steps logged at each (full records thinned); the
+    `scale` layer's factor becomes NaN at NAN_STEP."""
     from tb_gradviz import GradVizCallback
 
     keras.utils.set_random_seed(0)
@@ -55,7 +60,9 @@ def fit(logdir, steps):
     y = rng.normal(size=(4 * steps, 3)).astype("float32")
     callbacks = [
         test_onset.SetFactorAt(scale, NAN_STEP, float("nan")),
-        GradVizCallback(logdir, (x[:8], y[:8]), layers=LAYERS, every_n_batches=1),
+        GradVizCallback(
+            logdir, (x[:8], y[:8]), layers=LAYERS, every_n_batches=1, full_records=FULL_FIRST
+        ),
     ]
     model.fit(x, y, batch_size=4, epochs=1, verbose=0, shuffle=False, callbacks=callbacks)
 
@@ -65,8 +72,9 @@ def digest_tags(accumulator):
 
 
 def rewrite(source, target, in_parts):
-    """Writes the run at `source` again, event by event, with its digest joined into one
-    series: one part (`in_parts`) or the rows' tag alone, as before layout 13."""
+    """Writes the run at `source` again, event by event (steps and wall times kept), with its
+    digest joined into one series: one part (`in_parts`) or the rows' tag alone, as before
+    layout 13."""
     accumulator = load(source)
     by_step = {}
     for tag in tensor_tags(accumulator):
@@ -77,11 +85,15 @@ def rewrite(source, target, in_parts):
             summary_metadata = metadata.create_summary_metadata(
                 {"kind": metadata.KIND_DIGEST, "rows": content["rows"]}, digest.PLUGIN_NAME
             )
-        for step, array in values(accumulator, tag):
-            by_step.setdefault(step, []).append((written, array, summary_metadata))
+        for event in accumulator.Tensors(tag):
+            array = tensor_util.make_ndarray(event.tensor_proto)
+            by_step.setdefault(event.step, (event.wall_time, []))[1].append(
+                (written, array, summary_metadata)
+            )
     log = events.EventLog(target, digest_in_parts=in_parts)
     for step in sorted(by_step):
-        log.write(step, by_step[step], add_digest=False)
+        wall_time, written = by_step[step]
+        log.write(step, written, wall_time=wall_time, add_digest=False)
     log.close()
 
 
@@ -132,9 +144,6 @@ def test_onset_is_the_same_in_parts_in_one_part_and_whole_and_the_nan_is_at_its_
     assert bodies["parts"]["steps"] == STEPS
     onsets = {o["flag"]: o for o in bodies["parts"]["onsets"]}
     assert (onsets["nonfinite"]["step"], onsets["nonfinite"]["layer"]) == (NAN_STEP, "scale")
-    # And the parts' columns judge every step as the full records do.
-    raised = test_flags_from_digest.assert_the_digest_judges_as_the_records(runs / "parts", "run")
-    assert min(raised["nonfinite"]) == NAN_STEP
 
 
 @pytest.mark.parametrize(
@@ -172,6 +181,18 @@ def test_check_is_the_same_in_parts_in_one_part_and_whole(runs):
     (run,) = body["runs"]
     onsets = {o["flag"]: o for o in run["onsets"]}
     assert status == 1 and onsets["nonfinite"]["step"] == NAN_STEP
+
+
+def test_summary_and_export_are_the_same_in_parts_in_one_part_and_whole(runs):
+    for command, options in (("summary", ()), ("export", ("--format", "json"))):
+        outputs = {
+            name: test_full_records.run_cli(command, runs / name, *options)
+            for name in ("parts", "one", "whole")
+        }
+        assert outputs["parts"] == outputs["one"] == outputs["whole"]
+    status, out = outputs["parts"]
+    (entry,) = json.loads(out)["steps"]
+    assert (status, entry["logged"], entry["full"]) == (0, list(range(1, STEPS + 1)), FULL_STEPS)
 
 
 def test_each_part_is_read_in_a_request_of_its_own(runs):
