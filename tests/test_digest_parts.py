@@ -203,12 +203,12 @@ def test_each_part_is_read_in_a_request_of_its_own(runs):
     assert sorted(tag for (tag,) in read) == sorted(digest_tags(load(runs / "parts" / "run")))
 
 
-def pool_events(log, steps, nan_step=None):
-    """Writes `synthetic` max pools `a` and `b` at `steps`; `b`'s output gradient holds a NaN at
+def pool_events(log, steps, nan_step=None, layers=("a", "b")):
+    """Writes two tensors of each of `layers` at `steps`; `b`'s output gradient holds a NaN at
     `nan_step`."""
     for step in steps:
         written = []
-        for index, layer in enumerate(("a", "b")):
+        for index, layer in enumerate(layers):
             for role in (records.ACTIVATION, records.OUTPUT_GRADIENT):
                 array = np.linspace(-1.0, 1.0, 8) * (1.0 + step / 100)
                 if (layer, role, step) == ("b", records.OUTPUT_GRADIENT, nan_step):
@@ -338,6 +338,28 @@ def test_the_synthetic_large_run_writes_its_digest_in_parts_as_the_callback_does
     onset = served(tmp_path / "parts", "onset")
     assert json.dumps(onset) == json.dumps(served(tmp_path / "one", "onset"))
     assert [(o["flag"], o["step"]) for o in onset["onsets"]] == [("exploding", 23)]
+
+
+def test_fits_with_other_layers_keep_their_own_series_each_in_its_parts(tmp_path, monkeypatch):
+    # Issue 29: another selection of layers in the same run makes other rows, another series.
+    bound_to(monkeypatch, 2)
+    for name, in_parts in (("parts", True), ("whole", False)):
+        for steps, layers in ((range(1, 6), ("a", "b")), (range(6, 11), ("b",))):
+            log = events.EventLog(tmp_path / name / "run", digest_in_parts=in_parts)
+            pool_events(log, steps, nan_step=8, layers=layers)
+            log.close()
+    gradviz, _ = plugin_over(tmp_path / "parts")
+    found = gradviz._store(context.RequestContext(), "", "run").digests()
+    assert sorted(len(series.parts) for series in found.values()) == [3, 3]
+    for route in ("onset", "timeline"):
+        texts = [
+            json.dumps(served(tmp_path / n, route), sort_keys=True) for n in ("parts", "whole")
+        ]
+        assert texts[0] == texts[1]
+    body = served(tmp_path / "parts", "timeline")
+    assert body["steps"] == 10 and [layer["layer"] for layer in body["layers"]] == ["a", "b"]
+    onsets = {o["flag"]: o for o in served(tmp_path / "parts", "onset")["onsets"]}
+    assert (onsets["nonfinite"]["step"], onsets["nonfinite"]["layer"]) == (8, "b")
 
 
 def datum(step, value):
