@@ -10,7 +10,6 @@ request of its own, and a zoom reads none. Runs written with numpy:
 
 import json
 
-import numpy as np
 import pytest
 import test_full_records
 import test_onset
@@ -40,21 +39,8 @@ def fit(logdir, steps):
     `scale` layer's factor becomes NaN at NAN_STEP."""
     from tb_gradviz import GradVizCallback
 
-    keras.utils.set_random_seed(0)
     scale = test_onset.Scale(name="scale")
-    model = keras.Sequential(
-        [
-            keras.Input((6,)),
-            keras.layers.Dense(8, activation="tanh", name="d1"),
-            scale,
-            keras.layers.Dense(8, activation="tanh", name="d2"),
-            keras.layers.Dense(3, name="logits"),
-        ]
-    )
-    model.compile(keras.optimizers.SGD(0.01), "mse")
-    rng = np.random.default_rng(0)
-    x = rng.normal(size=(4 * steps, 6)).astype("float32")
-    y = rng.normal(size=(4 * steps, 3)).astype("float32")
+    model, x, y = test_onset.middle_layer_network(scale, examples=4 * steps)
     callbacks = [
         test_onset.SetFactorAt(scale, NAN_STEP, float("nan")),
         GradVizCallback(

@@ -38,16 +38,17 @@ class SetFactorAt(keras.callbacks.Callback):
             self.layer.factor.assign(self.value)
 
 
-def middle_layer_network(middle, examples=32):
+def middle_layer_network(middle, examples=32, names=("d1", "d2")):
     """`(model, x, y)`: a small dense network d1 -> `middle` -> d2 -> logits (SGD, MSE), seeded,
-    and `examples` seeded examples: the runs with a fault put into `middle` at a known step."""
+    and `examples` seeded examples: the runs with a fault put into `middle` at a known step.
+    `names` renames the dense layers around `middle`."""
     keras.utils.set_random_seed(0)
     model = keras.Sequential(
         [
             keras.Input((6,)),
-            keras.layers.Dense(8, activation="tanh", name="d1"),
+            keras.layers.Dense(8, activation="tanh", name=names[0]),
             middle,
-            keras.layers.Dense(8, activation="tanh", name="d2"),
+            keras.layers.Dense(8, activation="tanh", name=names[1]),
             keras.layers.Dense(3, name="logits"),
         ]
     )

@@ -4,7 +4,6 @@ series, whose tags' order is not the model's)."""
 
 import json
 
-import numpy as np
 import pytest
 import test_onset
 from test_plugin import PREFIX, make_app
@@ -22,23 +21,12 @@ def client(tmp_path_factory):
     from tb_gradviz import GradVizCallback
 
     logdir = tmp_path_factory.mktemp("two_fits") / "run"
-    keras.utils.set_random_seed(0)
     scale = test_onset.Scale(name="scale")
-    model = keras.Sequential(
-        [
-            keras.Input((6,)),
-            keras.layers.Dense(8, activation="tanh", name="p"),
-            scale,
-            keras.layers.Dense(8, activation="tanh", name="q"),
-            keras.layers.Dense(3, name="logits"),
-        ]
+    model, x, y = test_onset.middle_layer_network(
+        scale, examples=4 * STEPS_PER_FIT, names=("p", "q")
     )
-    model.compile(keras.optimizers.SGD(0.01), "mse")
     # The gradient reaching p's output is 1e-6 of q's input gradient: p vanishes against q.
     scale.factor.assign(1e-6)
-    rng = np.random.default_rng(0)
-    x = rng.normal(size=(4 * STEPS_PER_FIT, 6)).astype("float32")
-    y = rng.normal(size=(4 * STEPS_PER_FIT, 3)).astype("float32")
     for layers in (["q"], ["p", "q"]):
         logged = GradVizCallback(logdir, (x[:8], y[:8]), layers=layers, every_n_batches=1)
         model.fit(x, y, batch_size=4, epochs=1, verbose=0, callbacks=[logged])
