@@ -27,8 +27,9 @@ from tb_gradviz.capture.backends import tf_statistics
 from tb_gradviz.format import records, summaries
 
 
-def null_statistics(groups, scaled, mode=None):
-    """Not a summary: one sum per tensor, so the gradient is still computed."""
+def null_statistics(groups, scaled, mode=None, widths=None):
+    """Not a summary: one sum per tensor, so the gradient is still computed (no precision or
+    block counts, whatever `widths` asks: `tf_statistics.compiled`'s arguments)."""
 
     def statistics(tensors, divisor):
         result = []
