@@ -189,13 +189,13 @@ def _binade(magnitude):
     """`floor(log2(m))` of float64 magnitudes, from their exponent bits: exact for the zero and
     normal values every step here holds (-1023 for 0)."""
     bits = ops.view(ops.cast(magnitude, "float64"), "int64")
-    return ops.cast(ops.right_shift(bits, _int64(52)), "int32") - 1023
+    return ops.cast(ops.right_shift(bits, device_precision.int64(52)), "int32") - 1023
 
 
 def _power_of_two(exponent):
     """`2.0**e` as float64 from integer exponents in float64's normal range, built from bits."""
-    biased = ops.cast(exponent, "int64") + _int64(1023)
-    return ops.view(ops.left_shift(biased, _int64(52)), "float64")
+    biased = ops.cast(exponent, "int64") + device_precision.int64(1023)
+    return ops.view(ops.left_shift(biased, device_precision.int64(52)), "float64")
 
 
 def _divide(x, divisor):
@@ -213,10 +213,6 @@ def _nonzero(x):
 
 def _count(mask, axis):
     return ops.cast(ops.sum(ops.cast(mask, "int32"), axis=axis), "int32")
-
-
-def _int64(value):
-    return ops.convert_to_tensor(np.array(value, np.int64))
 
 
 def flat_counts(counts, width):

@@ -122,27 +122,27 @@ def scale_exponents(amax_bits, bits_width):
     if bits_width == 32:
         # The float32 value `significand * 2**(exponent - 150)`, a normal float64: the
         # significand's exact float64 bits with the power of two added to their exponent field.
-        field = ops.right_shift(amax, _int64(23))
-        significand = ops.bitwise_and(amax, _int64(0x7FFFFF))
-        significand = significand + ops.where(ops.greater(field, 0), _int64(1 << 23), _int64(0))
-        power = ops.cast(ops.maximum(field, 1), "int64") - _int64(150)
+        field = ops.right_shift(amax, int64(23))
+        significand = ops.bitwise_and(amax, int64(0x7FFFFF))
+        significand = significand + ops.where(ops.greater(field, 0), int64(1 << 23), int64(0))
+        power = ops.cast(ops.maximum(field, 1), "int64") - int64(150)
         float64_bits = ops.view(ops.cast(significand, "float64"), "int64")
-        amax = float64_bits + ops.left_shift(power, _int64(52))
+        amax = float64_bits + ops.left_shift(power, int64(52))
     amax = amax[:, None]
     top = ops.convert_to_tensor(_TOP_BITS[None, :])
     # frexp's exponents differ from the biased exponent fields by the same constant.
-    exponent = ops.right_shift(top, _int64(52)) - ops.right_shift(amax, _int64(52))
+    exponent = ops.right_shift(top, int64(52)) - ops.right_shift(amax, int64(52))
     larger_significand = ops.greater(
-        ops.bitwise_and(amax, _int64(_FRACTION)), ops.bitwise_and(top, _int64(_FRACTION))
+        ops.bitwise_and(amax, int64(_FRACTION)), ops.bitwise_and(top, int64(_FRACTION))
     )
     exponent = exponent - ops.cast(larger_significand, "int64")
-    return ops.where(ops.greater(amax, _int64(0)), exponent, ops.zeros_like(exponent))
+    return ops.where(ops.greater(amax, int64(0)), exponent, ops.zeros_like(exponent))
 
 
 def scaled_keys(exponents, bits_width):
     """`[R, 12]` keys of every boundary times `2**-k`, `k` each row's exponent of its format."""
     per_boundary = ops.repeat(exponents, len(precision.BOUNDARY_NAMES), axis=1)
-    bits = ops.convert_to_tensor(_BOUND_BITS[None, :]) - ops.left_shift(per_boundary, _int64(52))
+    bits = ops.convert_to_tensor(_BOUND_BITS[None, :]) - ops.left_shift(per_boundary, int64(52))
     return _keys(bits, bits_width)
 
 
@@ -152,29 +152,27 @@ def _keys(bound_bits, bits_width):
     inclusive = ops.convert_to_tensor(_INCLUSIVE[None, :].astype(np.int64))
     if bits_width == 64:
         return bound_bits + inclusive
-    exponent = ops.right_shift(bound_bits, _int64(52)) - _int64(1023)
-    fraction = ops.bitwise_and(bound_bits, _int64(_FRACTION))
+    exponent = ops.right_shift(bound_bits, int64(52)) - int64(1023)
+    fraction = ops.bitwise_and(bound_bits, int64(_FRACTION))
     # A normal float32 holds b exactly (b has a short significand): its bits, plus the side.
     normal = (
-        ops.left_shift(exponent + _int64(127), _int64(23))
-        + ops.right_shift(fraction, _int64(29))
+        ops.left_shift(exponent + int64(127), int64(23))
+        + ops.right_shift(fraction, int64(29))
         + inclusive
     )
     # Below float32's normal range, the patterns below b are the subnormals p * 2**-149 < b
     # (<= b), p = 0, 1, ...: floor(y) + 1 of y = b / 2**-149, or y when y is an integer
     # and the side is exclusive.
-    significand = fraction + _int64(1 << 52)
-    shift = ops.cast(ops.clip(_int64(-97) - exponent, 0, 62), "int64")
+    significand = fraction + int64(1 << 52)
+    shift = ops.cast(ops.clip(int64(-97) - exponent, 0, 62), "int64")
     floor = ops.right_shift(significand, shift)
-    remainder = ops.bitwise_and(
-        significand, ops.left_shift(ops.ones_like(shift), shift) - _int64(1)
-    )
-    exact = ops.logical_and(ops.equal(remainder, _int64(0)), ops.equal(inclusive, _int64(0)))
-    subnormal = floor + ops.where(exact, _int64(0), _int64(1))
+    remainder = ops.bitwise_and(significand, ops.left_shift(ops.ones_like(shift), shift) - int64(1))
+    exact = ops.logical_and(ops.equal(remainder, int64(0)), ops.equal(inclusive, int64(0)))
+    subnormal = floor + ops.where(exact, int64(0), int64(1))
     keys = ops.where(
-        ops.greater_equal(exponent, _int64(128)),
-        _int64(_INF_BITS[32]),
-        ops.where(ops.greater_equal(exponent, _int64(-126)), normal, subnormal),
+        ops.greater_equal(exponent, int64(128)),
+        int64(_INF_BITS[32]),
+        ops.where(ops.greater_equal(exponent, int64(-126)), normal, subnormal),
     )
     return ops.cast(keys, "int32")
 
@@ -201,7 +199,7 @@ def _float64(value):
     return _constant(value, "float64")
 
 
-def _int64(value):
+def int64(value):
     """An int64 constant. Keras' backends differ in the dtype they give a Python int, and
     PyTorch's `maximum` and `clip` narrow int64 to int32: their results are cast back."""
     return _constant(value, "int64")
