@@ -150,3 +150,44 @@ def _cut(column, end):
         for name, t in column["tensors"].items()
     }
     return dict(column, tensors=tensors)
+
+
+def _reference(steps, logs, judge):
+    """Each (series, step) judged by the rules' words, one window at a time: `judge(now, past,
+    ages)` on the window's finite values (`WINDOW` steps before, spanning `WINDOW / 2` or more,
+    `MIN_POINTS` finite values or more)."""
+    out = np.zeros(logs.shape, bool)
+    for t, step in enumerate(steps):
+        inside = (steps >= step - leading.WINDOW) & (steps < step)
+        if not inside.any() or step - steps[inside][0] < leading.WINDOW / 2:
+            continue
+        for s in range(len(logs)):
+            past, ages = logs[s, inside], step - steps[inside]
+            finite = np.isfinite(past)
+            if finite.sum() >= leading.MIN_POINTS and np.isfinite(logs[s, t]):
+                out[s, t] = judge(logs[s, t], past[finite], ages[finite])
+    return out
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_the_windowed_rules_judge_every_pair_as_the_rules_say(seed):
+    # Noisy series with jumps, gaps (NaN) and irregular steps: most pairs are ruled out by the
+    # windows' minima, the rest judged on their gathered windows; every pair as by hand.
+    rng = np.random.default_rng(seed)
+    steps = np.cumsum(rng.integers(1, 4, size=160))
+    logs = np.cumsum(rng.normal(0, 0.15, size=(6, 160)), axis=1)
+    logs[rng.random(logs.shape) < 0.05] += 1.5
+    logs[rng.random(logs.shape) < 0.1] = np.nan
+    threshold = np.log10(leading.GROWTH)
+    np.testing.assert_array_equal(
+        leading.median_exceeds(steps, logs, threshold),
+        _reference(steps, logs, lambda now, past, _: now - np.median(past) > threshold),
+    )
+    drift = leading.DRIFT_PER_STEP
+    np.testing.assert_array_equal(
+        leading.drift_exceeds(steps, logs),
+        _reference(steps, logs, lambda now, past, ages: now - np.min(past + drift * ages) > 1.0),
+    )
+    # Some pairs raise each rule, some are judged and do not.
+    assert 0 < leading.median_exceeds(steps, logs, threshold).sum() < logs.size / 4
+    assert 0 < leading.drift_exceeds(steps, logs).sum() < logs.size / 4

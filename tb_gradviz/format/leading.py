@@ -86,6 +86,23 @@ def _log(values):
 
 # Steps judged together: a chunk gathers `[series, CHUNK, window]` values at once.
 CHUNK = 256
+# (series, step) pairs whose windows are gathered together to be judged exactly.
+PAIRS = 16_384
+# A drift within this of its threshold by the bound is judged exactly (the bound sums in
+# another order than the rule; the two differ by rounding, far less than this).
+_BOUND_SLACK = 1e-6
+
+
+def _judged(steps, at):
+    """`(judged, begins)`: the step indices judged (`at`, None: all) whose window spans
+    `WINDOW / 2` steps or more, and where each one's window begins: the window of step index
+    `t` is `[begins, t)`."""
+    steps = np.asarray(steps, dtype=np.int64)
+    begins = np.searchsorted(steps, steps - WINDOW, side="left")
+    at = np.arange(len(steps)) if at is None else np.asarray(at, dtype=np.int64)
+    spans = np.where(begins[at] < at, steps[at] - steps[begins[at]], -1)
+    at = at[spans >= WINDOW / 2]
+    return at, begins[at]
 
 
 def _windows(steps, logs, at):
@@ -95,29 +112,81 @@ def _windows(steps, logs, at):
     `[series, len(judged), width]` the windows' log10 values (NaN past a window's end), `ages`
     `[len(judged), width]` the steps from each window value to its judged step."""
     steps = np.asarray(steps, dtype=np.int64)
-    begins = np.searchsorted(steps, steps - WINDOW, side="left")
-    at = np.arange(len(steps)) if at is None else np.asarray(at, dtype=np.int64)
-    spans = np.where(begins[at] < at, steps[at] - steps[begins[at]], -1)
-    at = at[spans >= WINDOW / 2]
+    at, begins = _judged(steps, at)
     for first in range(0, len(at), CHUNK):
-        judged = at[first : first + CHUNK]
-        width = int(np.max(judged - begins[judged]))
-        where = begins[judged][:, None] + np.arange(width)[None, :]
-        inside = where < judged[:, None]
-        where = np.minimum(where, judged[:, None] - 1)
+        judged, begin = at[first : first + CHUNK], begins[first : first + CHUNK]
+        where, inside = _spread(judged, begin)
         past = np.where(inside[None], logs[:, where], np.nan)
         yield judged, past, steps[judged][:, None] - steps[where]
 
 
-def median_excess(steps, logs, at=None):
-    """`[series, steps]`: each value's log10 above the median log10 of its window (NaN where a
-    step is not judged). `logs` is `[series, steps]` log10 values, NaN where there is none."""
+def _spread(judged, begins):
+    """`(where, inside)` `[len(judged), width]`: each window's step indices (clipped to its
+    last) and which of them are in it."""
+    width = int(np.max(judged - begins))
+    where = begins[:, None] + np.arange(width)[None, :]
+    inside = where < judged[:, None]
+    return np.minimum(where, judged[:, None] - 1), inside
+
+
+def _enough(logs, judged, begins):
+    """`[series, len(judged)]`: whether each window holds `MIN_POINTS` finite values."""
+    finite = np.cumsum(np.isfinite(logs), axis=1)
+    finite = np.concatenate([np.zeros((len(logs), 1), finite.dtype), finite], axis=1)
+    return finite[:, judged] - finite[:, begins] >= MIN_POINTS
+
+
+def _window_min(values, judged, begins):
+    """`[series, len(judged)]`: the smallest finite value of each window `[begins, judged)`
+    (NaN where none is), from a sparse table of minima over spans of 2**k steps, built one
+    level at a time: `O(series x steps x log WINDOW)`, exact (a minimum rounds nothing)."""
+    lengths = judged - begins
+    levels = np.floor(np.log2(np.maximum(lengths, 1))).astype(np.int64)
+    out = np.full((len(values), len(judged)), np.nan)
+    level = values
+    for k in range(int(levels.max(initial=0)) + 1):
+        if k:
+            half = 1 << (k - 1)
+            level = np.fmin(level[:, :-half], level[:, half:])  # level[i]: min of [i, i + 2**k)
+        picked = np.flatnonzero(levels == k)
+        if picked.size:
+            head = level[:, begins[picked]]
+            tail = level[:, judged[picked] - (1 << k)]
+            out[:, picked] = np.fmin(head, tail)
+    return out
+
+
+def _pairs(logs, judged, begins, series, columns):
+    """Yields `(rows, columns, past, ages)` per batch of the (series, judged step) pairs picked
+    by `series` and `columns` (indices into `judged`): each pair's window of log10 values
+    `[pairs, width]` (NaN past its end), as `_windows` gathers them."""
+    for first in range(0, len(series), PAIRS):
+        rows, picked = series[first : first + PAIRS], columns[first : first + PAIRS]
+        where, inside = _spread(judged[picked], begins[picked])
+        yield rows, picked, np.where(inside, logs[rows[:, None], where], np.nan), where
+
+
+def median_exceeds(steps, logs, threshold, at=None):
+    """`[series, steps]` bool: where a value's log10 is over `threshold` above the median log10
+    of its window (False where a step is not judged). `logs` is `[series, steps]` log10 values,
+    NaN where there is none.
+
+    The median of a window is at least its minimum, so a value within `threshold` of its
+    window's minimum cannot exceed it: the minima (a sparse table) rule out almost every pair,
+    and only the rest have their windows gathered and their medians taken."""
     logs = np.atleast_2d(np.asarray(logs, dtype=np.float64))
-    out = np.full(logs.shape, np.nan)
-    for judged, past, _ in _windows(steps, logs, at):
-        enough = np.sum(np.isfinite(past), axis=2) >= MIN_POINTS
-        baseline = _nanmedian(past)
-        out[:, judged] = np.where(enough, logs[:, judged] - baseline, np.nan)
+    out = np.zeros(logs.shape, bool)
+    judged, begins = _judged(steps, at)
+    if not judged.size:
+        return out
+    now = logs[:, judged]
+    with np.errstate(invalid="ignore"):
+        maybe = _enough(logs, judged, begins) & (
+            now - _window_min(logs, judged, begins) > threshold
+        )
+    for rows, picked, past, _ in _pairs(logs, judged, begins, *np.nonzero(maybe)):
+        with np.errstate(invalid="ignore"):
+            out[rows, judged[picked]] = now[rows, picked] - _nanmedian(past) > threshold
     return out
 
 
@@ -142,6 +211,32 @@ def drift(steps, logs, at=None):
         with _quiet():
             lowest = np.nanmin(past + DRIFT_PER_STEP * ages[None], axis=2)
         out[:, judged] = np.where(enough, logs[:, judged] - lowest, np.nan)
+    return out
+
+
+def drift_exceeds(steps, logs, at=None):
+    """`[series, steps]` bool: where `drift` is over `DRIFT` (False where a step is not judged).
+
+    `log[j] + DRIFT_PER_STEP * (steps[t] - steps[j])` is `log[j] - DRIFT_PER_STEP * steps[j]`, a
+    series of its own, plus the judged step's term: its windows' minima (a sparse table) bound
+    the drift, and only the pairs the bound cannot rule out are gathered and judged by `drift`'s
+    sums."""
+    logs = np.atleast_2d(np.asarray(logs, dtype=np.float64))
+    out = np.zeros(logs.shape, bool)
+    judged, begins = _judged(steps, at)
+    if not judged.size:
+        return out
+    steps = np.asarray(steps, dtype=np.int64)
+    allowance = DRIFT_PER_STEP * steps.astype(np.float64)
+    now = logs[:, judged]
+    with np.errstate(invalid="ignore"):
+        bound = now - allowance[judged] - _window_min(logs - allowance, judged, begins)
+        maybe = _enough(logs, judged, begins) & (bound > DRIFT - _BOUND_SLACK)
+    for rows, picked, past, where in _pairs(logs, judged, begins, *np.nonzero(maybe)):
+        ages = steps[judged[picked]][:, None] - steps[where]
+        with _quiet():
+            lowest = np.nanmin(past + DRIFT_PER_STEP * ages, axis=1)
+            out[rows, judged[picked]] = now[rows, picked] - lowest > DRIFT
     return out
 
 
@@ -213,11 +308,11 @@ def verdicts(steps, layers, at=None):
     per_step = per_step.reshape(-1, count)
     with np.errstate(invalid="ignore"):
         judged = {
-            "rms_growth": median_excess(steps, rms, at) > np.log10(GROWTH),
-            "max_growth": median_excess(steps, peak, at) > np.log10(GROWTH),
-            "rms_drift": drift(steps, rms, at) > DRIFT,
-            "peak_ratio": median_excess(steps, peak - rms, at) > np.log10(PEAK),
-            "update_spike": (median_excess(steps, _log(per_step), at) > np.log10(SPIKE))
+            "rms_growth": median_exceeds(steps, rms, np.log10(GROWTH), at),
+            "max_growth": median_exceeds(steps, peak, np.log10(GROWTH), at),
+            "rms_drift": drift_exceeds(steps, rms, at),
+            "peak_ratio": median_exceeds(steps, peak - rms, np.log10(PEAK), at),
+            "update_spike": median_exceeds(steps, _log(per_step), np.log10(SPIKE), at)
             & (per_step > SPIKE_FLOOR),
         }
     found = {warning: np.zeros((len(layers), count), bool) for warning in WARNINGS}
