@@ -229,6 +229,19 @@ def wait_drawn(frame, selector, **state):
     return view
 
 
+def wait_time_view(frame, run, **state):
+    """Waits until "Over time" has drawn `run` (and `state`, as `wait_drawn` takes it) and the
+    onset table above the drawing has drawn `run` too: the table's rows, drawn when `/onset`
+    answers, move the drawing down, so a position on the canvas is only the one meant once
+    both are in.
+
+    Returns:
+      the time view's locator.
+    """
+    wait_drawn(frame, ONSET, run=run)
+    return wait_drawn(frame, TIMELINE, run=run, **state)
+
+
 def read_drawn(frame, selector, reader, **state):
     """`reader(element)` of the view at `selector`, once it has drawn `state`.
 

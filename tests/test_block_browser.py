@@ -26,6 +26,7 @@ from browser import (  # noqa: F401 (fixture)
     show_section,
     tab,
     wait_drawn,
+    wait_time_view,
 )
 from tbserver import get_json, running_tensorboard
 
@@ -194,7 +195,7 @@ def test_the_time_view_colours_by_the_mxfp8_share_to_zero(browser, tensorboard):
         frame = tab(page)
         show_section(frame, "timeline")
         frame.locator('select[name="timeline-field"]').select_option(colour)
-        view = wait_drawn(frame, TIMELINE, run=SPREAD, colour=colour)
+        view = wait_time_view(frame, SPREAD, colour=colour)
         rows = len(body["layers"])
         canvas = view.locator("canvas.timeline-canvas")
         assert canvas.get_attribute("aria-label").startswith(

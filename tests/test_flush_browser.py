@@ -30,6 +30,7 @@ from browser import (  # noqa: F401 (fixture)
     show_section,
     tab,
     wait_drawn,
+    wait_time_view,
 )
 from tbserver import get_json, running_tensorboard
 
@@ -180,7 +181,7 @@ def test_the_depth_by_time_view_colours_by_the_share_that_flushes(browser, tenso
         frame.get_by_label("Run", exact=True).select_option(MIXED)
         show_section(frame, "timeline")
         frame.locator('select[name="timeline-field"]').select_option("flush_share/output_gradient")
-        view = wait_drawn(frame, TIMELINE, run=MIXED, colour="flush_share/output_gradient")
+        view = wait_time_view(frame, MIXED, colour="flush_share/output_gradient")
         rows = len(body["layers"])
         canvas = view.locator("canvas.timeline-canvas")
         assert canvas.get_attribute("aria-label").startswith(

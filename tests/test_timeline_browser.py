@@ -13,7 +13,16 @@ import re
 
 import pytest
 import synthetic
-from browser import ONSET, PANELS, TIMELINE, browser, gradviz_page, show_section, tab, wait_drawn  # noqa: F401
+from browser import (  # noqa: F401
+    PANELS,
+    TIMELINE,
+    browser,
+    gradviz_page,
+    show_section,
+    tab,
+    wait_drawn,
+    wait_time_view,
+)
 from tbserver import get_json, running_tensorboard
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
@@ -83,10 +92,7 @@ def _check_long_run(browser, url, names, tmp_path):  # noqa: F811
     with _tab(browser, url, "gradviz", screenshot=tmp_path / "timeline.png") as (_, frame):
         wait_drawn(frame, PANELS, run="long", step=STEPS)
         show_section(frame, "timeline")
-        # The onset table sits above the drawing: once it is drawn, the canvas stays where it
-        # is, and a position read from its box is still the position clicked.
-        wait_drawn(frame, ONSET, run="long")
-        canvas = wait_drawn(frame, TIMELINE, run="long").locator("canvas.timeline-canvas")
+        canvas = wait_time_view(frame, "long").locator("canvas.timeline-canvas")
         assert int(canvas.get_attribute("data-rows")) == LAYERS
         columns = int(canvas.get_attribute("data-columns"))
         box = canvas.bounding_box()
