@@ -79,15 +79,33 @@ def rules():
 
 
 def _log(values):
-    values = np.asarray(values, dtype=np.float64)
+    """log10 of `values` (a copy, logged in place), NaN where a value is not finite and
+    positive."""
+    values = np.array(values, dtype=np.float64)
     with np.errstate(divide="ignore", invalid="ignore"):
-        return np.where(np.isfinite(values) & (values > 0), np.log10(values), np.nan)
+        values[~(np.isfinite(values) & (values > 0))] = np.nan
+        return np.log10(values, out=values)
+
+
+# The tensor rules read these fields: their RMS and their max |x|.
+_TENSOR_FIELDS = ("rms", "max_abs")
+
+
+def _logs(series, field, count):
+    """`[len(series), count]` log10 values of `field` of each of `series` (`tensor_series`'s
+    `values`), filled row by row."""
+    out = np.empty((len(series), count))
+    for row, values in enumerate(series):
+        out[row] = _log(values(field))
+    return out
 
 
 # Steps judged together: a chunk gathers `[series, CHUNK, window]` values at once.
 CHUNK = 256
 # (series, step) pairs whose windows are gathered together to be judged exactly.
 PAIRS = 16_384
+# Series judged together: the sparse table's levels are `[SERIES, steps]` each.
+SERIES = 64
 # A drift within this of its threshold by the bound is judged exactly (the bound sums in
 # another order than the rule; the two differ by rounding, far less than this).
 _BOUND_SLACK = 1e-6
@@ -177,16 +195,16 @@ def median_exceeds(steps, logs, threshold, at=None):
     logs = np.atleast_2d(np.asarray(logs, dtype=np.float64))
     out = np.zeros(logs.shape, bool)
     judged, begins = _judged(steps, at)
-    if not judged.size:
-        return out
-    now = logs[:, judged]
-    with np.errstate(invalid="ignore"):
-        maybe = _enough(logs, judged, begins) & (
-            now - _window_min(logs, judged, begins) > threshold
-        )
-    for rows, picked, past, _ in _pairs(logs, judged, begins, *np.nonzero(maybe)):
+    for first in range(0, len(logs) if judged.size else 0, SERIES):
+        part = logs[first : first + SERIES]
+        now = part[:, judged]
         with np.errstate(invalid="ignore"):
-            out[rows, judged[picked]] = now[rows, picked] - _nanmedian(past) > threshold
+            lowest = _window_min(part, judged, begins)
+            maybe = _enough(part, judged, begins) & (now - lowest > threshold)
+        for rows, picked, past, _ in _pairs(part, judged, begins, *np.nonzero(maybe)):
+            with np.errstate(invalid="ignore"):
+                raised = now[rows, picked] - _nanmedian(past) > threshold
+            out[first + rows, judged[picked]] = raised
     return out
 
 
@@ -224,19 +242,19 @@ def drift_exceeds(steps, logs, at=None):
     logs = np.atleast_2d(np.asarray(logs, dtype=np.float64))
     out = np.zeros(logs.shape, bool)
     judged, begins = _judged(steps, at)
-    if not judged.size:
-        return out
     steps = np.asarray(steps, dtype=np.int64)
     allowance = DRIFT_PER_STEP * steps.astype(np.float64)
-    now = logs[:, judged]
-    with np.errstate(invalid="ignore"):
-        bound = now - allowance[judged] - _window_min(logs - allowance, judged, begins)
-        maybe = _enough(logs, judged, begins) & (bound > DRIFT - _BOUND_SLACK)
-    for rows, picked, past, where in _pairs(logs, judged, begins, *np.nonzero(maybe)):
-        ages = steps[judged[picked]][:, None] - steps[where]
-        with _quiet():
-            lowest = np.nanmin(past + DRIFT_PER_STEP * ages, axis=1)
-            out[rows, judged[picked]] = now[rows, picked] - lowest > DRIFT
+    for first in range(0, len(logs) if judged.size else 0, SERIES):
+        part = logs[first : first + SERIES]
+        now = part[:, judged]
+        with np.errstate(invalid="ignore"):
+            bound = now - allowance[judged] - _window_min(part - allowance, judged, begins)
+            maybe = _enough(part, judged, begins) & (bound > DRIFT - _BOUND_SLACK)
+        for rows, picked, past, where in _pairs(part, judged, begins, *np.nonzero(maybe)):
+            ages = steps[judged[picked]][:, None] - steps[where]
+            with _quiet():
+                lowest = np.nanmin(past + DRIFT_PER_STEP * ages, axis=1)
+                out[first + rows, judged[picked]] = now[rows, picked] - lowest > DRIFT
     return out
 
 
@@ -259,16 +277,22 @@ def _few(tensor):
 
 
 def tensor_series(layer):
-    """`[(tensor, rms, max_abs)]` of a layer's judged tensors (`JUDGED_ROLES`), `[steps]` each,
-    NaN where a tensor holds fewer than `MIN_COUNT` values."""
+    """`[(tensor, values)]` of a layer's judged tensors (`JUDGED_ROLES`): `values(field)` is the
+    tensor's `[steps]` values of `field` ("rms", "max_abs"), NaN where it holds fewer than
+    `MIN_COUNT` values. Each is made when asked, so that every series of a run is never held
+    twice at once."""
     found = []
     for name, tensor in layer["tensors"].items():
-        if tensor["role"] not in JUDGED_ROLES:
-            continue
-        few = _few(tensor)
-        rms, max_abs = (np.where(few, np.nan, tensor[f]) for f in ("rms", "max_abs"))
-        found.append((name, rms, max_abs))
+        if tensor["role"] in JUDGED_ROLES:
+            found.append((name, _values_of(tensor)))
     return found
+
+
+def _values_of(tensor):
+    def values(field):
+        return np.where(_few(tensor), np.nan, tensor[field])
+
+    return values
 
 
 def update_series(layer):
@@ -302,8 +326,9 @@ def verdicts(steps, layers, at=None):
     count = len(steps)
     tensors = [tensor_series(layer) for layer in layers]
     updates = [update_series(layer) for layer in layers]
-    rms = _log([r for found in tensors for _, r, _ in found]).reshape(-1, count)
-    peak = _log([m for found in tensors for _, _, m in found]).reshape(-1, count)
+    rms, peak = (
+        _logs([v for found in tensors for _, v in found], f, count) for f in _TENSOR_FIELDS
+    )
     per_step = np.array([u for found in updates for _, u in found], dtype=np.float64)
     per_step = per_step.reshape(-1, count)
     with np.errstate(invalid="ignore"):
@@ -323,7 +348,7 @@ def verdicts(steps, layers, at=None):
             kind, names = (
                 ("updates", [w for w, _ in updates[i]])
                 if warning == "update_spike"
-                else ("tensors", [name for name, _, _ in tensors[i]])
+                else ("tensors", [name for name, _ in tensors[i]])
             )
             raised = judged[warning][rows[kind] : rows[kind] + len(names)]
             found["tensors"][warning].append(list(zip(names, raised)))
