@@ -66,6 +66,7 @@ export class OnsetTable {
     this.cached = cached;
     this.onSelect = onSelect;
     this.run = null;
+    this.shown = null; // the run whose onsets the table shows
     this.requests = new LatestRequest();
     this.summary = html('p', {className: 'onset-summary', attrs: {role: 'status'}});
     this.table = html('table', {className: 'onset-table', attrs: {hidden: ''}});
@@ -81,6 +82,11 @@ export class OnsetTable {
     this.run = run;
     if (run === null) return;
     const ticket = this.requests.start({run});
+    // A line at once, so that the drawing below moves less when the answer comes.
+    if (this.run !== this.shown) {
+      this.summary.textContent = `${run}: judging every logged step...`;
+      this.table.hidden = true;
+    }
     let body;
     try {
       body = await this.cached(['onset', run], () => fetchOnset(run));
@@ -100,6 +106,7 @@ export class OnsetTable {
     this.table.replaceChildren(
       html('thead', {}, [html('tr', {}, COLUMNS.map((text) => html('th', {text, attrs: {scope: 'col'}})))]),
       html('tbody', {}, rows.map((row) => this.row(row))));
+    this.shown = run;
     markDrawn(this.element, {run});
   }
 
