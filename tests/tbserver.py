@@ -10,7 +10,9 @@ import sys
 import time
 import urllib.request
 
-STARTUP_TIMEOUT_S = 120
+import limits
+
+STARTUP_TIMEOUT_S = limits.SERVER_START_S
 
 KEEP_EVERY_STEP = ("--samples_per_plugin", "gradviz=0,histograms=0")
 
@@ -22,7 +24,7 @@ def free_port():
 
 
 def get_json(url):
-    with urllib.request.urlopen(url, timeout=10) as response:
+    with urllib.request.urlopen(url, timeout=limits.REQUEST_S) as response:
         return json.loads(response.read())
 
 

@@ -10,12 +10,12 @@ import pathlib
 import subprocess
 import sys
 
+import limits
 import pytest
 
 pytestmark = pytest.mark.slow
 
 BENCH = pathlib.Path(__file__).resolve().parent.parent / "bench"
-TIMEOUT_S = 120
 
 
 def run_smoke(tmp_path, script, *extra):
@@ -25,7 +25,7 @@ def run_smoke(tmp_path, script, *extra):
         command,
         capture_output=True,
         text=True,
-        timeout=TIMEOUT_S,
+        timeout=limits.CHILD_S,
         cwd=tmp_path,
         env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"),
     )

@@ -12,6 +12,7 @@ import pathlib
 import subprocess
 import sys
 
+import limits
 import pytest
 
 PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "tb_gradviz"
@@ -187,7 +188,7 @@ def test_importing_the_read_side_loads_no_framework(modules):
         f"print(sorted(m for m in {FRAMEWORKS!r} if m in sys.modules))\n"
     )
     result = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=limits.CHILD_S
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.strip() == "[]"

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import eventdata
+import limits
 import numpy as np
 import pytest
 
@@ -164,7 +165,7 @@ def test_export_json_is_strict_json_with_nan_written_as_the_http_api_writes_it(l
         input=out,
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=limits.CHILD_S,
     )
     assert (node.returncode, node.stdout.strip()) == (0, "NaN"), node.stderr
 
@@ -452,7 +453,9 @@ def test_summary_and_export_do_not_import_tensorflow(logdir):
         f"assert cli.main(['summary', {str(logdir)!r}]) == 0; "
         "assert 'tensorflow' not in sys.modules and 'keras' not in sys.modules, 'imported TF'"
     )
-    subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, timeout=120)
+    subprocess.run(
+        [sys.executable, "-c", code], check=True, capture_output=True, timeout=limits.CHILD_S
+    )
 
 
 @pytest.mark.parametrize("command", ["summary", "export", "check"])
@@ -467,7 +470,7 @@ def test_an_unreachable_store_is_a_usage_status_not_a_flag(command):
         text=True,
         env=env,
         cwd=REPO,
-        timeout=120,
+        timeout=limits.CHILD_S,
     )
     assert done.returncode == cli.EXIT_USAGE == 2, done.stderr
     assert done.stderr.startswith("error: cannot read logdir 's3://bucket/logs': ")

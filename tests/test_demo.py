@@ -13,6 +13,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 
+import limits
 import numpy as np
 import pytest
 from test_cli import REPO, run_cli
@@ -220,14 +221,18 @@ def test_readme_main_job_trains_writes_and_serves_within_five_minutes(main_job):
     logs, url, elapsed, default_port_free = main_job
     if default_port_free:
         assert url.startswith("http://127.0.0.1:6006/"), url  # TensorBoard's port by default
-    deadline = time.monotonic() + 45
+    deadline = time.monotonic() + limits.SERVER_START_S
     while True:
-        listing = json.load(urllib.request.urlopen(url + "data/plugins_listing", timeout=10))
+        listing = json.load(
+            urllib.request.urlopen(url + "data/plugins_listing", timeout=limits.REQUEST_S)
+        )
         if listing.get("gradviz", {}).get("enabled") or time.monotonic() > deadline:
             break
         time.sleep(0.5)
     assert listing["gradviz"]["enabled"], listing.get("gradviz")
-    runs = json.load(urllib.request.urlopen(url + "data/plugin/gradviz/runs", timeout=10))["runs"]
+    runs = json.load(
+        urllib.request.urlopen(url + "data/plugin/gradviz/runs", timeout=limits.REQUEST_S)
+    )["runs"]
     assert elapsed < 300, f"the default demo took {elapsed:.0f} s"
     assert [r["run"] for r in runs] == [
         "cnn_averagepool",
@@ -250,11 +255,13 @@ def test_readme_main_job_trains_writes_and_serves_within_five_minutes(main_job):
 def served_scalars(url, run, tag, steps):
     """`[(step, value)]` of a scalar as the Scalars dashboard gets it, once `steps` are loaded."""
     query = urllib.parse.urlencode({"run": run, "tag": tag})
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + limits.POLL_S
     while True:
         try:
             points = json.load(
-                urllib.request.urlopen(f"{url}data/plugin/scalars/scalars?{query}", timeout=10)
+                urllib.request.urlopen(
+                    f"{url}data/plugin/scalars/scalars?{query}", timeout=limits.REQUEST_S
+                )
             )
         except urllib.error.HTTPError:  # not loaded yet
             points = []

@@ -8,6 +8,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
+import limits
 import pytest
 from browser import drawn_pattern
 
@@ -35,7 +36,10 @@ def markers():
         f"console.log(JSON.stringify({json.dumps(STATES)}.map(drawnState))))"
     )
     done = subprocess.run(
-        [node, "--input-type=module", "-e", script], capture_output=True, text=True, timeout=60
+        [node, "--input-type=module", "-e", script],
+        capture_output=True,
+        text=True,
+        timeout=limits.CHILD_S,
     )
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout)

@@ -11,6 +11,7 @@ import struct
 import time
 import urllib.parse
 
+import limits
 import pytest
 import synthetic
 from tbserver import get_json, running_tensorboard
@@ -138,7 +139,7 @@ def test_damaged_event_files_do_not_stop_the_other_runs(tmp_path, load_fast):
         path, whole = whole
         with open(path, "ab") as stream:
             stream.write(whole[path.stat().st_size :])
-        deadline = time.monotonic() + 20
+        deadline = time.monotonic() + limits.POLL_S
         while _steps(url, "truncated") != list(range(1, STEPS + 1)):
             assert time.monotonic() < deadline, (
                 f"truncated run after completion: {_steps(url, 'truncated')}"
@@ -171,7 +172,7 @@ def test_steps_appended_to_an_open_event_file_are_served_after_a_reload(tmp_path
             for step in range(first + 1, first + more + 1):
                 log.write(step, synthetic.pool_records(rng, "block1/pool", 0, step=step))
             expected = list(range(1, first + more + 1))
-            deadline = time.monotonic() + 20
+            deadline = time.monotonic() + limits.POLL_S
             while _steps(url, "training") != expected:
                 assert time.monotonic() < deadline, (
                     f"steps after appending: {_steps(url, 'training')}"

@@ -16,6 +16,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
+import limits
 import numpy as np
 import pytest
 import small_runs
@@ -255,7 +256,11 @@ def test_frontend_unit_tests_pass_under_node(api_answers):
     assert sorted(TESTS.glob("*.test.mjs")), f"no *.test.mjs under {TESTS}"
     env = dict(os.environ, GRADVIZ_FIXTURES=str(api_answers))
     result = subprocess.run(
-        [node, "--test", f"{TESTS}{os.sep}"], capture_output=True, text=True, timeout=120, env=env
+        [node, "--test", f"{TESTS}{os.sep}"],
+        capture_output=True,
+        text=True,
+        timeout=limits.CHILD_S,
+        env=env,
     )
     summary = [
         line

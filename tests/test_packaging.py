@@ -6,6 +6,7 @@ import subprocess
 import sys
 import zipfile
 
+import limits
 import pytest
 
 pytestmark = pytest.mark.slow
@@ -82,7 +83,7 @@ def test_the_wheel_holds_every_module_and_the_tab_and_no_test_helper(wheel):
 def test_a_plain_install_without_an_extra_runs_the_callback_on_jax(tmp_path, wheel):
     # No extra: no numba. The callback still works, and says once what to install.
     venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=limits.CHILD_S)
     python = str(venv / "bin" / "python")
     install = subprocess.run(
         [

@@ -14,6 +14,7 @@ import urllib.error
 import urllib.request
 
 import eventdata
+import limits
 import numpy as np
 import pytest
 import synthetic
@@ -227,7 +228,7 @@ def test_plugin_import_loads_neither_tensorflow_nor_keras():
         "loaded = [m for m in ('tensorflow', 'keras', 'tf_keras') if m in sys.modules]\n"
         "assert not loaded, loaded\n"
     )
-    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=limits.CHILD_S)
 
 
 def test_entry_point_names_the_loader_which_loads_the_plugin_class():
@@ -902,7 +903,7 @@ def test_tab_is_inactive_on_an_empty_logdir(tmp_path):
 
 
 def _get(url):
-    with urllib.request.urlopen(url, timeout=10) as response:
+    with urllib.request.urlopen(url, timeout=limits.REQUEST_S) as response:
         return response.status, response.headers.get_content_type(), response.read()
 
 

@@ -18,6 +18,7 @@ import sys
 import time
 
 import eventdata
+import limits
 import numpy as np
 import pytest
 import synthetic
@@ -123,7 +124,7 @@ def export(logdir):
         [sys.executable, "-m", "tb_gradviz.cli", "export", str(logdir), "--format", "json"],
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=limits.CHILD_S,
         cwd=REPO,
         env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"),
     )
@@ -302,7 +303,10 @@ def test_fit_logged_to_s3_reads_back_as_the_local_run(s3, tmp_path, monkeypatch)
         } == {7}
 
     with running_tensorboard(
-        "s3://gradviz-runs/exp", tmp_path / "tensorboard.log", all_steps_loaded, timeout=90
+        "s3://gradviz-runs/exp",
+        tmp_path / "tensorboard.log",
+        all_steps_loaded,
+        timeout=limits.SERVER_START_S,
     ) as url:
         expected = {(s["layer"], s["tensor"]): s for s in local}
         for tensor in ("activation", "input_gradient", "output_gradient"):
@@ -340,13 +344,13 @@ def test_a_missing_bucket_keeps_the_events_locally_and_uploads_them_once_it_exis
     kept_bytes = {p.name: p.read_bytes() for p in spool.iterdir()}
 
     client.create_bucket(Bucket="not-yet-made")  # the background retry finds it
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + limits.POLL_S
     while keys(client, "not-yet-made") != [f"run/{name}" for name in sorted(kept_bytes)]:
         assert time.monotonic() < deadline, keys(client, "not-yet-made")
         time.sleep(0.2)
     for name, data in kept_bytes.items():
         assert client.get_object(Bucket="not-yet-made", Key=f"run/{name}")["Body"].read() == data
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + limits.POLL_S
     while spool.exists() and any(spool.iterdir()):
         assert time.monotonic() < deadline, "uploaded files stay in the spool folder"
         time.sleep(0.1)
@@ -442,7 +446,7 @@ def test_write_speed_bench_runs(tmp_path):
         [sys.executable, str(REPO / "bench" / "bench_remote.py"), "--smoke", "--json", str(out)],
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=limits.CHILD_S,
         cwd=REPO,
         env=dict(os.environ, PYTHONPATH=str(REPO)),
     )
@@ -501,7 +505,7 @@ def run_writer(log_dir, how):
         [sys.executable, "-c", WRITER, log_dir, how],
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=limits.CHILD_S,
         cwd=REPO / "tests",  # where `synthetic` lies
     )
     return result, pathlib.Path(result.stdout.strip())

@@ -12,6 +12,7 @@ import urllib.error
 import urllib.request
 
 import eventdata
+import limits
 import numpy as np
 import pytest
 import synthetic
@@ -161,7 +162,7 @@ def test_widths_through_a_real_tensorboard(logdir, tmp_path):
         assert body["columns"]["last_step"] == [5, 10, 15, 20, 25]
         assert body["stats"]["max"]["max"][3] == 34e6
         with pytest.raises(urllib.error.HTTPError) as raised:
-            urllib.request.urlopen(f"{query}&width=0", timeout=10)
+            urllib.request.urlopen(f"{query}&width=0", timeout=limits.REQUEST_S)
         assert raised.value.code == 400
         message = raised.value.read().decode()
         assert f"width must be a whole number from 1 to {timeline.MAX_WIDTH}" in message
