@@ -74,6 +74,18 @@ def disk_bytes(logdir):
     )
 
 
+def check_json(logdir):
+    """`(answer, seconds, exit status)` of `tb-gradviz check LOGDIR --format json`, run as a
+    user runs it."""
+    start = time.perf_counter()
+    check = subprocess.run(
+        [sys.executable, "-m", "tb_gradviz.cli", "check", logdir, "--format", "json"],
+        capture_output=True,
+        text=True,
+    )
+    return json.loads(check.stdout), time.perf_counter() - start, check.returncode
+
+
 def timed_json(url):
     start = time.perf_counter()
     with urllib.request.urlopen(url, timeout=600) as response:
@@ -128,15 +140,7 @@ def main():
     }
     print(result, flush=True)
 
-    start = time.perf_counter()
-    check = subprocess.run(
-        [sys.executable, "-m", "tb_gradviz.cli", "check", logdir, "--format", "json"],
-        capture_output=True,
-        text=True,
-    )
-    result["check_s"] = time.perf_counter() - start
-    checked = json.loads(check.stdout)
-    result["check_exit"] = check.returncode
+    checked, result["check_s"], result["check_exit"] = check_json(logdir)
     result["check_nonfinite"] = _nonfinite_onset(checked)
     print(result, flush=True)
 

@@ -22,7 +22,6 @@ formats on). Then:
 
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -136,15 +135,7 @@ def main():
     result["loadavg_after_fits"] = loadavg()
     print(result, flush=True)
 
-    start = time.perf_counter()
-    check = subprocess.run(
-        [sys.executable, "-m", "tb_gradviz.cli", "check", logdir, "--format", "json"],
-        capture_output=True,
-        text=True,
-    )
-    result["check_s"] = time.perf_counter() - start
-    result["check_exit"] = check.returncode
-    checked = json.loads(check.stdout)
+    checked, result["check_s"], result["check_exit"] = bench_real_fit.check_json(logdir)
     result["check_raised"] = raised(
         [e for r in checked.get("runs", [checked]) for e in r.get("onset", r).get("onsets", [])]
     )
