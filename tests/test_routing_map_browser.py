@@ -133,17 +133,21 @@ def _windows(answer):
     return rects
 
 
-def _hover_window(page, frame, answer, k):
-    """Moves the pointer to the centre of served window k on the input map."""
+def _hover_window(frame, answer, k):
+    """Moves the pointer to the centre of served window k on the input map.
+
+    The position is the canvas's own (Playwright finds the canvas where it is when it moves
+    the pointer): a view drawn meanwhile above the map moves it, and a position taken from an
+    earlier box would miss it."""
     crop = answer["crop"]
     top, left, height, width = _windows(answer)[k]
-    stack = frame.locator(".routemap-figure.input .routemap-stack")
-    stack.scroll_into_view_if_needed()
-    canvas = frame.locator(".routemap-figure.input canvas.base").bounding_box()
-    cell = canvas["width"] / crop["width"]
-    y = canvas["y"] + (top - crop["row"] + height / 2) * cell
-    x = canvas["x"] + (left - crop["col"] + width / 2) * cell
-    page.mouse.move(x, y)
+    canvas = frame.locator(".routemap-figure.input canvas.base")
+    cell = canvas.bounding_box()["width"] / crop["width"]
+    position = {
+        "x": (left - crop["col"] + width / 2) * cell,
+        "y": (top - crop["row"] + height / 2) * cell,
+    }
+    canvas.hover(position=position)
 
 
 def _position(answer, index):
@@ -156,7 +160,7 @@ def _check_max_window(page, frame, answer, channel_index, k):
     number of tied maxima), the maximum, the gradient sent, the gradient at the winner, the values."""
     channel = answer["channels"][channel_index]
     crop = answer["crop"]
-    _hover_window(page, frame, answer, k)
+    _hover_window(frame, answer, k)
     title, rows, grid = _tooltip(frame)
     window = answer["windows"]
     row, col = window["row"] + k // window["cols"], window["col"] + k % window["cols"]
@@ -307,7 +311,7 @@ def test_routing_map_of_resnet50_stem(browser, stem_logs):
             .startswith("Average pool: each window's gradient is shared")
         )
         average = _api(url, RUN, "avg_pool")
-        _hover_window(page, frame, average, 0)
+        _hover_window(frame, average, 0)
         rows = _tooltip(frame)[1]
         n = average["map"]["height"] * average["map"]["width"]
         g = average["channels"][0]["output_gradient"][0]
