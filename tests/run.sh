@@ -26,8 +26,11 @@ fi
 # Formatting and lint first: a violation fails the run before any test.
 python3 -m ruff format --check .
 python3 -m ruff check .
-KERAS_BACKEND=jax python3 -m pytest -q -p no:cacheprovider tests/test_backends.py tests/test_weights.py \
-  tests/test_device_statistics.py tests/test_precision_capture.py tests/test_device_blocks.py
-KERAS_BACKEND=torch python3 -m pytest -q -p no:cacheprovider tests/test_backends.py tests/test_weights.py \
-  tests/test_device_statistics.py tests/test_precision_capture.py tests/test_device_blocks.py
-KERAS_BACKEND=tensorflow exec python3 -m pytest -q
+CROSS_BACKEND=(tests/test_backends.py tests/test_weights.py tests/test_device_statistics.py
+  tests/test_precision_capture.py tests/test_device_blocks.py)
+KERAS_BACKEND=jax python3 -m pytest -q -p no:cacheprovider "${CROSS_BACKEND[@]}"
+KERAS_BACKEND=torch python3 -m pytest -q -p no:cacheprovider "${CROSS_BACKEND[@]}"
+# The whole suite on two pytest workers (pytest-xdist), each test file whole on one of them
+# (its module fixtures built once): on 2 cores shared with other work they get twice the share
+# of one process.
+KERAS_BACKEND=tensorflow exec python3 -m pytest -q -n 2 --dist loadfile --durations=15
