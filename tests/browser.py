@@ -149,10 +149,11 @@ def artifacts_dir():
 
 
 @contextlib.contextmanager
-def gradviz_page(browser, url, width=1600, height=1000, fragment="gradviz"):
+def gradviz_page(browser, url, width=1600, height=1000, fragment="gradviz", standalone=False):
     """A new page on the GradViz tab of the TensorBoard at `url`, closed on leaving.
 
-    `fragment` is the URL's (`gradviz&view=layers` opens "Across layers").
+    `fragment` is the URL's (`gradviz&view=layers` opens "Across layers");
+    `standalone` opens the plugin's own page instead, outside TensorBoard.
     Leaving the block normally asserts that no error, failed request or
     dialog happened on the page (`PageProblems`).
     """
@@ -160,7 +161,9 @@ def gradviz_page(browser, url, width=1600, height=1000, fragment="gradviz"):
     page.set_default_timeout(WAIT_MS)
     problems = PageProblems(page)
     try:
-        page.goto(f"{url}/#{fragment}")
+        page.goto(
+            f"{url}/data/plugin_entry.html?name=gradviz" if standalone else f"{url}/#{fragment}"
+        )
         yield page
         assert problems.errors == [], problems.errors
         assert problems.dialogs == [], problems.dialogs

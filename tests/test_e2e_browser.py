@@ -347,12 +347,13 @@ def test_hostile_names_render_as_text(browser, tmp_path):
         wait_drawn(frame, PANELS, run=PAYLOAD_RUN, layer=PAYLOAD_LAYER)
         assert frame.locator(".layer-name").text_content() == PAYLOAD_LAYER
 
-        # Outside TensorBoard (no host page to ask for runs) the tab shows every run.
-        page.goto(f"{url}/data/plugin_entry.html?name=gradviz")
-        wait_drawn(page, PANELS, run=PAYLOAD_RUN, layer=PAYLOAD_LAYER)
-        assert page.locator(".layer-name").text_content() == PAYLOAD_LAYER
-        assert page.get_by_label("Run", exact=True).locator("option").all_text_contents() == [
-            PAYLOAD_RUN,
-            "later",
-        ]
-        assert page.locator("img").count() == 0
+        # Outside TensorBoard (no host page to ask for runs) the tab shows every run. A page of
+        # its own: navigating this one would cancel what the host's reload still has in flight.
+        with gradviz_page(browser, url, 1400, 900, standalone=True) as plugin:
+            wait_drawn(plugin, PANELS, run=PAYLOAD_RUN, layer=PAYLOAD_LAYER)
+            assert plugin.locator(".layer-name").text_content() == PAYLOAD_LAYER
+            assert plugin.get_by_label("Run", exact=True).locator("option").all_text_contents() == [
+                PAYLOAD_RUN,
+                "later",
+            ]
+            assert plugin.locator("img").count() == 0
