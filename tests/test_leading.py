@@ -120,6 +120,24 @@ def test_onset_names_the_first_tensor_in_step_order():
     assert growth["detail"] == "RMS 5, 5x its median 1 over steps 2-11"
 
 
+def test_warning_detail_quotes_the_rules_median_of_logs_not_the_median_of_values(monkeypatch):
+    # A window of 12: step 6 is the first judged, its window steps 0-5. The rule's baseline
+    # of [1, 1, 1, 100, 100, 100] is 10 ** median(log10) = 10 (the geometric mean of the two
+    # middle values), so 60 is 6x it and raised; np.median's 50.5 would make it 1.19x, under
+    # the rule's own threshold.
+    monkeypatch.setattr(leading, "WINDOW", 12)
+    steps = np.arange(7)
+    rms = np.array([1, 1, 1, 100, 100, 100, 60], dtype=np.float64)
+    assert leading.baseline(steps, rms, 6) == pytest.approx(10.0)
+    (growth,) = [
+        o
+        for o in warning_onset.onsets(steps, [layer(rms, max_abs=rms)])
+        if o["flag"] == "rms_growth"
+    ]
+    assert growth["step"] == 6
+    assert growth["detail"] == "RMS 60, 6x its median 10 over steps 0-5"
+
+
 def test_the_last_step_alone_is_judged_as_within_the_whole_run():
     # The callback judges each event's step alone (`at`), the board every step: they agree.
     rng = np.random.default_rng(0)

@@ -67,28 +67,26 @@ def detail(warning, steps, layer, tensor, step):
     if warning == "update_spike":
         per_step = dict(leading.update_series(layer))[tensor]
         return _against(f"{tensor} update ratio per step", per_step, steps, step, span)
-    values = layer["tensors"][tensor]
+    # The values the rule read: NaN where the tensor holds too few values to be judged.
+    values = dict(leading.tensor_series(layer))[tensor]
     if warning == "max_growth":
-        return _against("max |x|", values["max_abs"], steps, step, span)
+        return _against("max |x|", values("max_abs"), steps, step, span)
     if warning == "peak_ratio":
         with np.errstate(invalid="ignore", divide="ignore"):
-            ratio = np.asarray(values["max_abs"]) / np.asarray(values["rms"])
+            ratio = np.asarray(values("max_abs")) / np.asarray(values("rms"))
         return _against("max |x| / RMS", ratio, steps, step, span)
     if warning == "rms_drift":
-        rms = np.asarray(values["rms"], dtype=np.float64)
+        rms = np.asarray(values("rms"), dtype=np.float64)
         rise = leading.drift(steps, leading._log(rms), [step])[0, step]
         return (
             f"RMS {rms[step]:.3g}: {rise:.2f} decades above its lowest over {span}, "
             f"beyond {leading.DRIFT_PER_STEP:g} per step"
         )
-    return _against("RMS", values["rms"], steps, step, span)
+    return _against("RMS", values("rms"), steps, step, span)
 
 
 def _against(what, values, steps, step, span):
     values = np.asarray(values, dtype=np.float64)
-    inside = (steps >= steps[step] - leading.WINDOW) & (steps < steps[step])
-    past = values[inside]
-    past = past[np.isfinite(past) & (past > 0)]
-    median = float(np.median(past)) if len(past) else float("nan")
+    median = leading.baseline(steps, values, step)
     times = values[step] / median
     return f"{what} {values[step]:.3g}, {times:.3g}x its median {median:.3g} over {span}"

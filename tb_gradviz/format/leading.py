@@ -116,11 +116,17 @@ def _judged(steps, at):
     `WINDOW / 2` steps or more, and where each one's window begins: the window of step index
     `t` is `[begins, t)`."""
     steps = np.asarray(steps, dtype=np.int64)
-    begins = np.searchsorted(steps, steps - WINDOW, side="left")
+    begins = _begins(steps, steps)
     at = np.arange(len(steps)) if at is None else np.asarray(at, dtype=np.int64)
     spans = np.where(begins[at] < at, steps[at] - steps[begins[at]], -1)
     at = at[spans >= WINDOW / 2]
     return at, begins[at]
+
+
+def _begins(steps, judged):
+    """Where the window of each of the `judged` steps begins among the logged `steps`: its
+    oldest step is `WINDOW` steps or fewer before."""
+    return np.searchsorted(steps, np.asarray(judged) - WINDOW, side="left")
 
 
 def _windows(steps, logs, at):
@@ -206,6 +212,18 @@ def median_exceeds(steps, logs, threshold, at=None):
                 raised = now[rows, picked] - _nanmedian(past) > threshold
             out[first + rows, judged[picked]] = raised
     return out
+
+
+def baseline(steps, values, step):
+    """The median the growth and spike rules judge `values[step]` against: 10 ** the median
+    log10 of the finite, positive `values` (`[steps]`, as the rule reads them) of the step's
+    window (`step` an index into the logged `steps`), NaN where the window holds none. In an
+    even window that is the geometric mean of the two middle values."""
+    steps = np.asarray(steps, dtype=np.int64)
+    past = _log(np.asarray(values)[_begins(steps, steps[step]) : step])
+    if not np.isfinite(past).any():
+        return float("nan")
+    return float(10 ** _nanmedian(past))
 
 
 def _nanmedian(values):
