@@ -1,6 +1,8 @@
 """The host kernel of the block record against its numpy definition: every format of
 `block_records` at once, counts exactly and squared sums to rounding."""
 
+import warnings
+
 import numpy as np
 import pytest
 from test_block_formats import edges
@@ -150,6 +152,17 @@ def test_gradient_like_tensor_over_many_chunks():
     values[rng.random(values.shape) < 0.5] = 0
     values[17, 5] = np.inf
     assert_records(values)
+
+
+def test_float64_past_float32s_range_gives_no_overflow_warning():
+    # Read as float32 as the definition reads them: 1e39 and 3e300 become Inf, quietly, and their
+    # blocks count as holding Inf.
+    values = np.ones((2, 40))
+    values[0, 3], values[1, 35] = 1e39, -3e300
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got = assert_records(values)
+    assert got["nvfp4"]["nonfinite_blocks"] == 2 and got["mxfp8_e4m3"]["nonfinite_blocks"] == 2
 
 
 def test_block_record_is_block_records_entry():

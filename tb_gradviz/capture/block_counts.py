@@ -396,7 +396,7 @@ def block_records(values):
       A dict per format, in `blocks.FORMATS` order, of `blocks.COUNTS`: ints,
       and floats for the two squared sums.
     """
-    values = np.ascontiguousarray(values, np.float32)
+    values = np.ascontiguousarray(blocks.as_float32(values))
     width = 1 if values.ndim == 0 else values.shape[-1]
     rows = values.size // width if width else 0
     flat = values.reshape(-1)

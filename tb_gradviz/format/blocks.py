@@ -143,10 +143,16 @@ def _binade(magnitude):
     return np.frexp(magnitude)[1] - 1
 
 
+def as_float32(values):
+    """`values` read as float32, as every block record reads them: a float64 past float32's range
+    becomes Inf, quietly (its block is then a block holding Inf, counted as such)."""
+    with np.errstate(over="ignore"):
+        return np.asarray(values, np.float32)
+
+
 def _blocks(values, block_size):
     """The values as `[blocks, block_size]` float64 with a mask of the real (unpadded) entries."""
-    with np.errstate(over="ignore"):  # a float64 past float32's range becomes Inf
-        values = np.asarray(values, np.float32)
+    values = as_float32(values)
     rows = (
         values.reshape(1, 1)
         if values.ndim == 0
