@@ -4,8 +4,8 @@ numba reads the tensor once for NVFP4's tensor amax, then a chunk at a time (`CH
 whole blocks, which stay in the L1 cache): per block of 16 (NVFP4's; an MX block is two) the
 bits of its largest and smallest non-zero magnitudes, in integer operations (a float32
 magnitude's bits order as its value; bits at or above +Inf's mean NaN or Inf), from them every
-block's scales, spread over its values; then each format in one loop over the chunk that LLVM
-vectorizes: no branch and no sum per block.
+block's scales (`block_scales`), spread over its values; then each format in one loop over the
+chunk that LLVM vectorizes: no branch and no sum per block.
 
 Rounding without a division or a logarithm: a float `x >= 0` rounds to a multiple of a power of
 two `q`, ties to even, as `(x + B) - B` with `B = q * 2**23` in float32 (`x < B`): the sum's last
@@ -32,35 +32,40 @@ thread: capture runs tensors on threads of its own.
 import numba
 import numpy as np
 
+# numba's on-disk cache of this file's kernels keys on this file's stamp only, so after editing
+# block_scales in a checkout, delete tb_gradviz/capture/__pycache__/block_counts.*.nb[ic] (an
+# install writes new files, and recompiles).
+from tb_gradviz.capture.block_scales import (
+    E8M0_HIGH,
+    E8M0_LOW,
+    FP4,
+    INF,
+    MX,
+    MX_ELEMENTS,
+    NVFP4,
+    binade,
+    count_above,
+    half_stats,
+    mx_scales,
+    nvfp4_scales,
+    nvfp4_tensor_scale,
+    round64,
+    two_to,
+)
 from tb_gradviz.format import blocks
 
 CHUNK = 1024  # values per chunk, a multiple of 32: its arrays stay in the L1 cache
-_MX = tuple(name for name, spec in blocks.FORMATS.items() if spec.scaling == "mx")
-_NVFP4 = tuple(name for name, spec in blocks.FORMATS.items() if spec.scaling == "nvfp4")
-assert {blocks.FORMATS[name].block_size for name in _MX} == {32}, "MX blocks of 32"
-assert [blocks.FORMATS[name].block_size for name in _NVFP4] == [16], "one NVFP4, blocks of 16"
-_MX_ELEMENTS = [blocks.ELEMENTS[blocks.FORMATS[name].element] for name in _MX]
-_FP4 = blocks.ELEMENTS[blocks.FORMATS[_NVFP4[0]].element]
-_FP4_SPAN = _FP4.span
-_E4M3 = blocks.ELEMENTS["fp8_e4m3"]
-_E8M0_LOW, _E8M0_HIGH = blocks.E8M0_EXPONENTS
-# The blocks rounded in chunks: no element's scale clamped, 2**K and 2**-K normal float32s.
-_K_LOW = _E8M0_LOW + max(e.max_exponent for e in _MX_ELEMENTS)
-_K_HIGH = 125
 # Per MX element, in units of 2**K: `B = max(2**floor(log2(u)) * unit, floor)`, the largest
 # value, the smallest normal; then the element's own fields, as `_mx_block` reads them.
 _MX_CONSTANTS = np.array(
     [
         (2.0 ** (23 - e.mantissa), 2.0 ** (e.min_exponent - e.max_exponent + 23 - e.mantissa))
         + (e.largest / 2.0**e.max_exponent, 2.0 ** (e.min_exponent - e.max_exponent), *e)
-        for e in _MX_ELEMENTS
+        for e in MX_ELEMENTS
     ]
 )
-_MX_SPANS = np.array([e.span for e in _MX_ELEMENTS], np.int64)
-_ABS = np.int32(0x7FFFFFFF)  # float32 magnitude bits; also "no non-zero value"
-_INF = np.int32(0x7F800000)  # +Inf's bits: a magnitude at or above holds NaN or Inf
+_MX_SPANS = np.array([e.span for e in MX_ELEMENTS], np.int64)
 _EXPONENT32 = np.int32(0x7F800000)
-_EXPONENT64 = np.int64(0x7FF0000000000000)
 _RECIPROCAL = np.int32(254 << 23)  # 2**K's bits are this minus 2**-K's
 _F0, _F1 = np.float32(0.0), np.float32(1.0)
 _COUNTED = ("to_zero", "subnormal", "saturated", "wide_blocks", "nonfinite_blocks")
@@ -76,120 +81,6 @@ def _plus(total, x):
 @numba.njit(nogil=True, cache=True, fastmath={"reassoc", "contract"})
 def _plus_square(total, x):
     return total + x * x
-
-
-@numba.njit(nogil=True, cache=True)
-def _two_to(exponent):
-    """`2.0**exponent` (float64) for an integer exponent of float64's normal range."""
-    return np.int64((exponent + 1023) << 52).view(np.float64)
-
-
-@numba.njit(nogil=True, cache=True)
-def _float32_of(bits):
-    return np.int32(bits).view(np.float32)
-
-
-@numba.njit(nogil=True, cache=True)
-def _binade(bits):
-    """`floor(log2(m))` of a positive float32 magnitude given by its bits (subnormals too)."""
-    m = np.float64(_float32_of(bits))
-    return ((np.float64(m).view(np.int64) >> 52) & 0x7FF) - 1023
-
-
-@numba.njit(nogil=True, cache=True)
-def _round64(x, unit, floor):
-    """`x >= 0` (float64) rounded to a multiple of its quantum, ties to even, as above."""
-    big = max(np.int64(np.float64(x).view(np.int64) & _EXPONENT64).view(np.float64) * unit, floor)
-    return (x + big) - big
-
-
-@numba.njit(nogil=True, cache=True)
-def _e4m3(x):
-    """`blocks.quantize(x, E4M3)` of one float64 `x >= 0`: NVFP4's block scale."""
-    floor = _two_to(_E4M3.min_exponent + 52 - _E4M3.mantissa)
-    return min(_round64(x, _two_to(52 - _E4M3.mantissa), floor), _E4M3.largest)
-
-
-@numba.njit(nogil=True, cache=True)
-def _tensor_scale(bits, rows, width):
-    """NVFP4's float32 tensor scale `448 * 6 / amax`, clamped to float32's largest value, as
-    `blocks` computes it; `amax` is the largest magnitude of the blocks of 16 with no NaN or
-    Inf (1 where it is 0)."""
-    top = np.int32(0)
-    for i in range(bits.size):
-        top = max(top, bits[np.uint64(i)] & _ABS)
-    if top >= _INF:
-        top = np.int32(0)
-        for r in range(rows):
-            for start in range(r * width, (r + 1) * width, 16):
-                high = np.int32(0)
-                for i in range(start, min(start + 16, (r + 1) * width)):
-                    high = max(high, bits[np.uint64(i)] & _ABS)
-                top = max(top, high if high < _INF else np.int32(0))
-    if top == 0:
-        return np.float32(1.0)
-    scale = np.float32(_E4M3.largest * _FP4.largest) / _float32_of(top)
-    return min(scale, np.float32(np.finfo(np.float32).max))
-
-
-@numba.njit(nogil=True, cache=True)
-def _half_stats(bits, start, halves, half, amax, amin):
-    """Per block of `half` (16) values of `bits[start:start + half * halves]`: the bits of its
-    largest magnitude and of its smallest non-zero one (`_ABS` for none)."""
-    for h in range(halves):
-        high, low = np.int32(0), _ABS
-        for i in range(start + half * h, start + half * h + half):
-            b = bits[np.uint64(i)] & _ABS
-            high = max(high, b)
-            low = min(low, b if b != 0 else _ABS)
-        amax[h], amin[h] = high, low
-
-
-@numba.njit(nogil=True, cache=True)
-def _nvfp4_scales(amax, amin, halves, tensor_scale, scale, decode):
-    """Each block of 16's E4M3 scale `s` in float32 (+Inf where `s` is 0 or the block holds NaN
-    or Inf: its values then round to 0) and `s / S` in float64 (0 there); returns NVFP4's
-    `(wide_blocks, nonfinite_blocks)` among them."""
-    nonfinite = wide = 0
-    for h in range(halves):
-        finite = amax[h] < _INF
-        wanted = (_float32_of(amax[h]) / np.float32(_FP4.largest)) * tensor_scale
-        s = _e4m3(np.float64(wanted))
-        scale[h] = np.float32(s) if finite and s > 0 else np.float32(np.inf)
-        decode[h] = s / np.float64(tensor_scale) if finite else 0.0
-        nonfinite += not finite
-        wide += finite and amax[h] > 0 and _binade(amax[h]) - _binade(amin[h]) > _FP4_SPAN
-    return wide, nonfinite
-
-
-@numba.njit(nogil=True, cache=True)
-def _mx_scales(amax, amin, count, inverse, spread):
-    """Each MX block's `2**-K` in float32, 0 for a block left out of the chunk (NaN or Inf, or
-    rounded by `_mx_block`), and its spread in binades (-1 for none: no non-zero value or NaN
-    or Inf). Returns the smallest non-zero magnitude over `2**K` of the blocks taken, the
-    blocks holding NaN or Inf and the blocks left out."""
-    low, nonfinite, left = np.inf, 0, 0
-    for b in range(count):
-        top, bottom = max(amax[2 * b], amax[2 * b + 1]), min(amin[2 * b], amin[2 * b + 1])
-        finite = top < _INF
-        k = _binade(top) if 0 < top < _INF else 0
-        taken = finite and _K_LOW <= k <= _K_HIGH
-        inverse[b] = np.float32(_two_to(-k)) if taken else _F0
-        if taken and bottom < _ABS:
-            low = min(low, np.float64(_float32_of(bottom)) * _two_to(-k))
-        nonfinite += not finite
-        left += not taken
-        spread[b] = k - _binade(bottom) if finite and top > 0 else -1
-    return low, nonfinite, left
-
-
-@numba.njit(nogil=True, cache=True)
-def _above(spread, count, span):
-    """How many of the first `count` spreads exceed `span`: the wide blocks."""
-    wide = 0
-    for b in range(count):
-        wide += spread[b] > span
-    return wide
 
 
 @numba.njit(nogil=True, cache=True)
@@ -222,12 +113,12 @@ def _mx_chunk(src, off, n, inverse, element, below_normal):
 @numba.njit(nogil=True, cache=True, error_model="numpy")
 def _fp4_chunk(src, off, n, tensor_scale, block_scale, decode):
     """NVFP4 over `src[off:off + n]`, `block_scale` and `decode` holding each value's `s` and
-    `s / S` (`_nvfp4_scales`): as `_mx_chunk`, each element `(v * S) / s` in float32, then the
+    `s / S` (`nvfp4_scales`): as `_mx_chunk`, each element `(v * S) / s` in float32, then the
     values' sum of squares and zeros, as `_squares`."""
     zero = below = saturated = zeros = _F0
     error = squares = 0.0
-    unit, largest = np.float32(2.0 ** (23 - _FP4.mantissa)), np.float32(_FP4.largest)
-    smallest_normal = np.float32(2.0**_FP4.min_exponent)
+    unit, largest = np.float32(2.0 ** (23 - FP4.mantissa)), np.float32(FP4.largest)
+    smallest_normal = np.float32(2.0**FP4.min_exponent)
     for i in range(n):
         v = src[np.uint64(off + i)]
         y = abs((v * tensor_scale) / block_scale[np.uint64(i)])
@@ -257,18 +148,18 @@ def _squares(src, off, n):
 
 
 @numba.njit(nogil=True, cache=True)
-def _mx_block(values, start, n, binade, mx, counts, sums):
+def _mx_block(values, start, n, top_binade, mx, counts, sums):
     """Adds one finite MX block's counts for every element, value by value in float64, its
     scale clamped to E8M0's range: for the blocks `_mx_chunk` does not take."""
     squares = _squares(values, start, n)[0]
     for f in range(mx.shape[0]):
         mantissa, min_exponent = int(mx[f, 4]), int(mx[f, 5])
-        k = min(max(binade - int(mx[f, 7]), _E8M0_LOW), _E8M0_HIGH)
-        unit, floor = _two_to(52 - mantissa), _two_to(k + min_exponent + 52 - mantissa)
-        top, smallest_normal = mx[f, 6] * _two_to(k), _two_to(k + min_exponent)
+        k = min(max(top_binade - int(mx[f, 7]), E8M0_LOW), E8M0_HIGH)
+        unit, floor = two_to(52 - mantissa), two_to(k + min_exponent + 52 - mantissa)
+        top, smallest_normal = mx[f, 6] * two_to(k), two_to(k + min_exponent)
         for i in range(start, start + n):
             m = abs(np.float64(values[np.uint64(i)]))
-            q = min(_round64(m, unit, floor), top)
+            q = min(round64(m, unit, floor), top)
             counts[f, 0] += m > 0 and q == 0
             counts[f, 1] += q > 0 and q < smallest_normal
             counts[f, 2] += m > top
@@ -285,13 +176,13 @@ def _chunk(src, start, n, half, stats, work, mx, spans, tensor_scale, out):
     amax, amin, inverse_b, spread, scale_h, decode_h = stats
     inverse, scale, decode, copy = work
     formats, count = mx.shape[0], n // (2 * half)
-    _half_stats(src.view(np.int32), start, 2 * count, half, amax, amin)
-    wide, nonfinite = _nvfp4_scales(amax, amin, 2 * count, tensor_scale, scale_h, decode_h)
+    half_stats(src.view(np.int32), start, 2 * count, half, amax, amin)
+    wide, nonfinite = nvfp4_scales(amax, amin, 2 * count, tensor_scale, scale_h, decode_h)
     counts[formats, 3] += wide
     counts[formats, 4] += nonfinite
-    low, mx_nonfinite, left = _mx_scales(amax, amin, count, inverse_b, spread)
+    low, mx_nonfinite, left = mx_scales(amax, amin, count, inverse_b, spread)
     for f in range(formats):
-        counts[f, 3] += _above(spread, count, spans[f])
+        counts[f, 3] += count_above(spread, count, spans[f])
     counts[:formats, 4] += mx_nonfinite
     for h in range(2 * count):  # each block's scales spread over its values
         s, d = scale_h[h], decode_h[h]
@@ -307,7 +198,7 @@ def _chunk(src, start, n, half, stats, work, mx, spans, tensor_scale, out):
         nv_src, nv_at = copy[1], 0
         nv_src[:n] = src[start : start + n]
         for h in range(2 * count):
-            if amax[h] >= _INF:
+            if amax[h] >= INF:
                 nv_src[half * h : half * (h + 1)] = 0
     zero, below, saturated, error, squares, zeros = _fp4_chunk(
         nv_src, nv_at, n, tensor_scale, scale, decode
@@ -326,8 +217,8 @@ def _chunk(src, start, n, half, stats, work, mx, spans, tensor_scale, out):
             if inverse_b[b] == 0:
                 mx_src[2 * half * b : 2 * half * (b + 1)] = 0
                 top = max(amax[2 * b], amax[2 * b + 1])
-                if top < _INF:
-                    _mx_block(src, start + 2 * half * b, 2 * half, _binade(top), mx, counts, sums)
+                if top < INF:
+                    _mx_block(src, start + 2 * half * b, 2 * half, binade(top), mx, counts, sums)
     if left or nonfinite:
         squares, zeros = _squares(mx_src, mx_at, n)
     for f in range(formats):
@@ -400,11 +291,12 @@ def block_records(values):
     width = 1 if values.ndim == 0 else values.shape[-1]
     rows = values.size // width if width else 0
     flat = values.reshape(-1)
-    counts, sums = np.zeros((len(_MX) + 1, len(_COUNTED)), np.int64), np.zeros((len(_MX) + 1, 2))
-    scale = np.float32(_tensor_scale(flat.view(np.int32), rows, width))  # float32 in the kernel
+    counts, sums = np.zeros((len(MX) + 1, len(_COUNTED)), np.int64), np.zeros((len(MX) + 1, 2))
+    # float32 in the kernel
+    scale = np.float32(nvfp4_tensor_scale(flat.view(np.int32), rows, width))
     _records(flat, rows, width, 16, _MX_CONSTANTS, _MX_SPANS, scale, (counts, sums))
     records = {}
-    for i, name in enumerate(_MX + _NVFP4):
+    for i, name in enumerate(MX + NVFP4):
         records[name] = dict(zip(_COUNTED, map(int, counts[i])))
         records[name]["blocks"] = rows * -(-width // blocks.FORMATS[name].block_size)
         records[name]["squared_error"], records[name]["squared_sum"] = map(float, sums[i])
