@@ -1,11 +1,11 @@
 """What judging the flags and the warnings adds to a log event of a real fit.
 
-At each log event the callback judges what it recorded: `full_records.Keeper`
-(always) judges the flags over the event's digest, to keep the full records
-of an onset; with `stop_on=`, `StopOn.judge` judges the flags and the
-warnings (`format/leading.py`, the leading indicators), the warnings over
-the digest rows of the events of the last `leading.WINDOW` steps, which it
-keeps in memory. Judging them is what this measures.
+At each log event the callback judges what it recorded once
+(`judgement.Judge`): the flags always (the full-records keeper reads them,
+to keep the full records of an onset), and with `stop_on=` the warnings
+too (`format/leading.py`, the leading indicators), over the columns
+(`rule_columns.build`) of the events of the last `leading.WINDOW` steps,
+which the judge keeps in memory. Judging them is what this measures.
 
 Per model (ResNet50 `weights=None` at `--image-size`, batch `--batch`, and
 the demo's small CNN, `demos.small_cnn("max")`, at 32 px, batch 64), with
@@ -19,11 +19,11 @@ judging and without, in alternating order (A, B, B, A, ...); the event
 without is judged after it, outside its time, so that the window holds
 every event as in a fit. The extra is the median over repeats of
 with/without - 1. The judging is also timed where it runs (wall and
-the process's CPU time): `StopOn.judge` in the event with it, split into
-its warnings (`stop_on._warnings`: reading the window's series,
-then the rules, `leading.verdicts`, timed apart) and its flags
-(`stop_on._flags`), and the Keeper's flag judgement
-(`full_records.raised_flags` over `event_columns`) on each event's records.
+the process's CPU time): the judge with the warnings in the event with
+`stop_on`, split into building the window's columns (`rule_columns.build`),
+its warnings (`judgement._warnings`, of which the rules, `leading.verdicts`,
+are timed apart) and its flags (`judgement._flags`); and the judge of the
+flags alone that the event without `stop_on` runs (`keeper_flags`).
 Each share is the median over repeats of that time over the event's time
 without `stop_on`.
 
@@ -86,7 +86,7 @@ def measure(args):
 
     import tb_gradviz
     from tb_gradviz.capture import stop_on as stop_on_module
-    from tb_gradviz.format import digest, full_records, leading
+    from tb_gradviz.format import digest, judgement, leading, rule_columns
 
     model, x, y = build(args)
     model.train_on_batch(x, y)
@@ -95,32 +95,33 @@ def measure(args):
         tempfile.mkdtemp(), probe_data=(x, y), layers=layers, stop_on=lambda raised: False
     )
     callback.set_model(model)
-    judging = callback._stop_on
-    idle = stop_on_module.StopOn((), None)  # what the callback holds without stop_on=
+    judging, stopping = callback._judge, callback._stop_on  # flags and warnings (stop_on=)
+    # What the callback holds without stop_on=: a judge of the flags alone, for the keeper.
+    idle, idle_stop = judgement.Judge(warnings=False), stop_on_module.StopOn((), None)
     judge = Timings(judging.judge)
     judging.judge = judge
-    warnings_part = Timings(stop_on_module._warnings)
-    flags_part = Timings(stop_on_module._flags)
-    stop_on_module._warnings, stop_on_module._flags = warnings_part, flags_part
+    keeper_judge = Timings(idle.judge)
+    idle.judge = keeper_judge
+    warnings_part = Timings(judgement._warnings)
+    flags_part = Timings(judgement._flags)
+    judgement._warnings, judgement._flags = warnings_part, flags_part
     rules_part = Timings(leading.verdicts)
     leading.verdicts = rules_part
+    columns_part = Timings(rule_columns.build)
+    rule_columns.build = columns_part
     records = []
     keeper_writes = callback._keeper.writes
 
-    def keeping(step, event_records, wall_time=None):
+    def keeping(step, event_records, judged, wall_time=None):
         event_records = list(event_records)
         records.append(event_records)
-        return keeper_writes(step, event_records, wall_time)
+        return keeper_writes(step, event_records, judged, wall_time)
 
     callback._keeper.writes = keeping
 
-    def keeper_flags(event_records):
-        found = digest.digest_records(event_records)
-        return full_records.raised_flags(full_records.event_columns(event_records, found[0]))
-
     load_before = os.getloadavg()
     spacing = max(1, leading.WINDOW // args.history)  # every_n_batches
-    callback._stop_on = idle
+    callback._judge, callback._stop_on = idle, idle_stop
     callback.log_now(step=0)  # traces
     for earlier in range(1, args.history):  # the window's earlier events
         judging.judge(earlier * spacing, records[0])
@@ -130,21 +131,24 @@ def measure(args):
         order = (True, False) if repeat % 2 == 0 else (False, True)
         events = {}
         for with_judging in order:
-            callback._stop_on = judging if with_judging else idle
+            callback._judge, callback._stop_on = (
+                (judging, stopping) if with_judging else (idle, idle_stop)
+            )
             calls = len(judge.calls)
             _, wall, cpu = timed(callback.log_now, step)
             events[with_judging] = (wall, cpu)
             if with_judging:
                 assert len(judge.calls) == calls + 1
-                parts = [t.calls[-1] for t in (judge, warnings_part, rules_part, flags_part)]
-                history = len(judging._window.steps)
+                parts = [
+                    t.calls[-1]
+                    for t in (judge, warnings_part, rules_part, flags_part, columns_part)
+                ]
+                history = len(judging._events)
             else:  # outside the timed event: the window holds every event, as in a fit
                 judging.judge(step, records[-1])
+                keeper = keeper_judge.calls[-1]
             step += spacing
-        _, keeper_wall, keeper_cpu = timed(keeper_flags, records[-1])
-        rows.append(
-            (*events[True], *events[False], *np.ravel(parts), keeper_wall, keeper_cpu, history)
-        )
+        rows.append((*events[True], *events[False], *np.ravel(parts), *keeper, history))
     callback.on_train_end()
     (
         with_wall,
@@ -159,6 +163,8 @@ def measure(args):
         rules_cpu,
         flags_wall,
         flags_cpu,
+        columns_wall,
+        columns_cpu,
         keeper_wall,
         keeper_cpu,
         history,
@@ -187,6 +193,7 @@ def measure(args):
         "rules_wall_s": float(np.median(rules_wall)),
         "rules_cpu_s": float(np.median(rules_cpu)),
         "flags_wall_s": float(np.median(flags_wall)),
+        "columns_wall_s": float(np.median(columns_wall)),
         "keeper_flags_wall_s": float(np.median(keeper_wall)),
         "extra_ab_wall": float(np.median(with_wall / without_wall - 1)),
         "extra_ab_cpu": float(np.median(with_cpu / without_cpu - 1)),
@@ -197,6 +204,7 @@ def measure(args):
         "rules_share_wall": share(rules_wall, without_wall),
         "rules_share_cpu": share(rules_cpu, without_cpu),
         "flags_share_wall": share(flags_wall, without_wall),
+        "columns_share_wall": share(columns_wall, without_wall),
         "keeper_flags_share_wall": share(keeper_wall, without_wall),
         "load_before": [round(v, 2) for v in load_before],
         "load_after": [round(v, 2) for v in os.getloadavg()],

@@ -14,7 +14,7 @@ import tbserver
 import test_onset
 
 from tb_gradviz.board import kept
-from tb_gradviz.format import digest, full_records, records
+from tb_gradviz.format import digest, full_records, judgement, records
 
 keras = pytest.importorskip("keras")
 
@@ -177,6 +177,7 @@ def test_the_keeper_writes_the_held_event_before_an_onset_once_without_a_second_
     import synthetic
 
     keeper = full_records.Keeper(first=2)
+    judge = judgement.Judge()
     written = []
     for event in range(10):
         rng = np.random.default_rng(event)
@@ -184,7 +185,10 @@ def test_the_keeper_writes_the_held_event_before_an_onset_once_without_a_second_
         scale = 1e-5 if event >= 6 else 1.0
         event_records = synthetic.pool_records(rng, "a", 0, gradient_scale=scale)
         event_records += synthetic.pool_records(rng, "b", 1)
-        for step, to_write, wall_time in keeper.writes(10 * event, event_records, wall_time=event):
+        judged = judge.judge(10 * event, event_records)
+        for step, to_write, wall_time in keeper.writes(
+            10 * event, event_records, judged, wall_time=event
+        ):
             tags = [tag for tag, _, _ in to_write]
             digests = sum(tag.startswith(digest.TAG_PREFIX + "/") for tag in tags)
             written.append((event, step, wall_time, len(tags) - digests > 0, digests))

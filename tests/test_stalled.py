@@ -18,7 +18,7 @@ import test_plugin
 
 from tb_gradviz.board import loss_scale
 from tb_gradviz.capture import loss_scale as capture_loss_scale
-from tb_gradviz.format import health, stalled
+from tb_gradviz.format import health, rule_columns, stalled
 
 BATCHES, EPOCHS = 16, 3
 # The loss-scale record's fields before it counted batches.
@@ -263,7 +263,7 @@ def test_skipped_steps_rule_raised_from_a_tenth_of_the_batches():
     )
 
 
-def test_loss_scale_step_columns_count_each_event_s_batches_and_skips():
+def test_optimizer_columns_count_each_event_s_batches_and_skips():
     fields = list(capture_loss_scale.FIELDS)
     assert fields == [*FIELDS_WITHOUT_BATCHES, "batches", "applied"]
     # Events at steps 0, 8 and 24 of 16 batches each: 16, 8 and 0 skipped.
@@ -274,7 +274,9 @@ def test_loss_scale_step_columns_count_each_event_s_batches_and_skips():
             [2.0**16, 24, 100, 2.0**40, 48, 24],
         ]
     )
-    found = loss_scale.step_columns(fields, [0, 8, 24], values, np.array([0, 4, 8, 24]))
+    found = rule_columns.optimizer_columns(
+        rule_columns.LossScaleSeries(fields, [0, 8, 24], values), np.array([0, 4, 8, 24])
+    )
     np.testing.assert_array_equal(found["batches"], [16, np.nan, 16, 16])
     np.testing.assert_array_equal(found["skipped"], [16, np.nan, 8, 0])
     assert loss_scale.skipped_steps(fields, [0, 8, 24], values) == {
@@ -286,7 +288,9 @@ def test_loss_scale_step_columns_count_each_event_s_batches_and_skips():
         "batches": 48,
     }
     # A record written before the count: no column, and the skips read from the halvings.
-    old = loss_scale.step_columns(FIELDS_WITHOUT_BATCHES, [0, 8], values[:2, :4], [0, 8])
+    old = rule_columns.optimizer_columns(
+        rule_columns.LossScaleSeries(FIELDS_WITHOUT_BATCHES, [0, 8], values[:2, :4]), [0, 8]
+    )
     np.testing.assert_array_equal(old["batches"], [np.nan, np.nan])
     assert (
         loss_scale.skipped_steps(FIELDS_WITHOUT_BATCHES, [0, 8], values[:2, :4])["batches"] is None
@@ -294,7 +298,9 @@ def test_loss_scale_step_columns_count_each_event_s_batches_and_skips():
     # A count unknown from some event on (an epoch of unknown length) stays unknown.
     values[1:, 4] = np.nan
     np.testing.assert_array_equal(
-        loss_scale.step_columns(fields, [0, 8, 24], values, [0, 8, 24])["skipped"],
+        rule_columns.optimizer_columns(
+            rule_columns.LossScaleSeries(fields, [0, 8, 24], values), [0, 8, 24]
+        )["skipped"],
         [16, np.nan, np.nan],
     )
 

@@ -154,26 +154,4 @@ def test_stop_on_starts_a_new_history_when_the_steps_go_back(tmp_path):
     callback.set_model(model)
     for step in (10, 20, 5):
         callback.log_now(step=step)
-    assert list(callback._stop_on._window.steps) == [5]
-
-
-def test_the_window_keeps_each_value_as_a_series_with_nan_where_an_event_lacked_it():
-    from tb_gradviz.capture.stop_on import _Window
-
-    def layer(name, rms, updates=None):
-        tensors = {"activation": {"role": "activation", "rms": [rms], "max_abs": [2 * rms]}}
-        return {"layer": name, "tensors": tensors, "updates": updates or {}}
-
-    window = _Window()
-    window.append(1, [layer("a", 1.0)])
-    window.append(2, [layer("a", 2.0), layer("b", 5.0)])
-    window.append(3, [layer("b", 6.0)])
-    ((b,),) = [window.merged()]
-    np.testing.assert_array_equal(b["tensors"]["activation"]["rms"], [np.nan, 5.0, 6.0])
-    np.testing.assert_array_equal(b["tensors"]["activation"]["max_abs"], [np.nan, 10.0, 12.0])
-    window.drop_first()
-    window.append(4, [layer("a", 4.0), layer("b", 7.0)])
-    a, b = window.merged()
-    np.testing.assert_array_equal(a["tensors"]["activation"]["rms"], [2.0, np.nan, 4.0])
-    np.testing.assert_array_equal(b["tensors"]["activation"]["rms"], [5.0, 6.0, 7.0])
-    assert list(window.steps) == [2, 3, 4]
+    assert [event.step for event in callback._judge._events] == [5]

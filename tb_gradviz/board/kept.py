@@ -32,7 +32,7 @@ def full_record_steps(run_store, layers):
     full = np.unique(np.concatenate([s.steps for s in read.values()] or [np.zeros(0, np.int64)]))
     digests = columns.read_digests(run_store)
     logged = np.unique(
-        np.concatenate([s.steps for _, s in digests] + [full]).astype(np.int64, copy=False)
+        np.concatenate([s.steps for s in digests] + [full]).astype(np.int64, copy=False)
     )
     return {"logged": logged.tolist(), "full": full.astype(np.int64).tolist()}
 

@@ -14,7 +14,7 @@ initial scale, from a growth counter of 0 at step 0 (a fit that began at
 step 0). A record that holds the batches `fit` ran and the steps applied
 over them (`capture.loss_scale.BatchCount`) gives the steps skipped exactly,
 their difference, whatever the scale did; and, per log event, those since
-the previous one, which the `skipped_steps` flag judges (`step_columns`,
+the previous one, which the `skipped_steps` flag judges (`rule_columns.optimizer_columns`,
 `format/stalled.py`). Numpy only, like the rest of the board.
 """
 
@@ -87,37 +87,6 @@ def _counted(column):
     if not (np.isfinite(batches).all() and np.isfinite(applied).all()):
         return None
     return batches, applied
-
-
-def step_columns(fields, record_steps, values, steps):
-    """The `optimizer` columns `format/stalled.py` judges, at a run's logged steps.
-
-    Args:
-      fields: the record's field names.
-      record_steps: `[events]` the loss-scale record's logged steps, in order.
-      values: `[events, fields]` the records.
-      steps: `[steps]` the steps of the run's columns (`columns.Columns.steps`).
-
-    Returns:
-      `{"batches", "skipped"}`: `[steps]` arrays of the train steps run and
-      the steps skipped since the previous log event (the first: since the
-      callback began counting); NaN at a step without a counted record.
-    """
-    batches = np.full(len(steps), np.nan)
-    skipped = np.full(len(steps), np.nan)
-    column = {name: np.asarray(values, np.float64)[:, i] for i, name in enumerate(fields)}
-    if "batches" not in column or "applied" not in column or not len(record_steps):
-        return {"batches": batches, "skipped": skipped}
-    # A count made NaN (unknown) from some event on stays so: the differences are NaN too.
-    ran = np.diff(np.concatenate([[0.0], column["batches"]]))
-    skips = ran - np.diff(np.concatenate([[0.0], column["applied"]]))
-    steps = np.asarray(steps, np.int64)
-    where = np.searchsorted(steps, np.asarray(record_steps, np.int64))
-    found = where < len(steps)
-    found[found] &= steps[where[found]] == np.asarray(record_steps)[found]
-    batches[where[found]] = ran[found]
-    skipped[where[found]] = skips[found]
-    return {"batches": batches, "skipped": skipped}
 
 
 def line(body):

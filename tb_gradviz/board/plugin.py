@@ -25,7 +25,7 @@ from tb_gradviz.board import (
     snapshot,
     timeline,
 )
-from tb_gradviz.format import digest, health, metadata, records
+from tb_gradviz.format import digest, health, metadata, records, rule_columns
 
 
 class GradVizPlugin(layer_impls.LayerImpls, base_plugin.TBPlugin):
@@ -116,17 +116,16 @@ class GradVizPlugin(layer_impls.LayerImpls, base_plugin.TBPlugin):
         return body
 
     def _digest_columns(self, run_store, layers):
-        """The run's `columns.Columns` from its digest, or None without one; each layer holds
-        the run's `optimizer` columns where it has a loss-scale record (`format/stalled.py`)."""
-        found = columns.digest_columns(layers, columns.read_digests(run_store))
-        if not (len(found.steps) and found.layers):
-            return None
+        """The run's `columns.Columns` from its digest and its loss-scale record (the
+        `optimizer` columns, `format/stalled.py`), or None without a digest."""
         record = self._loss_scale_series(run_store)
+        loss_scale_series = None
         if record is not None:
             fields, series = record
-            optimizer = loss_scale.step_columns(fields, series.steps, series.values, found.steps)
-            for layer in found.layers:
-                layer["optimizer"] = optimizer
+            loss_scale_series = rule_columns.LossScaleSeries(fields, series.steps, series.values)
+        found = columns.digest_columns(layers, columns.read_digests(run_store), loss_scale_series)
+        if not (len(found.steps) and found.layers):
+            return None
         return found
 
     def onset_impl(self, ctx, experiment, run, ratio=health.DEFAULT_RATIO):

@@ -11,16 +11,9 @@ from typing import NamedTuple
 import numpy as np
 
 from tb_gradviz.board.series import downsampled_columns
-from tb_gradviz.format import health, records, routing_map, summaries
+from tb_gradviz.format import health, records, routing_map, rule_columns, summaries
 
 LOG_EDGES = records.LOG_EDGES.tolist()
-
-
-def tensor_order(content):
-    """The sort key of a tensor's metadata in a layer: role (`records.ROLES` order), index, name."""
-    role = content["role"]
-    role_rank = records.ROLES.index(role) if role in records.ROLES else len(records.ROLES)
-    return (role_rank, content["index"], content["tensor"])
 
 
 def count_list(column):
@@ -35,7 +28,7 @@ def layer_summary(name, layer):
     pooling = layer["routing"].content.get("pooling") if layer["routing"] else None
     if pooling is None:
         pooling = next((t.content["pooling"] for t in listed if t.content.get("pooling")), None)
-    contents = sorted((t.content for t in listed), key=tensor_order)
+    contents = sorted((t.content for t in listed), key=rule_columns.tensor_order)
     tensors = [
         {
             "tensor": content["tensor"],

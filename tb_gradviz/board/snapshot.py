@@ -9,7 +9,15 @@ Imports neither TensorFlow nor Keras.
 import numpy as np
 
 from tb_gradviz.board import catalog, responses
-from tb_gradviz.format import block_headroom, digest, headroom, health, records, summaries
+from tb_gradviz.format import (
+    block_headroom,
+    digest,
+    headroom,
+    health,
+    records,
+    rule_columns,
+    summaries,
+)
 
 
 def _stats_row(values):
@@ -45,7 +53,7 @@ def _layer_at(name, layer, series_by_kind, limit):
         return None, None
     step = max(int(series.steps[row]) for _, series, row in found)
     tensors, columns = {}, {"tensors": {}, "precision": {}, "formats": {}}
-    for content, series, row in sorted(found, key=lambda item: responses.tensor_order(item[0])):
+    for content, series, row in sorted(found, key=lambda item: rule_columns.tensor_order(item[0])):
         values, log = _stats_row(series.values[row])
         tensor = content["tensor"]
         tensors[tensor] = {

@@ -8,6 +8,7 @@ from tb_gradviz.capture import stop_on as stop_on_module
 from tb_gradviz.capture import weights as weights_module
 from tb_gradviz.format import events, metadata, records
 from tb_gradviz.format import full_records as full_records_module
+from tb_gradviz.format import judgement as judgement_module
 from tb_gradviz.format import routing_map as routing_map_module
 
 
@@ -154,6 +155,8 @@ class GradVizCallback(keras.callbacks.Callback):
         self.training = arguments.check_bool("training", training)
         self.stop_on_nonfinite = arguments.check_bool("stop_on_nonfinite", stop_on_nonfinite)
         self._stop_on = stop_on_module.StopOn(*arguments.check_stop_on(stop_on))
+        # Each event judged once, for the keeper and stop_on; the warnings only when asked.
+        self._judge = judgement_module.Judge(warnings=self._stop_on.active)
         map_settings = routing_map_module.Settings(
             routing_map_example, routing_map_channels, routing_map_origin
         )
@@ -290,7 +293,8 @@ class GradVizCallback(keras.callbacks.Callback):
         self._budget.log_ended()
         written += self._budget.records()
         written += loss_scale.records(self.model, self._batch_count)
-        for at, kept, wall_time in self._keeper.writes(step, written):
+        judgement = self._judge.judge(step, written)
+        for at, kept, wall_time in self._keeper.writes(step, written, judgement):
             self._log.write(at, kept, wall_time=wall_time, add_digest=False)
         if self.stop_on_nonfinite:
             nonfinite = [
@@ -304,13 +308,12 @@ class GradVizCallback(keras.callbacks.Callback):
                     "stopping training"
                 )
                 self.model.stop_training = True
-        if self._stop_on.active:
-            stop, raised = self._stop_on.judge(step, written)
-            if stop:
-                named = ", ".join(f"{r['flag']} ({r['layer']}, {r['tensor']})" for r in raised)
-                print(f"GradVizCallback: step {step}: raised {named}; stopping training")
-                self.stopped_on = raised
-                self.model.stop_training = True
+        if self._stop_on.active and self._stop_on.stops(judgement):
+            raised = judgement.raised
+            named = ", ".join(f"{r['flag']} ({r['layer']}, {r['tensor']})" for r in raised)
+            print(f"GradVizCallback: step {step}: raised {named}; stopping training")
+            self.stopped_on = raised
+            self.model.stop_training = True
 
     def _writes_summaries(self):
         backend = keras.backend.backend()

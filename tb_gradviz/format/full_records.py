@@ -16,9 +16,9 @@ of an event's bytes, so they are written only
   and at the event before it: a log event's full records are held in memory,
   unwritten, until the next event decides (`Keeper`).
 
-Flags are judged by `health.verdicts` (at its default ratio) over the
-event's digest, as `/onset` and `check` judge the written run, so the onset
-step that `/onset` names has its full records, and so has the step before it.
+Flags are judged once per event (`judgement.Judge`, at `health`'s default
+ratio), as `/onset` and `check` judge the written run, so the onset step
+that `/onset` names has its full records, and so has the step before it.
 
 The full records of the event before an onset are written after that
 event's digest, as an event of their own at the same step: TensorBoard reads
@@ -28,13 +28,12 @@ only when a step goes back).
 Numpy only.
 """
 
-import functools
 import math
 import time
 
 import numpy as np
 
-from tb_gradviz.format import digest, headroom, health, metadata
+from tb_gradviz.format import digest
 
 ALL = "all"
 # Every event of a short run (the demo's tens of events) keeps its full records.
@@ -89,76 +88,6 @@ def always_written(record):
     )
 
 
-@functools.lru_cache(maxsize=4096)
-def _parsed(content):
-    try:
-        return metadata.parse_plugin_metadata(content)
-    except ValueError:
-        return None
-
-
-def event_columns(event_records, digest_record):
-    """`health`'s columns (one step) of one event, from its digest and its records' metadata.
-
-    Args:
-      event_records: the event's `(tag, array, summary_metadata)` records.
-      digest_record: the `(tag, vector, summary_metadata)` of their digest.
-
-    Returns:
-      Per layer in model order, `{"layer", "layer_index", "layer_dtype",
-      "tensors", "units", "precision", "formats", "updates"}` with `[1]`
-      arrays, as `board/columns.digest_columns` builds them for a written run.
-    """
-    contents = {}
-    for _, _, summary_metadata in event_records:
-        if summary_metadata is None:
-            continue
-        plugin_data = summary_metadata.plugin_data
-        if plugin_data.plugin_name != metadata.PLUGIN_NAME:
-            continue
-        parsed = _parsed(plugin_data.content)
-        if parsed is not None and parsed["kind"] == metadata.KIND_TENSOR:
-            contents[(parsed["layer"], parsed["tensor"])] = parsed
-    _, vector, summary_metadata = digest_record
-    rows = _parsed(summary_metadata.plugin_data.content)["rows"]
-    layers = {}
-    for (kind, layer, name), fields in digest.decode_digest(rows, vector).items():
-        entry = layers.setdefault(
-            layer,
-            {
-                "layer": layer,
-                "tensors": {},
-                "units": None,
-                "precision": {},
-                "formats": {},
-                "updates": {},
-            },
-        )
-        if kind == digest.TENSOR:
-            content = contents[(layer, name)]
-            dtype = content.get("layer_dtype")
-            entry.update(layer_index=content["layer_index"], layer_dtype=dtype)
-            entry["tensors"][name] = dict(fields, role=content["role"])
-            entry["formats"][name] = headroom.cast_format(content, dtype)
-        elif kind == digest.UNITS:
-            entry["units"] = fields
-        elif kind == digest.PRECISION:
-            entry["precision"][name] = fields
-        else:
-            entry["updates"][name] = fields
-    columns = [layer for layer in layers.values() if layer["tensors"]]
-    columns.sort(key=lambda layer: (layer["layer_index"], layer["layer"]))
-    return columns
-
-
-def raised_flags(columns):
-    """The flags (`health.FLAGS`) any layer raises in one-step columns."""
-    if not columns:
-        return set()
-    found = health.verdicts(columns)
-    return {flag for flag in health.FLAGS if found[flag].any()}
-
-
 class Keeper:
     """Decides, event by event, which records are written: the one owner of the schedule's
     state (events seen, flags raised so far, the last event's held full records).
@@ -173,7 +102,7 @@ class Keeper:
         self.raised = set()  # flags raised at an event decided
         self._held = None  # `(step, full records, wall_time)` of the last event, unwritten
 
-    def writes(self, step, event_records, wall_time=None):
+    def writes(self, step, event_records, judgement, wall_time=None):
         """What to write for one log event, in order: `[(step, records, wall_time)]`.
 
         The event's own entry holds its digest and its always-written records,
@@ -185,16 +114,15 @@ class Keeper:
           step: the event's step.
           event_records: its `(tag, array, summary_metadata)` records, without
             a digest.
+          judgement: the event's `judgement.Judgement`: its digest, and the
+            flags it raised.
           wall_time: its time (seconds since the epoch); defaults to now.
         """
         wall_time = time.time() if wall_time is None else wall_time
         event_records = list(event_records)
-        found = digest.digest_records(event_records)
-        onset = set()
-        if found:
-            flags = raised_flags(event_columns(event_records, found[0]))
-            onset = flags - self.raised
-            self.raised |= flags
+        found = judgement.digests
+        onset = judgement.flags - self.raised
+        self.raised |= judgement.flags
         keep = scheduled(self.events, self.first) or bool(onset)
         self.events += 1
         result = []

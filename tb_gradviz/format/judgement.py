@@ -1,0 +1,193 @@
+"""The callback's one judgement of each log event: the flags and warnings it raised.
+
+Each log event is judged once (`Judge.judge`), by the rules `/onset` and
+`tb-gradviz check` apply to the written run, over the columns that
+`rule_columns.build` gives both sides: the flags (`health.verdicts`) at the
+event's step, and, when asked, the warnings (`leading.verdicts`) over the
+events of the last `leading.WINDOW` steps, which the judge keeps in memory.
+Its `Judgement` serves the full-records keeper (an onset keeps its full
+records, `full_records.Keeper`) and `stop_on=` (`capture/stop_on.py`)
+alike, so what stops a fit at step `s` is what `/onset` and `check` name
+at step `s`.
+
+Numpy only.
+"""
+
+import collections
+import functools
+from typing import NamedTuple
+
+import numpy as np
+
+from tb_gradviz.format import digest, health, leading, metadata, rule_columns
+
+
+class Judgement(NamedTuple):
+    """What one log event raised."""
+
+    step: int
+    digests: list  # the event's digest record (`digest.digest_records`): one, or none
+    raised: list  # `{"flag", "class", "step", "layer", "tensor"}` each, flags first
+
+    @property
+    def flags(self):
+        """The names of the flags (not the warnings) raised."""
+        return {entry["flag"] for entry in self.raised if entry["class"] == "flag"}
+
+
+class _Event(NamedTuple):
+    step: int
+    content: bytes  # the digest's metadata content (its rows)
+    rows: list
+    vector: np.ndarray
+    loss_scale: tuple  # `(fields, values)` of its loss-scale record, or None
+
+
+@functools.lru_cache(maxsize=4096)
+def _parsed(content):
+    try:
+        return metadata.parse_plugin_metadata(content)
+    except ValueError:
+        return None
+
+
+class Judge:
+    """Judges each log event (`judge`), keeping what the rules need of the events before it.
+
+    Args:
+      warnings: also judge the warnings, over the events of the last
+        `leading.WINDOW` steps (else only the flags, which need the event
+        itself and the loss-scale counts of the one before).
+    """
+
+    def __init__(self, warnings=False):
+        self.warnings = warnings
+        self._events = collections.deque()
+        self._layers = {}  # layer -> `rule_columns.LayerInfo`, from the events' metadata
+        self._before = (0.0, 0.0)  # loss-scale `(batches, applied)` before the first event held
+
+    def judge(self, step, event_records):
+        """Judges one event's records at `step`.
+
+        Args:
+          step: the event's step.
+          event_records: its `(tag, array, summary_metadata)` records, without a digest.
+
+        Returns:
+          The event's `Judgement`.
+        """
+        event_records = list(event_records)
+        digests = digest.digest_records(event_records)
+        if not digests:
+            return Judgement(step, digests, [])
+        self._hold(step, event_records, digests[0])
+        columns = self._columns()
+        raised = _flags(step, columns)
+        if self.warnings:
+            raised += _warnings(columns)
+        return Judgement(step, digests, raised)
+
+    def _hold(self, step, event_records, digest_record):
+        events = self._events
+        if events and events[-1].step >= step:
+            # The steps went back (a model trained anew): a new history.
+            events.clear()
+            self._before = (0.0, 0.0)
+        loss_scale = None
+        for _, array, summary_metadata in event_records:
+            if summary_metadata is None:
+                continue
+            parsed = _parsed(summary_metadata.plugin_data.content)
+            if parsed is None:
+                continue
+            if parsed.get("kind") == metadata.KIND_TENSOR:
+                self._add_tensor(parsed)
+            elif parsed.get("kind") == metadata.KIND_LOSS_SCALE:
+                loss_scale = (tuple(parsed["fields"]), np.asarray(array, np.float64).ravel())
+        _, vector, summary_metadata = digest_record
+        content = summary_metadata.plugin_data.content
+        rows = _parsed(content)["rows"]
+        events.append(_Event(step, content, rows, np.asarray(vector), loss_scale))
+        kept = leading.WINDOW if self.warnings else 0
+        while len(events) > 1 and events[0].step < step - kept:
+            self._drop_first()
+
+    def _add_tensor(self, parsed):
+        layer = parsed["layer"]
+        found = self._layers.get(layer)
+        if found is None:
+            found = self._layers[layer] = rule_columns.LayerInfo(parsed, [])
+        if all(content["tensor"] != parsed["tensor"] for content in found.contents):
+            found.contents.append(parsed)
+
+    def _drop_first(self):
+        dropped = self._events.popleft()
+        if dropped.loss_scale is not None:
+            fields, values = dropped.loss_scale
+            if "batches" in fields and "applied" in fields:
+                self._before = (
+                    values[fields.index("batches")],
+                    values[fields.index("applied")],
+                )
+
+    def _columns(self):
+        """The `rule_columns.Columns` of the events held."""
+        by_rows = {}
+        for event in self._events:
+            by_rows.setdefault(event.content, []).append(event)
+        digests = [
+            rule_columns.DigestSeries(
+                events[0].rows,
+                np.array([e.step for e in events], np.int64),
+                np.stack([e.vector for e in events]),
+            )
+            for events in by_rows.values()
+        ]
+        scaled = [e for e in self._events if e.loss_scale is not None]
+        loss_scale = None
+        if scaled:
+            fields = scaled[-1].loss_scale[0]
+            same = [e for e in scaled if e.loss_scale[0] == fields]
+            loss_scale = rule_columns.LossScaleSeries(
+                fields,
+                np.array([e.step for e in same], np.int64),
+                np.stack([e.loss_scale[1] for e in same]),
+                self._before,
+            )
+        return rule_columns.build(self._layers, digests, loss_scale)
+
+
+def _flags(step, columns):
+    """The flags raised at the last step of `columns`."""
+    layers = rule_columns.at_step(columns, -1)
+    if not layers:
+        return []
+    found = health.verdicts(layers)
+    raised = []
+    for flag in health.FLAGS:
+        origin = health.flag_origin(layers, found, flag, 0)
+        if origin is not None:
+            index, tensor = origin
+            raised.append(_entry(flag, "flag", step, layers[index]["layer"], tensor))
+    return raised
+
+
+def _warnings(columns):
+    """The warnings raised at the last step of `columns`, judged over all of them."""
+    steps, layers = columns
+    if len(steps) < 2 or not layers:
+        return []
+    last = len(steps) - 1
+    found = leading.verdicts(steps, layers, at=[last])
+    raised = []
+    for warning in leading.WARNINGS:
+        if found[warning][:, last].any():
+            index, tensor = leading.origin_of(layers, found, warning, last)
+            raised.append(
+                _entry(warning, "warning", int(steps[last]), layers[index]["layer"], tensor)
+            )
+    return raised
+
+
+def _entry(flag, kind, step, layer, tensor):
+    return {"flag": flag, "class": kind, "step": int(step), "layer": layer, "tensor": tensor}
