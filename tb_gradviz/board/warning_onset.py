@@ -11,7 +11,7 @@ and `tb-gradviz check` list them after the flags' onsets, each marked
 
 import numpy as np
 
-from tb_gradviz.format import leading
+from tb_gradviz.format import leading, remedies
 
 
 def onsets(steps, columns):
@@ -23,8 +23,9 @@ def onsets(steps, columns):
 
     Returns:
       `[{"flag", "class", "step", "layer", "layer_index", "tensor", "detail",
-      "persists", "raised_steps", "last_raised_step"}]`, as `onset.onset_body`'s
-      entries, `flag` naming the warning and `class` "warning".
+      "persists", "raised_steps", "last_raised_step", "remedy"}]`, as
+      `onset.onset_body`'s entries, `flag` naming the warning and `class`
+      "warning", with `remedy` its likely cause and what to try in one line.
     """
     if not len(steps) or not columns:
         return []
@@ -38,8 +39,24 @@ def onsets(steps, columns):
         index, tensor = leading.origin_of(columns, found, warning, first)
         layer = columns[index]
         text = detail(warning, steps, layer, tensor, first)
-        entries.append(onset_entry(warning, "warning", steps, by_step, layer, tensor, text))
+        entry = onset_entry(warning, "warning", steps, by_step, layer, tensor, text)
+        entry["remedy"] = remedy(warning, columns, index, tensor)
+        entries.append(entry)
     return entries
+
+
+def remedy(warning, columns, index, tensor):
+    """The warning's likely cause and remedy (`remedies.remedy`) for `columns[index]`'s
+    `tensor`."""
+    layer = columns[index]
+    found = layer["tensors"].get(tensor)
+    role = "update" if warning == "update_spike" or found is None else found["role"]
+    position = None
+    if layer["layer_index"] == 0:
+        position = "first"
+    elif index == len(columns) - 1:
+        position = "last"
+    return remedies.remedy(warning, role, layer.get("layer_class"), position)
 
 
 def onset_entry(name, kind, steps, by_step, layer, tensor, detail_text):

@@ -117,6 +117,9 @@ def _print_text(results, fail_on):
                     ONSET_COLUMNS,
                 )
             )
+            for o in result["onsets"]:
+                if o.get("remedy"):
+                    print(f"  {o['flag']} at {o['layer']} ({o['tensor']}): {o['remedy']}")
         if result.get("loss_scale"):
             print("\n" + loss_scale.line(result["loss_scale"]))
         print()

@@ -9,7 +9,7 @@ call `build`, so they see the same layers, in the same order (model order,
 whatever the digest series' tags), the same fields, and the same value at a
 step where a layer's row has no point (the latest value before it). Each
 layer's columns are as `health` describes them, `{"layer", "layer_index",
-"layer_dtype", "tensors", "units", "precision", "formats", "updates"}`
+"layer_dtype", "layer_class", "tensors", "units", "precision", "formats", "updates"}`
 (`formats`: each tensor's `headroom.cast_format`; `updates`: `{weight:
 {"update_ratio", "interval"}}`), with `"optimizer": {"batches", "skipped"}`
 where the run has a loss-scale record (`format/stalled.py`).
@@ -116,6 +116,7 @@ def _layer_columns(name, layer, rows):
         "layer": name,
         "layer_index": layer.info["layer_index"],
         "layer_dtype": layer.info.get("layer_dtype"),
+        "layer_class": layer.info.get("layer_class"),
         "tensors": tensors,
         "units": None if units is None else _take(units, _latest(units["channels"])),
         "precision": precision,
