@@ -9,6 +9,8 @@ fused passes; on an accelerator `tf_statistics.compiled` summarises them
 on the device and only bucket counts and scalars leave it.
 """
 
+import functools
+
 import keras
 import numpy as np
 import tensorflow as tf
@@ -52,7 +54,11 @@ class LayerCapture(probe.ProbePass):
     def __init__(self, model, chosen, loss=None, training=True, statistics=None):
         super().__init__(model, chosen, loss, training, statistics, default_statistics)
         self._collective_ops = None
-        self._probe = tf.function(self._probe_fn, autograph=False)
+        # A partial, not the bound method: TensorFlow's retracing warning counts the traces of
+        # every function built from the same code together, so the one trace of each capture,
+        # over runs trained one after another in a process, reads as retracing; a partial is
+        # counted by itself.
+        self._probe = tf.function(functools.partial(self._probe_fn), autograph=False)
 
     def run(self, x, y, sample_weight=None):
         """Runs the pass; returns `(step_records, skipped_paths)`.
