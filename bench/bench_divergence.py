@@ -19,6 +19,15 @@ each batch's own loss. The transformer and the float16 network, and the ramp, ar
   inputs of one batch, at step `CORRUPT_STEP`, multiplied by 1e4;
 - `*_healthy`: the same models at sane settings, as long as the others.
 
+Those seven are the **tuning** set, the runs the warnings' thresholds were
+chosen on. The **held_back** set (`divergence_heldback.py`) is for
+measuring them on runs they were not chosen on: a learning rate ramped
+past stability in a tanh network under Adam, a sigmoid network under SGD
+with momentum, a GELU transformer, a float16 CNN and a recurrent network;
+healthy runs under warm-up then cosine decay and under step decay,
+fine-tuning with frozen convolutions, dropout, and a recurrent network.
+`--sets` picks the sets, `--seeds` runs every case on each seed.
+
 Every layer is logged with `weights=True` (`--weights off` to leave the
 weights out): the update ratios are what the `update_spike` warning reads.
 
@@ -33,14 +42,27 @@ indicators over each tensor's recent history; each onset's `class` says
 which) that `tb-gradviz check --format json` reports an onset for, the lead
 is the divergence step minus the onset's step, in steps and in logged
 events (the events at or after the onset and before the divergence). A
-healthy run's onsets are false alarms.
+healthy run's onsets are false alarms. The corrupted batch cannot be
+foreseen (its lead is 0 by construction): its row says so.
+
+Each run's logdir is kept under `--logdirs` (`SET/CASE_seedS_everyN`),
+and the JSON names it: `--rejudge previous.json` trains nothing and
+re-runs `check` on those logdirs, so the rows' onsets and leads are those
+of the rules as they are now. The summary (`divergence_table.py`) is
+printed, and written as markdown with `--table`.
 
     python bench/bench_divergence.py --every 1,10 --json bench/results/divergence.json
+    python bench/bench_divergence.py --every 1 --seeds 0,1,2 --sets tuning,held_back \
+        --logdirs DIR --json runs.json --table runs.md
+    python bench/bench_divergence.py --rejudge runs.json --json rejudged.json
 """
 
+import concurrent.futures
 import json
 import math
 import os
+import shlex
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -49,8 +71,12 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import common  # noqa: E402
+import divergence_table  # noqa: E402
 
 CORRUPT_STEP = 150
+SETS = ("tuning", "held_back")
+# Cases whose divergence no rule can see coming: it is in the data of the step it happens at.
+UNFORESEEABLE = {"cnn_corrupt_batch"}
 DIVERGENCE_FACTOR = 3.0
 SMOOTHING = 5
 
@@ -120,10 +146,12 @@ def cnn_case(steps, seed, learning_rate, ramp=None, corrupt_step=None):
 
 
 def cases(args):
-    """`{name: (diverges, build(steps, seed))}`."""
+    """`{name: (set, diverges, build(steps, seed))}`."""
+    import divergence_heldback
+
     from tb_gradviz.divergence_cases import mixed_case, transformer_case
 
-    return {
+    tuning = {
         "cnn_lr_ramp": (True, lambda s, r: cnn_case(s, r, 1e-3, ramp=args.ramp)),
         "cnn_healthy": (False, lambda s, r: cnn_case(s, r, 1e-3)),
         "transformer_high_lr": (True, lambda s, r: transformer_case(s, r, 1e-3, args.ramp)),
@@ -132,6 +160,10 @@ def cases(args):
         "mixed_healthy": (False, lambda s, r: mixed_case(s, r)),
         "cnn_corrupt_batch": (True, lambda s, r: cnn_case(s, r, 1e-3, corrupt_step=CORRUPT_STEP)),
     }
+    found = {name: ("tuning", *case) for name, case in tuning.items()}
+    for name, case in divergence_heldback.cases().items():
+        found[name] = ("held_back", *case)
+    return found
 
 
 def onsets_of(logdir):
@@ -147,6 +179,31 @@ def onsets_of(logdir):
     return run.get("onsets", [])
 
 
+def judged(row):
+    """`row`'s onsets as `check` judges its logdir now, with their leads on its divergence."""
+    diverged, every = row["divergence_step"], row["every_n_batches"]
+    events = range(every, row["steps_run"] + 1, every)
+    onsets = []
+    for onset in onsets_of(row["logdir"]):
+        step = onset["step"]
+        onsets.append(
+            {
+                "flag": onset["flag"],
+                "class": onset.get("class", "flag"),
+                "step": step,
+                "layer": onset["layer"],
+                "tensor": onset["tensor"],
+                "raised_steps": onset["raised_steps"],
+                "last_raised_step": onset["last_raised_step"],
+                "lead_steps": None if diverged is None else diverged - step,
+                "lead_events": None
+                if diverged is None
+                else sum(step <= e < diverged for e in events),
+            }
+        )
+    return onsets
+
+
 def deterministic():
     """Same seeds, same losses: TensorFlow's CPU kernels otherwise reduce in an order that
     depends on thread scheduling, which moves a divergence by several steps under load."""
@@ -158,11 +215,13 @@ def deterministic():
         tf.config.experimental.enable_op_determinism()
 
 
-def run_case(name, build, every, args):
+def run_case(name, build, every, seed, logdir, args):
+    """Trains case `name` on `seed`, logging into `logdir` (emptied first); returns its row."""
     from tb_gradviz import GradVizCallback
 
-    model, x, y, batch_size = build(args.steps, args.seed)
-    logdir = tempfile.mkdtemp(prefix=f"divergence_{name}_")
+    model, x, y, batch_size = build(args.steps, seed)
+    shutil.rmtree(logdir, ignore_errors=True)
+    os.makedirs(logdir)
     gradviz = GradVizCallback(
         logdir,
         probe_data=(x[:batch_size], y[:batch_size]),
@@ -181,41 +240,115 @@ def run_case(name, build, every, args):
         verbose=0,
         callbacks=[gradviz, losses],
     )
-    seconds = time.perf_counter() - begin
-    diverged = divergence_step(losses.losses)
-    events = list(range(every, len(losses.losses) + 1, every))
-    onsets = []
-    for onset in onsets_of(logdir):
-        step = onset["step"]
-        lead = None if diverged is None else diverged - step
-        ahead = None if diverged is None else sum(step <= e < diverged for e in events)
-        onsets.append(
-            {
-                "flag": onset["flag"],
-                "class": onset.get("class", "flag"),
-                "step": step,
-                "layer": onset["layer"],
-                "tensor": onset["tensor"],
-                "lead_steps": lead,
-                "lead_events": ahead,
-            }
-        )
-    return {
+    row = {
         "case": name,
+        "seed": seed,
         "every_n_batches": every,
         "steps_run": len(losses.losses),
-        "divergence_step": diverged,
-        "seconds": round(seconds, 1),
-        "onsets": onsets,
-        "logdir": logdir,
+        "logged_steps": len(losses.losses) // every,
+        "divergence_step": divergence_step(losses.losses),
+        "seconds": round(time.perf_counter() - begin, 1),
+        "logdir": os.path.abspath(logdir),
     }
+    begin = time.perf_counter()
+    row["onsets"] = judged(row)
+    row["check_seconds"] = round(time.perf_counter() - begin, 1)
+    return row
+
+
+def print_result(row):
+    summary = {
+        k: row[k] for k in ("case", "set", "seed", "every_n_batches", "steps_run", "seconds")
+    }
+    summary["divergence_step"] = row["divergence_step"]
+    for kind in ("flag", "warning"):
+        first = divergence_table.first_onset(row, kind)
+        summary[f"first_{kind}"] = first and (
+            first["flag"],
+            first["step"],
+            first["layer"],
+            first["lead_steps"],
+            first["lead_events"],
+        )
+    print("RESULT", summary, flush=True)
+
+
+def rejudge(path, jobs):
+    """The rows of the JSON at `path`, their onsets judged again from their logdirs, `jobs`
+    `check`s at a time; and the command that trained them."""
+    with open(path) as f:
+        previous = json.load(f)
+    rows = previous["rows"]
+    for row in rows:
+        if not os.path.isdir(row.get("logdir") or ""):
+            raise SystemExit(
+                f"{path}: the logdir of {row['case']} (seed {row.get('seed')}) is not there: "
+                f"{row.get('logdir')!r}"
+            )
+
+    def judge(row):
+        begin = time.perf_counter()
+        row["onsets"] = judged(row)
+        row["check_seconds"] = round(time.perf_counter() - begin, 1)
+        return row
+
+    # Each check is a process of its own: threads only wait for them.
+    with concurrent.futures.ThreadPoolExecutor(jobs) as pool:
+        for row in pool.map(judge, rows):
+            print_result(row)
+    return rows, previous.get("trained_by", previous.get("command"))
+
+
+def _names(text, allowed, what):
+    chosen = [name for name in text.split(",") if name]
+    unknown = sorted(set(chosen) - set(allowed))
+    if unknown:
+        raise ValueError(f"unknown {what} {unknown}; expected some of {sorted(allowed)}")
+    return chosen
+
+
+def chosen_cases(args, known):
+    """The cases named by `--cases`, whatever their set; else every case of `--sets`."""
+    if args.cases:
+        return _names(args.cases, known, "cases")
+    sets = _names(args.sets, SETS, "sets")
+    return [name for name in known if known[name][0] in sets]
+
+
+def train(args, known, chosen):
+    seeds = [int(n) for n in args.seeds.split(",")] if args.seeds else [args.seed]
+    root = args.logdirs or tempfile.mkdtemp(prefix="divergence_")
+    deterministic()
+    rows = []
+    for every in (int(n) for n in args.every.split(",")):
+        for name in chosen:
+            kind, diverges, build = known[name]
+            for seed in seeds:
+                logdir = os.path.join(root, kind, f"{name}_seed{seed}_every{every}")
+                row = run_case(name, build, every, seed, logdir, args)
+                row.update(
+                    set=kind,
+                    expected_to_diverge=diverges,
+                    foreseeable=name not in UNFORESEEABLE,
+                )
+                rows.append(row)
+                print_result(row)
+    return rows
 
 
 def main():
     p = common.parser(__doc__.splitlines()[0])
     p.add_argument("--steps", type=int, default=400)
     p.add_argument("--every", default="1,10", help="every_n_batches values, comma-separated")
-    p.add_argument("--cases", default="", help="comma-separated case names (default: all)")
+    p.add_argument("--cases", default="", help="comma-separated case names, of any set")
+    p.add_argument(
+        "--sets", default="tuning", help=f"without --cases: the sets run, of {','.join(SETS)}"
+    )
+    p.add_argument("--seeds", default="", help="comma-separated seeds (default: --seed)")
+    p.add_argument("--logdirs", help="where each run's logdir is kept (default: a temp dir)")
+    p.add_argument("--rejudge", metavar="JSON", help="re-run check on a previous JSON's logdirs")
+    p.add_argument("--jobs", type=int, default=2, help="checks run at once by --rejudge")
+    p.add_argument("--table", metavar="PATH", help="also write the summary as markdown")
     p.add_argument("--ramp", type=float, default=1.05, help="learning rate growth per step")
     p.add_argument("--stop-after", type=int, default=10, help="steps run past the divergence")
     p.add_argument(
@@ -227,36 +360,29 @@ def main():
     args = p.parse_args()
     if args.smoke:
         args.steps, args.every = 30, "10"
-    known = cases(args)
-    chosen = args.cases.split(",") if args.cases else list(known)
-    unknown = sorted(set(chosen) - set(known))
-    if unknown:
-        p.error(f"unknown cases {unknown}; expected some of {sorted(known)}")
-    deterministic()
-    rows = []
-    for every in (int(n) for n in args.every.split(",")):
-        for name in chosen:
-            diverges, build = known[name]
-            row = run_case(name, build, every, args)
-            row["expected_to_diverge"] = diverges
-            rows.append(row)
-            summary = {k: row[k] for k in ("case", "every_n_batches", "steps_run", "seconds")}
-            summary["divergence_step"] = row["divergence_step"]
-            for kind in ("flag", "warning"):
-                first = min(
-                    (o for o in row["onsets"] if o["class"] == kind),
-                    key=lambda o: o["step"],
-                    default=None,
-                )
-                summary[f"first_{kind}"] = first and (
-                    first["flag"],
-                    first["step"],
-                    first["layer"],
-                    first["lead_steps"],
-                    first["lead_events"],
-                )
-            print("RESULT", summary, flush=True)
-    common.write_json(args.json, {"rows": rows})
+    begin = time.perf_counter()
+    command = shlex.join(["python", "bench/bench_divergence.py", *sys.argv[1:]])
+    trained_by = command
+    if args.rejudge:
+        rows, trained_by = rejudge(args.rejudge, args.jobs)
+    else:
+        known = cases(args)
+        try:
+            chosen = chosen_cases(args, known)
+        except ValueError as e:
+            p.error(str(e))
+        rows = train(args, known, chosen)
+    commands = [trained_by, command] if args.rejudge else [command]
+    table = divergence_table.markdown(rows, [c for c in commands if c])
+    print("\n" + table)
+    if args.table:
+        with open(args.table, "w") as f:
+            f.write(table + "\n")
+    seconds = round(time.perf_counter() - begin, 1)
+    common.write_json(
+        args.json,
+        {"rows": rows, "command": command, "trained_by": trained_by, "wall_seconds": seconds},
+    )
 
 
 if __name__ == "__main__":

@@ -190,15 +190,29 @@ def test_series_bench_times_the_downsampled_route_and_the_layer_view(tmp_path):
     assert row["warm_layer_change_s"] > 0 and row["first_render_s"] > 0
 
 
-def test_divergence_bench_runs_each_kind_of_model_and_reads_its_onsets(tmp_path):
+def test_divergence_bench_runs_each_kind_of_model_and_rejudges_its_logdirs(tmp_path):
     pytest.importorskip("tensorflow")
-    cases = "cnn_lr_ramp,transformer_high_lr,mixed_overflow"
-    rows = run_smoke(tmp_path, "bench_divergence.py", "--cases", cases)
+    cases = "cnn_lr_ramp,transformer_high_lr,mixed_overflow,tanh_adam_ramp,rnn_healthy"
+    logdirs, table = tmp_path / "logdirs", tmp_path / "table.md"
+    rows = run_smoke(
+        tmp_path,
+        "bench_divergence.py",
+        *("--cases", cases, "--logdirs", str(logdirs), "--table", str(table)),
+    )
     assert [row["case"] for row in rows] == cases.split(",")
+    assert [row["set"] for row in rows] == ["tuning"] * 3 + ["held_back"] * 2
     for row in rows:
         # 30 steps end before the learning rate starts to grow: nothing diverges.
         assert row["steps_run"] == 30 and row["divergence_step"] is None
-        assert row["every_n_batches"] == 10 and isinstance(row["onsets"], list)
+        assert row["every_n_batches"] == 10 and row["logged_steps"] == 3 and row["seed"] == 0
+        assert row["logdir"] == str(logdirs / row["set"] / f"{row['case']}_seed0_every10")
+        assert isinstance(row["onsets"], list)
+    assert "### Set `tuning`" in table.read_text() and "### Set `held_back`" in table.read_text()
+    # Judged again from the kept logdirs, by the same rules: the same rows.
+    again = run_smoke(tmp_path, "bench_divergence.py", "--rejudge", str(tmp_path / "out.json"))
+    for row in rows + again:
+        assert row.pop("check_seconds") > 0
+    assert again == rows
 
 
 def test_indicators_bench_times_the_judging_of_flags_and_warnings_in_a_log_event(tmp_path):

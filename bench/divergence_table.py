@@ -1,0 +1,160 @@
+"""The divergence suite's summary, per set of cases, as markdown: leads and false alarms.
+
+Reads the rows `bench_divergence.py` writes (one per case, seed and
+`every_n_batches`). For a diverging case: where it diverged and the first
+warning's lead on each seed, their median and minimum, and the first
+flag's lead apart. For a healthy case: its warnings (onsets, and steps at
+which a warning was raised) and flags. Per set: the median lead over the
+runs of the cases a warning could foresee, how many of them were warned
+at least `AHEAD` steps ahead, and the healthy runs' warnings per 10,000
+logged steps.
+"""
+
+# A warning this many steps before the divergence leaves time to act on it.
+AHEAD = 10
+PER_STEPS = 10_000
+
+
+def first_onset(row, kind):
+    """The earliest onset of `kind` ("warning" or "flag") in `row`, or None."""
+    found = [o for o in row["onsets"] if o["class"] == kind]
+    return min(found, key=lambda o: o["step"], default=None)
+
+
+def lead_of(row, kind):
+    """The first `kind` onset's lead in steps; None when none was raised."""
+    first = first_onset(row, kind)
+    return None if first is None else first["lead_steps"]
+
+
+def _leads_text(leads):
+    return " / ".join("none" if lead is None else str(lead) for lead in leads)
+
+
+def _ordered(lead):
+    """A missing warning sorts below every lead, a late one's negative lead included."""
+    return -float("inf") if lead is None else lead
+
+
+def _median_text(leads):
+    """The median lead; of an even count, the lower of the two middle ones (a missing warning
+    has no value to average)."""
+    if not leads:
+        return "-"
+    middle = sorted(leads, key=_ordered)[(len(leads) - 1) // 2]
+    return "none" if middle is None else str(middle)
+
+
+def _min_text(leads):
+    if not leads:
+        return "-"
+    low = min(leads, key=_ordered)
+    return "none" if low is None else str(low)
+
+
+def _where(onset):
+    if onset is None:
+        return "-"
+    return f"`{onset['flag']}` {onset['step']} {onset['layer']}/{onset['tensor'] or '-'}"
+
+
+def _cell(values):
+    return " / ".join(str(v) for v in values)
+
+
+def _diverged(found):
+    return _cell("never" if r["divergence_step"] is None else r["divergence_step"] for r in found)
+
+
+def _by_case(rows):
+    cases = {}
+    for row in rows:
+        cases.setdefault(row["case"], []).append(row)
+    for found in cases.values():
+        found.sort(key=lambda r: r["seed"])
+    return cases
+
+
+def diverging_table(rows):
+    """The markdown lines of a set's diverging cases, and its summary line."""
+    lines = [
+        "| case | diverges at | first warning's lead (steps) | median | min "
+        "| first warning (rule, step, layer/tensor) | first flag's lead |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    foreseen = []
+    for case, found in _by_case(rows).items():
+        leads = [lead_of(r, "warning") if r["divergence_step"] is not None else None for r in found]
+        name = f"`{case}`" + ("" if found[0].get("foreseeable", True) else " (not foreseeable)")
+        lines.append(
+            f"| {name} | {_diverged(found)} | {_leads_text(leads)} | {_median_text(leads)} "
+            f"| {_min_text(leads)} | {'; '.join(_where(first_onset(r, 'warning')) for r in found)} "
+            f"| {_leads_text([lead_of(r, 'flag') for r in found])} |"
+        )
+        if found[0].get("foreseeable", True):
+            foreseen.extend(leads)
+    ahead = sum(lead is not None and lead >= AHEAD for lead in foreseen)
+    summary = (
+        f"Foreseeable runs: {len(foreseen)}; median lead of the first warning "
+        f"**{_median_text(foreseen)}** steps, min {_min_text(foreseen)}; warned at least "
+        f"{AHEAD} steps ahead in **{ahead} of {len(foreseen)}** (a missing warning counts "
+        "below any lead)."
+    )
+    return lines, summary
+
+
+def healthy_table(rows):
+    """The markdown lines of a set's healthy cases, and its false-alarm summary line."""
+    lines = [
+        "| case | diverges | logged steps | warning onsets | warning-raised steps "
+        "| warnings (rule, step, layer/tensor) | flag onsets |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    logged = onsets = raised = 0
+    for case, found in _by_case(rows).items():
+        warnings = [[o for o in r["onsets"] if o["class"] == "warning"] for r in found]
+        flags = sorted({o["flag"] for r in found for o in r["onsets"] if o["class"] == "flag"})
+        named = "; ".join(_where(o) for found_warnings in warnings for o in found_warnings)
+        lines.append(
+            f"| `{case}` | {_diverged(found)} "
+            f"| {_cell(r['logged_steps'] for r in found)} "
+            f"| {_cell(len(w) for w in warnings)} "
+            f"| {_cell(sum(o['raised_steps'] for o in w) for w in warnings)} "
+            f"| {named or 'none'} | {', '.join(flags) or 'none'} |"
+        )
+        logged += sum(r["logged_steps"] for r in found)
+        onsets += sum(len(w) for w in warnings)
+        raised += sum(o["raised_steps"] for w in warnings for o in w)
+    rate = (lambda n: f"{PER_STEPS * n / logged:.1f}") if logged else (lambda n: "-")
+    summary = (
+        f"Healthy runs: {logged:,} logged steps; {onsets} warning onsets "
+        f"(**{rate(onsets)} per {PER_STEPS:,} logged steps**), {raised} warning-raised steps "
+        f"({rate(raised)} per {PER_STEPS:,})."
+    )
+    return lines, summary
+
+
+def markdown(rows, commands=()):
+    """The summary of `rows` as markdown, under the `commands` that made them: per set and
+    `every_n_batches`, its diverging cases then its healthy ones."""
+    out = []
+    for command in commands:
+        out += [f"`{command}`", ""]
+    seeds = sorted({r["seed"] for r in rows})
+    groups = {}
+    for row in rows:
+        groups.setdefault((row["set"], row["every_n_batches"]), []).append(row)
+    for (name, every), found in groups.items():
+        out += [
+            f"### Set `{name}`, `every_n_batches={every}`, seeds {', '.join(map(str, seeds))}",
+            "",
+            "Each cell lists the seeds in order. Lead = divergence step - onset step "
+            "(negative: after the divergence).",
+            "",
+        ]
+        for expected, table in ((True, diverging_table), (False, healthy_table)):
+            chosen = [r for r in found if r["expected_to_diverge"] == expected]
+            if chosen:
+                lines, summary = table(chosen)
+                out += lines + ["", summary, ""]
+    return "\n".join(out)
