@@ -3,7 +3,7 @@
 The divergence suite (bench/bench_divergence.py) measures how early the
 warnings come on them; `tb-gradviz demo` trains the transformer at a sane
 rate and the float16 network whose learning rate grows until its
-activations overflow. Each case returns a compiled model and its data;
+gradients overflow. Each case returns a compiled model and its data;
 each clears Keras' session and seeds every generator first, so a case's
 weights and names do not depend on what ran before it.
 """
@@ -89,8 +89,9 @@ def mixed_case(steps, seed, ramp=None):
 
     With `ramp`, the rate grows by that factor at each step from
     `RAMP_START`: the weights' updates jump, then the weights, then the
-    float16 activations grow until they overflow. The global policy is
-    restored before returning.
+    float16 activations and gradients grow until the gradients overflow to
+    Inf, and the update after them writes NaN into the weights. The global
+    policy is restored before returning.
 
     Returns:
       `(model, x, y, batch_size)`, the model compiled.

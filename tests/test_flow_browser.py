@@ -45,7 +45,7 @@ REAL_RESNET50 = os.environ.get("GRADVIZ_FLOW_RESNET50") == "1"
 BIG_RUN = "resnet50" if REAL_RESNET50 else "layers176"
 SIGMOID_RUN, RELU_RUN = "plain_sigmoid", "plain_relu_bn"
 PROBE_BATCH = 8
-STEPS = [4, 8, 12]  # the demo's plain CNNs: 12 steps, logged every 4
+STEPS = [8, 16, 24]  # the demo's plain CNNs: 24 steps, logged every 8
 # Going back to a step the page holds redraws the layer view, the flow and the
 # grid of 176 layers: ~1.5 s here on a busy machine, the flow ~0.1 s of it.
 INTERACTION_BOUND_S = 5.0
