@@ -73,7 +73,7 @@ def expected_cell(records_of_layer, name):
 
 def test_summary_shows_the_block_formats_each_layers_gradients_survive(logdir):
     root, layers = logdir
-    status, out, err = run_cli("summary", root)
+    status, out, err = run_cli("summary", root, "--details")  # every layer's row
     assert (status, err) == (0, "")
     seen = {}
     for run in ("float32", "mixed_float16"):

@@ -222,7 +222,7 @@ def test_summary_of_a_weights_run_lists_weight_tensors_and_the_update_ratios_at_
     weights_logdir,
 ):
     root, final = weights_logdir
-    status, out, err = run_cli("summary", root)
+    status, out, err = run_cli("summary", root, "--details")  # every weight's row
     assert (status, err) == (0, "")
     assert "run cnn  (step 6)" in out
     rows = {(r["layer"], r["tensor"]): r for r in table_rows(out, "cnn")}

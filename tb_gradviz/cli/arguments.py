@@ -3,6 +3,7 @@
 import argparse
 import functools
 import math
+import textwrap
 
 from tb_gradviz.cli.demo import DEFAULT_PORT
 from tb_gradviz.cli.status import EXIT_CODES_HELP, CommandError
@@ -14,11 +15,20 @@ class _Parser(argparse.ArgumentParser):
         raise CommandError(f"{self.prog}: {message}")
 
 
+class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Wraps option help at spaces only: a flag name (`block_underflow`, `--fail-on`) is never
+    split across lines, where argparse would break a long word or a hyphenated one."""
+
+    def _split_lines(self, text, width):
+        text = self._whitespace_matcher.sub(" ", text).strip()
+        return textwrap.wrap(text, width, break_long_words=False, break_on_hyphens=False)
+
+
 SYNOPSIS = """commands:
   tb-gradviz demo [--logdir DIR] [--model all|resnet50|cnn|divergence] [--steps N]
                   [--image-size PX] [--batch-size N] [--no-serve] [--host HOST] [--port PORT]
                   [--serve-seconds S]
-  tb-gradviz summary LOGDIR [--run RUN] [--step STEP]
+  tb-gradviz summary LOGDIR [--run RUN] [--step STEP] [--details]
   tb-gradviz export LOGDIR [--format csv|json] [--output FILE] [--run RUN]
   tb-gradviz check LOGDIR [--run RUN] [--fail-on FLAGS] [--ratio R] [--format text|json]"""
 
@@ -28,18 +38,20 @@ def build_parser():
         prog="tb-gradviz",
         description="Activations and gradients of Keras layers, in TensorBoard.",
         epilog=f"{SYNOPSIS}\n\n{EXIT_CODES_HELP}",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=_HelpFormatter,
     )
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     commands.required = True
     commands.add_parser = functools.partial(
         commands.add_parser,
         epilog=EXIT_CODES_HELP,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=_HelpFormatter,
     )
 
     demo = commands.add_parser(
-        "demo", help="train ResNet50 and a small CNN with the callback, then serve TensorBoard"
+        "demo",
+        help="train nine demo runs with the callback (small CNNs, 20-layer plain CNNs, "
+        "mixed_float16, a transformer, a run that diverges, ResNet50), then serve TensorBoard",
     )
     demo.add_argument(
         "--logdir", default="logs/tb_gradviz_demo", help="where the runs go (default: %(default)s)"
@@ -55,7 +67,8 @@ def build_parser():
         type=_positive_int,
         default=None,
         help="training steps per run of the small CNNs and ResNet50 (default: 48 ResNet50, 40 "
-        "CNN; the plain CNNs always 12, the transformer 150, the diverging run until it fails)",
+        "CNN; the plain CNNs always 24, the mixed_float16 CNNs 10, the transformer 150, the "
+        "diverging run until it fails)",
     )
     demo.add_argument(
         "--image-size",
@@ -100,6 +113,12 @@ def build_parser():
         default=None,
         help="the latest step <= STEP (default: last)",
     )
+    summary.add_argument(
+        "--details",
+        action="store_true",
+        help="every row of every table; without it, a run longer than a screen keeps the rows "
+        "that matter most of each table (flags and NaN/Inf first) and says how many it left out",
+    )
 
     export = commands.add_parser(
         "export", help="histograms, statistics and weight updates as CSV or JSON"
@@ -123,8 +142,8 @@ def build_parser():
         type=_flags,
         default=list(health.DEFAULT_FAIL_ON),
         help="the flags and warnings that fail the check, comma-separated, from "
-        f"{','.join(health.FLAGS + leading.WARNINGS)} (default: "
-        f"{','.join(health.DEFAULT_FAIL_ON)})",
+        f"{', '.join(health.FLAGS + leading.WARNINGS)} (default: "
+        f"{', '.join(health.DEFAULT_FAIL_ON)})",
     )
     check.add_argument(
         "--ratio",

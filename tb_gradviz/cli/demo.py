@@ -11,8 +11,9 @@ import sys
 import tempfile
 import time
 import urllib.parse
+import warnings
 
-from tb_gradviz.cli.status import EXIT_OK, EXIT_SERVE, CommandError
+from tb_gradviz.cli.status import EXIT_INTERRUPTED, EXIT_OK, EXIT_SERVE, CommandError
 
 DEFAULT_PORT = 6006  # TensorBoard's
 
@@ -68,14 +69,16 @@ def run_demo(args):
         f"Training into {os.path.abspath(args.logdir)} (data generated, no download).", flush=True
     )
     demos = import_quietly("tb_gradviz.demos")
-    runs = demos.run_demo(
-        args.logdir,
-        model=args.model,
-        steps=args.steps,
-        image_size=args.image_size,
-        batch_size=args.batch_size,
-        say=lambda text: print(text, flush=True),
-    )
+    with warnings.catch_warnings():
+        warnings.showwarning = show_warning
+        runs = demos.run_demo(
+            args.logdir,
+            model=args.model,
+            steps=args.steps,
+            image_size=args.image_size,
+            batch_size=args.batch_size,
+            say=lambda text: print(text, flush=True),
+        )
     print(f"Logs written in {time.monotonic() - started:.0f} s.", flush=True)
     print(
         f"Check them with: tb-gradviz check {args.logdir}  (the sigmoid network's vanishing "
@@ -91,6 +94,15 @@ def run_demo(args):
         )
         return EXIT_OK
     return serve(args.logdir, args.host, args.port, args.serve_seconds, focus(runs))
+
+
+def show_warning(message, category, filename, lineno, file=None, line=None):
+    """Writes a warning raised while the demo trains as one line, `warning: ...`, on stderr.
+
+    Python's own display adds the file and the source line that raised it,
+    which in the demo's output reads like a traceback.
+    """
+    print(f"warning: {message}", file=sys.stderr if file is None else file, flush=True)
 
 
 def warned_before_failing(logdir, run, failures):
@@ -153,7 +165,8 @@ def focus(runs):
 
 
 def serve(logdir, host, port=None, seconds=None, fragment=""):
-    """Serves TensorBoard (with the GradViz tab) on logdir until Ctrl-C or `seconds`.
+    """Serves TensorBoard (with the GradViz tab) on logdir until Ctrl-C or `seconds`; returns
+    `EXIT_OK` when `seconds` ran out, `EXIT_INTERRUPTED` after Ctrl-C.
 
     `port` None is TensorBoard's own default, `DEFAULT_PORT`, or a free port
     (said on stdout) when that one is busy; an explicit busy port fails. The
@@ -183,7 +196,7 @@ def serve(logdir, host, port=None, seconds=None, fragment=""):
         while deadline is None or time.monotonic() < deadline:
             time.sleep(0.2)
     except KeyboardInterrupt:
-        pass
+        return EXIT_INTERRUPTED
     return EXIT_OK
 
 

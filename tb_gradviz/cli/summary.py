@@ -1,5 +1,6 @@
 """`tb-gradviz summary`: a table per run and layer at one step, and the weight updates."""
 
+import collections
 import math
 
 from tb_gradviz.board import kept, loss_scale
@@ -7,6 +8,16 @@ from tb_gradviz.cli.logs import open_logdir, runs_of
 from tb_gradviz.cli.precision import BLOCK_COLUMNS, PRECISION_COLUMNS, block_rows, precision_rows
 from tb_gradviz.cli.status import EXIT_NO_DATA, CommandError
 from tb_gradviz.format import block_headroom, records
+
+# A run whose summary is longer than this many lines is shortened to fit a screen (without
+# `--details`): each table keeps at most `SHORT_ROWS` of its rows.
+SCREEN_LINES = 50
+SHORT_ROWS = {"layers": 10, "updates": 5, "precision": 5, "block formats": 5}
+
+
+class Table(collections.namedtuple("Table", "name title columns rows rank kept")):
+    """One table of a run's summary: `rank(row)` orders its rows for a shortened summary (lower
+    kept first), `kept` says in words which rows that keeps."""
 
 
 def run_summary(args):
@@ -20,46 +31,123 @@ def run_summary(args):
         except errors.NotFoundError:
             print(f"run {run['run']}: no step <= {args.step}\n")
             continue
-        print(f"run {run['run']}  (step {snapshot['step']})")
-        print(table(summary_rows(snapshot, run["layers"])))
-        steps = gradviz.full_records_impl(ctx, experiment, run["run"])
-        if steps["full"] != steps["logged"]:
-            print("\n" + kept.line(steps))
-        updates = update_rows(snapshot)
-        if updates:
-            print(
-                "\nweight updates  (|w - w_previous| / |w| since the previous log event; "
-                "size: per step, against the usual ~1e-3)"
-            )
-            print(table(updates, UPDATE_COLUMNS))
-        headroom = precision_rows(snapshot)
-        if headroom:
-            print(
-                "\nprecision  (% of the non-zero values a cast flushes to zero/makes subnormal/"
-                "overflows: as the values are, gradients at the loss scale; float8 also scaled "
-                "to amax)"
-            )
-            print(table(headroom, PRECISION_COLUMNS))
-        survival = block_rows(snapshot)
-        if survival:
-            print(
-                f"\nblock formats  (layers' gradients as captured: ok when at most "
-                f"{block_headroom.SHARE:.0%} of each gradient's non-zero values become zero, "
-                "else z and the largest share that does, in %; s: the largest share that "
-                f"saturates, when over {block_headroom.SHARE:.0%})"
-            )
-            print(table(survival, BLOCK_COLUMNS))
-        budget = gradviz.budget_impl(ctx, experiment, run["run"])
-        if budget is not None:
-            print("\n" + budget_line(budget))
-        scale = gradviz.loss_scale_impl(ctx, experiment, run["run"])
-        if scale is not None:
-            print("\n" + loss_scale.line(scale))
+        parts = run_parts(gradviz, ctx, experiment, run, snapshot)
+        lines = render(parts)
+        if not args.details and len(lines) > SCREEN_LINES:
+            lines = render(parts, shorten=True)
+        print("\n".join(lines))
         print()
         printed += 1
     if not printed:
         raise CommandError(f"no run has a step <= {args.step}", EXIT_NO_DATA)
     return 0
+
+
+def run_parts(gradviz, ctx, experiment, run, snapshot):
+    """The parts of one run's summary in order: lines of text, and `Table`s."""
+    parts = [
+        f"run {run['run']}  (step {snapshot['step']})",
+        Table(
+            "layers",
+            None,
+            SUMMARY_COLUMNS,
+            summary_rows(snapshot, run["layers"]),
+            _layer_rank,
+            "the rows with a flag or a NaN/Inf, then pooling layers' routing",
+        ),
+    ]
+    steps = gradviz.full_records_impl(ctx, experiment, run["run"])
+    if steps["full"] != steps["logged"]:
+        parts.append("\n" + kept.line(steps))
+    parts.append(
+        Table(
+            "updates",
+            "weight updates  (|w - w_previous| / |w| since the previous log event; "
+            "size: per step, against the usual ~1e-3)",
+            UPDATE_COLUMNS,
+            update_rows(snapshot),
+            _update_rank,
+            "the layers' combined rows, those whose size is not usual first",
+        )
+    )
+    parts.append(
+        Table(
+            "precision",
+            "precision  (% of the non-zero values a cast flushes to zero/makes subnormal/"
+            "overflows: as the values are, gradients at the loss scale; float8 also scaled "
+            "to amax)",
+            PRECISION_COLUMNS,
+            precision_rows(snapshot),
+            _precision_rank,
+            "the tensors with the largest share lost in float16",
+        )
+    )
+    parts.append(
+        Table(
+            "block formats",
+            f"block formats  (layers' gradients as captured: ok when at most "
+            f"{block_headroom.SHARE:.0%} of each gradient's non-zero values become zero, "
+            "else z and the largest share that does, in %; s: the largest share that "
+            f"saturates, when over {block_headroom.SHARE:.0%})",
+            BLOCK_COLUMNS,
+            block_rows(snapshot),
+            _block_rank,
+            "the layers that survive the fewest formats",
+        )
+    )
+    budget = gradviz.budget_impl(ctx, experiment, run["run"])
+    if budget is not None:
+        parts.append("\n" + budget_line(budget))
+    scale = gradviz.loss_scale_impl(ctx, experiment, run["run"])
+    if scale is not None:
+        parts.append("\n" + loss_scale.line(scale))
+    return parts
+
+
+def render(parts, shorten=False):
+    """The lines of a run's summary; `shorten`: each table keeps its `SHORT_ROWS` best-ranked
+    rows, in their order, and says how many it left out."""
+    lines = []
+    for part in parts:
+        if isinstance(part, str):
+            lines += part.split("\n")
+            continue
+        if not part.rows and part.title is not None:
+            continue
+        if part.title is not None:
+            lines += ["", part.title]
+        rows = part.rows
+        if shorten and len(rows) > SHORT_ROWS[part.name]:
+            order = sorted(range(len(rows)), key=lambda i: (part.rank(rows[i]), i))
+            rows = [rows[i] for i in sorted(order[: SHORT_ROWS[part.name]])]
+        lines += table(rows, part.columns).split("\n")
+        if len(rows) < len(part.rows):
+            lines.append(
+                f"... {len(part.rows) - len(rows)} of {len(part.rows)} rows left out (kept: "
+                f"{part.kept}); --details shows them"
+            )
+    return lines
+
+
+def _layer_rank(row):
+    flagged = row[-1] or row[8] not in ("0", "-") or row[9] not in ("0", "-")
+    return 0 if flagged else 1 if row[5] else 2
+
+
+def _update_rank(row):
+    if row[1] != LAYER_UPDATE:
+        return 2
+    return 1 if row[7] == "usual" else 0
+
+
+def _precision_rank(row):
+    # The float16 cell: "to zero/subnormal/overflow" in percent, "-" without values.
+    shares = row[PRECISION_COLUMNS.index("float16")].split("/")
+    return -sum(float(share) for share in shares[:2] if share != "-")
+
+
+def _block_rank(row):
+    return -sum(not cell.startswith("ok") for cell in row[2:])
 
 
 SUMMARY_COLUMNS = (
