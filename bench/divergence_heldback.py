@@ -85,11 +85,12 @@ def tanh_adam(steps, seed, ramp=None):
 
 
 def sigmoid_momentum(steps, seed, ramp):
-    """A sigmoid MLP (4 x 64) trained by SGD(1e-2, momentum 0.9), its rate ramped."""
+    """A sigmoid MLP (2 x 64) trained by SGD(1e-1, momentum 0.9), its rate ramped. (Deeper, it
+    learns nothing in 200 steps at this rate.)"""
     _start(seed)
     x, y = _features(steps, seed)
-    model = _mlp("sigmoid")
-    model.compile(keras.optimizers.SGD(_ramped(1e-2, ramp), momentum=0.9), _cross_entropy())
+    model = _mlp("sigmoid", depth=2)
+    model.compile(keras.optimizers.SGD(_ramped(1e-1, ramp), momentum=0.9), _cross_entropy())
     return model, x, y, BATCH
 
 
@@ -174,10 +175,10 @@ def cnn_finetune_frozen(steps, seed):
 
 
 def mlp_dropout(steps, seed):
-    """A ReLU MLP (4 x 64) with dropout 0.3 after each hidden layer, Adam(1e-3)."""
+    """A ReLU MLP (3 x 128) with dropout 0.2 after each hidden layer, Adam(1e-3)."""
     _start(seed)
     x, y = _features(steps, seed)
-    model = _mlp("relu", dropout=0.3)
+    model = _mlp("relu", width=128, depth=3, dropout=0.2)
     model.compile(keras.optimizers.Adam(1e-3), _cross_entropy())
     return model, x, y, BATCH
 
@@ -186,7 +187,7 @@ def cases():
     """`{name: (diverges, build(steps, seed))}` of the held-back set."""
     return {
         "tanh_adam_ramp": (True, lambda s, r: tanh_adam(s, r, ramp=1.04)),
-        "sigmoid_momentum_ramp": (True, lambda s, r: sigmoid_momentum(s, r, ramp=1.04)),
+        "sigmoid_momentum_ramp": (True, lambda s, r: sigmoid_momentum(s, r, ramp=1.03)),
         "transformer_gelu_ramp": (True, lambda s, r: transformer_gelu(s, r, ramp=1.04)),
         "float16_cnn_ramp": (True, lambda s, r: float16_cnn(s, r, ramp=1.04)),
         "rnn_ramp": (True, lambda s, r: rnn(s, r, ramp=1.04)),
