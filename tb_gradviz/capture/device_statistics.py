@@ -10,17 +10,18 @@ kernel's.
   rows of a `[R, n]` group (`chunks`), so that one launch summarises many.
   A group holds at most `CHUNK_VALUES` values (one tensor at least).
 - Each group is read twice. The first read takes the extrema, the sums and
-  every count of `FIRST_PASS_COUNTS`; the second, which needs the row's
-  extrema and mean, the squared deviations and `SECOND_PASS_COUNTS`.
+  every count of `device_counts.FIRST_PASS_COUNTS`; the second, which needs
+  the row's extrema and mean, the squared deviations and
+  `device_counts.SECOND_PASS_COUNTS`.
 - The precision record's counts compare each value's magnitude bits with
   integer keys (`device_precision`): the boundaries as they are in the first
   read, scaled by each row's `2**-k` (from the first read's largest finite
   magnitude) in the second. They see the values as captured, not divided.
-- Every count is the reduction of a comparison (`sum(values >= threshold)`,
-  `sum(bucket == j)`): no scatter, no sort, no searchsorted. The magnitude
-  bins come from cumulative counts against `records.LOG_EDGES`, the linear
-  buckets from a one-hot comparison of each value's bucket,
-  `floor((v - low) / width)`, in float64 as the definition.
+- Every count is the reduction of a comparison (`device_counts`:
+  `sum(values >= threshold)`, `sum(bucket == j)`): no scatter, no sort, no
+  searchsorted. The magnitude bins come from cumulative counts against
+  `records.LOG_EDGES`, the linear buckets from a one-hot comparison of each
+  value's bucket, `floor((v - low) / width)`, in float64 as the definition.
 - Values are widened to float64 exactly (`device_precision.widened`: float32
   subnormals too, which a device that flushes to zero would make 0), zero
   and sign read from the bits, so counts and extrema equal
@@ -35,19 +36,17 @@ kernel's.
   compiler (PyTorch), a pass compares `EAGER_THRESHOLDS` thresholds at a
   time (`"eager"`).
 
-A new per-tensor count (one number, or one per threshold) is one `Count` in
-`FIRST_PASS_COUNTS` (it sees the values) or `SECOND_PASS_COUNTS` (it also
-sees each row's extrema, mean and precision keys); its result comes back
-under its name in every tensor's row (`tensor_rows`).
+A new per-tensor count (one number, or one per threshold) is one
+`device_counts.Count` in `FIRST_PASS_COUNTS` (it sees the values) or
+`SECOND_PASS_COUNTS` (it also sees each row's extrema, mean and precision
+keys); its result comes back under its name in every tensor's row
+(`tensor_rows`).
 """
-
-import dataclasses
-import functools
 
 import keras
 import numpy as np
 
-from tb_gradviz.capture import device_blocks, device_precision
+from tb_gradviz.capture import device_blocks, device_counts, device_precision
 from tb_gradviz.format import records
 
 ops = keras.ops
@@ -69,99 +68,6 @@ EAGER_THRESHOLDS = 4
 SUMS = ("low", "high", "total", "squares", "raw_sum", "raw_abs_sum")
 
 
-@dataclasses.dataclass
-class Rows:
-    """A group's values, as the counts see them.
-
-    Per-value fields are `[R, 1, n]`, per-row fields `[R, 1, 1]`, so that a
-    mask compares them with thresholds shaped `[1, T, 1]` into `[R, T, n]`.
-    """
-
-    values: object  # float64, divided by the loss scale where it applies
-    finite: object  # bool
-    finite_values: object  # float64: the values, 0 where not finite
-    bits: object  # int: `device_precision.magnitude_bits` of the values as captured
-    bits_width: int  # 32 or 64: the width of `bits`
-    signed_bits: object  # int: `device_precision.float_bits`, the sign included
-    buckets: int = records.HISTOGRAM_BUCKETS
-    low: object = None  # second pass: the finite minimum (+inf without finite values)
-    high: object = None  # second pass: the finite maximum (-inf without finite values)
-    mean: object = None  # second pass: the mean of the finite values
-    scaled_keys: object = None  # second pass: `device_precision.scaled_keys`, `[R, 12]`
-
-    @functools.cached_property
-    def linear_bucket(self):
-        """Each value's bucket `floor((v - low) / width)`, at most the last; -1 if not finite."""
-        spread = ops.greater(self.high, self.low)
-        width = ops.where(spread, device_precision.divide(self.high - self.low, self.buckets), 1.0)
-        start = ops.where(spread, self.low, 0.0)
-        shifted = ops.where(self.finite, self.values, start) - start
-        # The quotient is >= 0 wherever it is used, so truncation is its floor;
-        # clipping to integers first keeps the cast in range and commutes with it.
-        quotient = ops.clip(
-            device_precision.divide(shifted, width, like=shifted), 0.0, self.buckets - 1.0
-        )
-        return ops.where(self.finite, ops.cast(quotient, "int32"), -1)
-
-
-@dataclasses.dataclass(frozen=True)
-class Count:
-    """A per-tensor count: the values for which `mask(rows, thresholds)` holds.
-
-    Attributes:
-      name: the key of the count in each tensor's row.
-      mask: `(Rows, thresholds) -> bool [R, T, n]` (or `[R, 1, n]` without
-        thresholds); `thresholds` is a `[1, T, 1]` or `[R, T, 1]` tensor, or None.
-      thresholds: None for one count, or a function of the `Rows` that returns
-        a 1-D numpy array (float64: the same thresholds for every row) or a
-        `[1, T]` or `[R, T]` tensor (per row): one count per threshold.
-    """
-
-    name: str
-    mask: object
-    thresholds: object = None
-
-
-def _log_edges(rows):
-    return records.LOG_EDGES
-
-
-def _below(rows, keys):
-    return ops.less(rows.bits, keys)
-
-
-def _signed(rows, compare):
-    """`compare(bits, 0)`: `<= 0` are the negative values and +-0, `> 0` the positive ones."""
-    return compare(rows.signed_bits, ops.zeros_like(rows.signed_bits))
-
-
-FIRST_PASS_COUNTS = (
-    Count("zeros", lambda r, _: ops.equal(r.bits, ops.zeros_like(r.bits))),
-    Count("nans", lambda r, _: ops.isnan(r.values)),
-    Count("pos_inf", lambda r, _: ops.equal(r.values, np.inf)),
-    Count("neg_inf", lambda r, _: ops.equal(r.values, -np.inf)),
-    # The magnitude bins: negative side with the zeros (in its bin 0), positive side.
-    Count("nonpositive", lambda r, _: ops.logical_and(r.finite, _signed(r, ops.less_equal))),
-    Count("positive", lambda r, _: ops.logical_and(r.finite, _signed(r, ops.greater))),
-    Count("negative_at_least", lambda r, t: ops.less_equal(r.finite_values, -t), _log_edges),
-    Count("positive_at_least", lambda r, t: ops.greater_equal(r.finite_values, t), _log_edges),
-    # The zeros, then the values below each precision boundary, as captured.
-    Count("precision_as_is", _below, lambda r: device_precision.as_is_keys(r.bits_width)),
-)
-
-SECOND_PASS_COUNTS = (
-    Count(
-        "linear",
-        lambda r, t: ops.equal(r.linear_bucket, ops.cast(t, "int32")),
-        lambda r: np.arange(r.buckets),
-    ),
-    Count("precision_scaled", _below, lambda r: r.scaled_keys),
-)
-
-# The counts of the precision record, which `precision=False` leaves out.
-PRECISION_COUNTS = ("precision_as_is", "precision_scaled")
-
-
 def group_statistics(
     rows,
     divisor=None,
@@ -179,14 +85,15 @@ def group_statistics(
         first (the loss scale).
       buckets: the number of linear histogram buckets.
       mode: one of `MODES`: how the group is walked (see the module docstring).
-      precision: whether to count the precision record (`PRECISION_COUNTS`).
+      precision: whether to count the precision record
+        (`device_counts.PRECISION_COUNTS`).
       width: None, or the length of the last axis of the tensors the rows
         hold: then the block record (`device_blocks`) of each row too, of the
         values as captured (not divided).
 
     Returns:
-      `SUMS` (float64 `[R]`), every count of `FIRST_PASS_COUNTS` and
-      `SECOND_PASS_COUNTS` (int32 `[R]` or `[R, T]`), `magnitude`, the
+      `SUMS` (float64 `[R]`), every count of `device_counts`' `FIRST_PASS_COUNTS`
+      and `SECOND_PASS_COUNTS` (int32 `[R]` or `[R, T]`), `magnitude`, the
       `[R, 2 * MAGNITUDE_BINS]` bins (negative then positive, the zeros in
       negative bin 0) that `summaries.summary_from_sums` takes, and with
       `precision`, `precision_exponents` (int64 `[R, 4]`: the scale exponent
@@ -205,8 +112,8 @@ def group_statistics(
     stacked = None if mode == "stepped" else ops.stack(rows)
     bits_width = device_precision.width(rows[0].dtype)
     first_counts, second_counts = (
-        tuple(c for c in counts if precision or c.name not in PRECISION_COUNTS)
-        for counts in (FIRST_PASS_COUNTS, SECOND_PASS_COUNTS)
+        tuple(c for c in counts if precision or c.name not in device_counts.PRECISION_COUNTS)
+        for counts in (device_counts.FIRST_PASS_COUNTS, device_counts.SECOND_PASS_COUNTS)
     )
 
     def rows_of(start, length):
@@ -221,7 +128,9 @@ def group_statistics(
             v = device_precision.divide(v, divisor, like=v)
         finite = ops.isfinite(v)
         signed = ops.expand_dims(signed, 1)
-        return Rows(v, finite, ops.where(finite, v, 0.0), bits, bits_width, signed, buckets)
+        return device_counts.Rows(
+            v, finite, ops.where(finite, v, 0.0), bits, bits_width, signed, buckets
+        )
 
     def first_pass(rows):
         v, finite = rows.values, rows.finite
@@ -234,7 +143,7 @@ def group_statistics(
         }
         if precision:
             result["amax_bits"] = device_precision.finite_amax_bits(rows.bits, bits_width, axis=2)
-        result.update(_counts(rows, first_counts, thresholds_at_once))
+        result.update(device_counts.count_all(rows, first_counts, thresholds_at_once))
         return result
 
     result = _walk(rows_of, first_pass, n, step)
@@ -251,7 +160,7 @@ def group_statistics(
             rows.scaled_keys = scaled_keys
         squares = ops.where(rows.finite, ops.square(rows.values - rows.mean), 0.0)
         second = {"squares": ops.sum(squares, axis=2)}
-        second.update(_counts(rows, second_counts, thresholds_at_once))
+        second.update(device_counts.count_all(rows, second_counts, thresholds_at_once))
         return second
 
     result.update(_walk(rows_of, second_pass, n, step))
@@ -263,8 +172,8 @@ def group_statistics(
         result[name] = ops.reshape(result[name], [-1])
     result["magnitude"] = ops.concatenate(
         [
-            _bins(result["nonpositive"], result["negative_at_least"]),
-            _bins(result["positive"], result["positive_at_least"]),
+            device_counts.magnitude_bins(result["nonpositive"], result["negative_at_least"]),
+            device_counts.magnitude_bins(result["positive"], result["positive_at_least"]),
         ],
         axis=1,
     )
@@ -307,45 +216,6 @@ def _combine(a, b):
 def _identity(name, like):
     value = {"low": np.inf, "high": -np.inf}.get(name, 0)
     return ops.full(like.shape, value, like.dtype)
-
-
-def _counts(rows, counts, thresholds_at_once=None):
-    """`{name: [R] or [R, T]}` of each `Count`, `thresholds_at_once` thresholds at a time."""
-    result = {}
-    for count in counts:
-        if count.thresholds is None:
-            result[count.name] = _count_true(count.mask(rows, None))[:, 0]
-            continue
-        thresholds = count.thresholds(rows)
-        if isinstance(thresholds, np.ndarray):
-            thresholds = ops.convert_to_tensor(thresholds.astype(np.float64)[None, :])
-        total = thresholds.shape[1]
-        step = thresholds_at_once or total
-        parts = [
-            _count_true(count.mask(rows, ops.expand_dims(thresholds[:, i : i + step], 2)))
-            for i in range(0, total, step)
-        ]
-        result[count.name] = parts[0] if len(parts) == 1 else ops.concatenate(parts, axis=1)
-    return result
-
-
-# A float32 sum counts exactly up to this many values, with half the
-# temporaries of an integer sum (which JAX widens to int64).
-_FLOAT32_COUNTS = 1 << 24
-
-
-def _count_true(mask):
-    """The number of true values of a `[R, T, n]` mask over n (the padding left out), as int32."""
-    if mask.shape[2] <= _FLOAT32_COUNTS:
-        return ops.cast(ops.sum(ops.cast(mask, "float32"), axis=2), "int32")
-    return ops.cast(ops.sum(ops.cast(mask, "int32"), axis=2), "int32")
-
-
-def _bins(total, at_least):
-    """Bin counts from a side's total and its counts at or beyond each edge (`[R, edges]`)."""
-    above = ops.concatenate([total[:, None], at_least], axis=1)
-    below = ops.concatenate([at_least, ops.zeros_like(at_least[:, :1])], axis=1)
-    return above - below
 
 
 def last_axis(shape):
