@@ -8,13 +8,17 @@ import numpy as np
 import pytest
 
 from tb_gradviz.board import warning_onset
-from tb_gradviz.format import leading
+from tb_gradviz.format import leading, windows
 
 
 @pytest.fixture(autouse=True)
 def small_window(monkeypatch):
+    monkeypatch.setattr(windows, "WINDOW", 10)
     monkeypatch.setattr(leading, "WINDOW", 10)
-    monkeypatch.setattr(leading, "MIN_POINTS", 3)
+    monkeypatch.setattr(windows, "MIN_POINTS", 3)
+    # The past-highs condition off (any value is above 1e-9 times them): judged apart, in
+    # tests/test_leading_history.py at the defaults.
+    monkeypatch.setattr(leading, "RECORD", 1e-9)
     monkeypatch.setattr(leading, "GROWTH", 4.0)
     monkeypatch.setattr(leading, "DRIFT", 1.0)
     monkeypatch.setattr(leading, "DRIFT_PER_STEP", 0.05)
@@ -74,7 +78,7 @@ def test_rms_drift_accumulates_a_steady_rise_beyond_the_allowance():
     # only, and the drift is (0.2 - 0.05) * 10 = 1.5 at every step.
     steps = np.arange(40)
     rms = 10.0 ** (0.2 * np.maximum(steps - 10, 0))
-    drift = leading.drift(steps, leading._log(rms[None]))[0]
+    drift = windows.drift(steps, windows.log10(rms[None]), leading.DRIFT_PER_STEP)[0]
     assert drift[16] == pytest.approx(0.9)
     assert drift[20] == pytest.approx(1.5) and drift[39] == pytest.approx(1.5)
     assert raised_at(steps, [layer(rms)], "rms_drift") == list(range(17, 40))
@@ -125,10 +129,11 @@ def test_warning_detail_quotes_the_rules_median_of_logs_not_the_median_of_values
     # of [1, 1, 1, 100, 100, 100] is 10 ** median(log10) = 10 (the geometric mean of the two
     # middle values), so 60 is 6x it and raised; np.median's 50.5 would make it 1.19x, under
     # the rule's own threshold.
+    monkeypatch.setattr(windows, "WINDOW", 12)
     monkeypatch.setattr(leading, "WINDOW", 12)
     steps = np.arange(7)
     rms = np.array([1, 1, 1, 100, 100, 100, 60], dtype=np.float64)
-    assert leading.baseline(steps, rms, 6) == pytest.approx(10.0)
+    assert windows.baseline(steps, rms, 6) == pytest.approx(10.0)
     (growth,) = [
         o
         for o in warning_onset.onsets(steps, [layer(rms, max_abs=rms)])
@@ -159,7 +164,7 @@ def test_the_windows_median_is_numpys_nanmedian():
     values[0, 0] = np.nan
     with np.errstate(all="ignore"), pytest.warns(RuntimeWarning):
         expected = np.nanmedian(values, axis=2)
-    np.testing.assert_array_equal(leading._nanmedian(values), expected)
+    np.testing.assert_array_equal(windows.nanmedian(values), expected)
 
 
 def _cut(column, end):
@@ -176,13 +181,13 @@ def _reference(steps, logs, judge):
     `MIN_POINTS` finite values or more)."""
     out = np.zeros(logs.shape, bool)
     for t, step in enumerate(steps):
-        inside = (steps >= step - leading.WINDOW) & (steps < step)
-        if not inside.any() or step - steps[inside][0] < leading.WINDOW / 2:
+        inside = (steps >= step - windows.WINDOW) & (steps < step)
+        if not inside.any() or step - steps[inside][0] < windows.WINDOW / 2:
             continue
         for s in range(len(logs)):
             past, ages = logs[s, inside], step - steps[inside]
             finite = np.isfinite(past)
-            if finite.sum() >= leading.MIN_POINTS and np.isfinite(logs[s, t]):
+            if finite.sum() >= windows.MIN_POINTS and np.isfinite(logs[s, t]):
                 out[s, t] = judge(logs[s, t], past[finite], ages[finite])
     return out
 
@@ -198,14 +203,18 @@ def test_the_windowed_rules_judge_every_pair_as_the_rules_say(seed):
     logs[rng.random(logs.shape) < 0.1] = np.nan
     threshold = np.log10(leading.GROWTH)
     np.testing.assert_array_equal(
-        leading.median_exceeds(steps, logs, threshold),
+        windows.median_exceeds(steps, logs, threshold),
         _reference(steps, logs, lambda now, past, _: now - np.median(past) > threshold),
     )
     drift = leading.DRIFT_PER_STEP
     np.testing.assert_array_equal(
-        leading.drift_exceeds(steps, logs),
+        windows.drift_exceeds(steps, logs, leading.DRIFT, leading.DRIFT_PER_STEP),
         _reference(steps, logs, lambda now, past, ages: now - np.min(past + drift * ages) > 1.0),
     )
     # Some pairs raise each rule, some are judged and do not.
-    assert 0 < leading.median_exceeds(steps, logs, threshold).sum() < logs.size / 4
-    assert 0 < leading.drift_exceeds(steps, logs).sum() < logs.size / 4
+    assert 0 < windows.median_exceeds(steps, logs, threshold).sum() < logs.size / 4
+    assert (
+        0
+        < windows.drift_exceeds(steps, logs, leading.DRIFT, leading.DRIFT_PER_STEP).sum()
+        < logs.size / 4
+    )

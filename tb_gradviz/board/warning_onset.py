@@ -11,7 +11,7 @@ and `tb-gradviz check` list them after the flags' onsets, each marked
 
 import numpy as np
 
-from tb_gradviz.format import leading, remedies
+from tb_gradviz.format import leading, remedies, windows
 
 
 def onsets(steps, columns):
@@ -50,7 +50,7 @@ def remedy(warning, columns, index, tensor):
     `tensor`."""
     layer = columns[index]
     found = layer["tensors"].get(tensor)
-    role = "update" if warning == "update_spike" or found is None else found["role"]
+    role = "update" if warning in leading.UPDATE_WARNINGS or found is None else found["role"]
     position = None
     if layer["layer_index"] == 0:
         position = "first"
@@ -84,6 +84,15 @@ def detail(warning, steps, layer, tensor, step):
     if warning == "update_spike":
         per_step = dict(leading.update_series(layer))[tensor]
         return _against(f"{tensor} update ratio per step", per_step, steps, step, span)
+    if warning == "update_growth":
+        per_step = dict(leading.update_series(layer))[tensor]
+        trend = leading.update_trend(steps, per_step)
+        rise = windows.drift(steps, trend, leading.UPDATE_PER_STEP, [step])[0, step]
+        return (
+            f"{tensor} update ratio per step {10 ** trend[0, step]:.3g} (its median over the "
+            f"last {leading.SMOOTH} steps): {rise:.2f} decades above its lowest over {span}, "
+            f"beyond {leading.UPDATE_PER_STEP:g} per step"
+        )
     # The values the rule read: NaN where the tensor holds too few values to be judged.
     values = dict(leading.tensor_series(layer))[tensor]
     if warning == "max_growth":
@@ -94,7 +103,7 @@ def detail(warning, steps, layer, tensor, step):
         return _against("max |x| / RMS", ratio, steps, step, span)
     if warning == "rms_drift":
         rms = np.asarray(values("rms"), dtype=np.float64)
-        rise = leading.drift(steps, leading._log(rms), [step])[0, step]
+        rise = windows.drift(steps, windows.log10(rms), leading.DRIFT_PER_STEP, [step])[0, step]
         return (
             f"RMS {rms[step]:.3g}: {rise:.2f} decades above its lowest over {span}, "
             f"beyond {leading.DRIFT_PER_STEP:g} per step"
@@ -104,6 +113,6 @@ def detail(warning, steps, layer, tensor, step):
 
 def _against(what, values, steps, step, span):
     values = np.asarray(values, dtype=np.float64)
-    median = leading.baseline(steps, values, step)
+    median = windows.baseline(steps, values, step)
     times = values[step] / median
     return f"{what} {values[step]:.3g}, {times:.3g}x its median {median:.3g} over {span}"

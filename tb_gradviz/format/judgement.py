@@ -4,7 +4,7 @@ Each log event is judged once (`Judge.judge`), by the rules `/onset` and
 `tb-gradviz check` apply to the written run, over the columns that
 `rule_columns.build` gives both sides: the flags (`health.verdicts`) at the
 event's step, and, when asked, the warnings (`leading.verdicts`) over the
-events of the last `leading.WINDOW` steps, which the judge keeps in memory.
+events of the last `leading.HISTORY` steps, which the judge keeps in memory.
 Its `Judgement` serves the full-records keeper (an onset keeps its full
 records, `full_records.Keeper`) and `stop_on=` (`capture/stop_on.py`)
 alike, so what stops a fit at step `s` is what `/onset` and `check` name
@@ -56,7 +56,7 @@ class Judge:
 
     Args:
       warnings: also judge the warnings, over the events of the last
-        `leading.WINDOW` steps (else only the flags, which need the event
+        `leading.HISTORY` steps (else only the flags, which need the event
         itself and the loss-scale counts of the one before).
     """
 
@@ -108,7 +108,7 @@ class Judge:
         content = summary_metadata.plugin_data.content
         rows = _parsed(content)["rows"]
         events.append(_Event(step, content, rows, np.asarray(vector), loss_scale))
-        kept = leading.WINDOW if self.warnings else 0
+        kept = leading.HISTORY if self.warnings else 0
         while len(events) > 1 and events[0].step < step - kept:
             self._drop_first()
 

@@ -35,7 +35,7 @@ def remedy(warning, role, layer_class=None, position=None):
     Returns:
       A sentence: cause, then remedy.
     """
-    if warning == "update_spike" or role == "update":
+    if warning in ("update_spike", "update_growth") or role == "update":
         return f"Weight updates jumped against their own recent size: {LOWER_RATE}, or {CLIP}."
     if warning == "peak_ratio":
         if position == "first" and role == records.ACTIVATION:

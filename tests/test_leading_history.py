@@ -1,0 +1,102 @@
+"""The warnings at their default constants on constructed series: where they must fire and where
+they must not (a tenfold swing a layer has shown before, a warm-up, noisy steady updates)."""
+
+import numpy as np
+import pytest
+
+from tb_gradviz.format import leading, records, windows
+
+
+def columns(rms=None, update_ratio=None, steps=None):
+    """One layer's columns: an output gradient of RMS `rms` (max |x| 3x it) and a kernel whose
+    per-step update ratio is `update_ratio`."""
+    n = len(steps)
+    rms = np.ones(n) if rms is None else np.asarray(rms, dtype=np.float64)
+    tensor = {"role": records.OUTPUT_GRADIENT, "count": np.full(n, 1e4), "rms": rms}
+    tensor["max_abs"] = 3 * rms
+    updates = {}
+    if update_ratio is not None:
+        updates["kernel"] = {"update_ratio": np.asarray(update_ratio), "interval": np.ones(n)}
+    return [
+        {
+            "layer": "pool",
+            "layer_index": 0,
+            "tensors": {"output_gradient": tensor},
+            **{"updates": updates},
+        }
+    ]
+
+
+def raised(steps, layers):
+    found = leading.verdicts(np.asarray(steps), layers)
+    return {w: np.asarray(steps)[found[w].any(axis=0)].tolist() for w in leading.WARNINGS}
+
+
+def swing(steps, period=130, width=0.08):
+    """A tenfold swing every `period` steps: a narrow bump in log10 RMS, at its peak at step 0."""
+    phase = (np.asarray(steps) % period) / period
+    return 10.0 ** (np.exp(-((phase / width) ** 2)) + np.exp(-(((phase - 1) / width) ** 2)))
+
+
+@pytest.mark.parametrize("every", [1, 10])
+def test_a_tenfold_swing_every_130_steps_that_the_layer_has_shown_before_raises_nothing(every):
+    steps = np.arange(0, 3000, every)
+    assert raised(steps, columns(rms=swing(steps), steps=steps)) == {
+        w: [] for w in leading.WARNINGS
+    }
+
+
+def test_growth_past_the_layer_s_own_highs_is_raised():
+    # The same swing, then a rise to 25x: over 2x every height of the 200 steps before.
+    steps = np.arange(1000)
+    rms = swing(steps)
+    rms[900:] = 25.0 * np.arange(1, 101) ** 0.5
+    found = raised(steps, columns(rms=rms, steps=steps))
+    assert found["rms_growth"][0] == 900 and found["max_growth"][0] == 900
+
+
+@pytest.mark.parametrize("growth, within, every", [(1.03, 60, 1), (1.05, 30, 1), (1.03, 60, 10)])
+def test_a_steady_growth_of_update_size_raises_update_growth_within_its_steps(
+    growth, within, every
+):
+    steps = np.arange(0, 400, every)
+    rng = np.random.default_rng(0)
+    noise = np.exp(rng.normal(0, 0.1, len(steps)))
+    ratio = 1e-3 * growth ** np.maximum(steps - 200, 0) * noise
+    found = raised(steps, columns(update_ratio=ratio, steps=steps))
+    assert found["update_growth"] and 200 < found["update_growth"][0] <= 200 + within
+    # Before the growth, nothing.
+    assert all(step > 200 for hits in found.values() for step in hits)
+
+
+@pytest.mark.parametrize("warmup", [50, 100, 300, 1000])
+def test_a_linear_warm_up_then_cosine_decay_raises_nothing(warmup):
+    steps = np.arange(1, 5000)
+    rate = np.where(steps < warmup, steps / warmup, 0.5 + 0.5 * np.cos(np.pi * steps / 5000))
+    ratio = 1e-3 * rate * np.exp(np.random.default_rng(1).normal(0, 0.2, len(steps)))
+    assert raised(steps, columns(update_ratio=ratio, steps=steps))["update_growth"] == []
+
+
+def test_noisy_steady_updates_raise_no_update_growth_in_10000_steps():
+    steps = np.arange(10_000)
+    ratio = 1e-3 * np.exp(np.random.default_rng(2).normal(0, 0.3, len(steps)))
+    found = raised(steps, columns(update_ratio=ratio, steps=steps))
+    assert found["update_growth"] == [] and found["update_spike"] == []
+
+
+def test_update_growth_leaves_out_the_first_steps_and_updates_below_its_floor():
+    steps = np.arange(300)
+    # Up 100x over the first 50 steps (a warm-up from near 0), flat after.
+    early = 1e-3 * np.minimum(steps + 1, 50) / 50
+    assert raised(steps, columns(update_ratio=early, steps=steps))["update_growth"] == []
+    # A steady 5 % growth that stays below the floor.
+    tiny = 1e-10 * 1.05 ** np.maximum(steps - 100, 0)
+    assert raised(steps, columns(update_ratio=tiny, steps=steps))["update_growth"] == []
+
+
+def test_the_update_trend_is_the_median_over_the_last_steps_whatever_the_spacing():
+    steps = np.array([0, 1, 2, 3, 10, 20, 21])
+    logs = np.array([[0.0, 4.0, 1.0, 2.0, 7.0, 5.0, np.nan]])
+    # SMOOTH = 3 steps: [0], [0, 4], [0, 4, 1], [4, 1, 2], [7], [5], [5, NaN].
+    trend = windows.smoothed(steps, logs, 3)
+    np.testing.assert_array_equal(trend, [[0.0, 2.0, 1.0, 2.0, 7.0, 5.0, 5.0]])
