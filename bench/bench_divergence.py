@@ -179,11 +179,30 @@ def onsets_of(logdir):
     return run.get("onsets", [])
 
 
+def rules_digest():
+    """A digest of the read side's sources (`format/` and `board/`), which hold the rules a
+    row's onsets were judged by: rows of one digest were judged alike."""
+    import hashlib
+
+    import tb_gradviz
+
+    root = os.path.dirname(tb_gradviz.__file__)
+    digest = hashlib.sha256()
+    for side in ("format", "board"):
+        folder = os.path.join(root, side)
+        for name in sorted(os.listdir(folder)):
+            if name.endswith(".py"):
+                with open(os.path.join(folder, name), "rb") as f:
+                    digest.update(name.encode() + b"\0" + f.read())
+    return digest.hexdigest()[:12]
+
+
 def judged(row):
     """`row`'s onsets as `check` judges its logdir now, with their leads on its divergence."""
     diverged, every = row["divergence_step"], row["every_n_batches"]
     events = range(every, row["steps_run"] + 1, every)
     onsets = []
+    row["rules_digest"] = rules_digest()
     for onset in onsets_of(row["logdir"]):
         step = onset["step"]
         onsets.append(

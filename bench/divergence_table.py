@@ -114,7 +114,11 @@ def healthy_table(rows):
     for case, found in _by_case(rows).items():
         warnings = [[o for o in r["onsets"] if o["class"] == "warning"] for r in found]
         flags = sorted({o["flag"] for r in found for o in r["onsets"] if o["class"] == "flag"})
-        named = "; ".join(_where(o) for found_warnings in warnings for o in found_warnings)
+        named = "; ".join(
+            f"seed {r['seed']}: " + ", ".join(_where(o) for o in w)
+            for r, w in zip(found, warnings)
+            if w
+        )
         lines.append(
             f"| `{case}` | {_diverged(found)} "
             f"| {_cell(r['logged_steps'] for r in found)} "
@@ -140,6 +144,13 @@ def markdown(rows, commands=()):
     out = []
     for command in commands:
         out += [f"`{command}`", ""]
+    digests = sorted({r.get("rules_digest") or "-" for r in rows})
+    if len(digests) > 1:
+        out += [
+            f"**The rows were judged by {len(digests)} versions of the rules** "
+            f"(`rules_digest` {', '.join(digests)}): rejudge them (`--rejudge`) to compare.",
+            "",
+        ]
     seeds = sorted({r["seed"] for r in rows})
     groups = {}
     for row in rows:
