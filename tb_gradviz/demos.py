@@ -181,8 +181,9 @@ def train_plain_cnn(log_dir, activation, steps=24, batch_size=16, log_every=8, v
     gradient-flow view).
 
     The rate and the length are what the ReLU network with BatchNorm needs
-    to learn beyond chance from scratch (at Adam(1e-3) it stays there for
-    dozens of steps); the sigmoids' gradient vanishes at any rate. A step
+    to learn beyond chance from scratch (at Adam(1e-3) it stays at chance
+    over so few steps: bench/RESULTS.md); the sigmoids' gradient vanishes
+    at any rate. A step
     costs little beside a log event of every layer, so the run logs three
     events, as a shorter run would. With `weights=True`: the convolutions'
     kernels and biases, their gradients and update sizes are logged too.
