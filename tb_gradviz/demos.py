@@ -343,9 +343,10 @@ def demo_plan(model="all", steps=None, image_size=64, batch_size=16):
                 DIVERGING_RUN,
                 "a 4-layer ReLU network in mixed_float16 without loss scaling, its SGD "
                 f"learning rate growing {ramp - 1:.0%} per step from step {start}",
-                "it diverges: its updates spike (the update_spike warning) tens of steps "
-                "before its float16 gradients overflow to Inf and the next update turns its "
-                "weights to NaN (nonfinite), where stop_on ends it",
+                "it diverges: its updates grow, then spike (the update_growth and "
+                "update_spike warnings), tens of steps before its float16 gradients overflow "
+                "to Inf and the next update turns its weights to NaN (nonfinite), where "
+                "stop_on ends it",
                 functools.partial(train_diverging_mlp, ramp=ramp),
             ),
         ]
