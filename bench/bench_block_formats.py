@@ -10,15 +10,15 @@ Two measurements:
   alternating order; the process's CPU time and wall time, medians and minima.
 * `--part event`: ResNet50 (`--image-size`, `--batch`, TensorFlow on the CPU)
   with `--layers` (pool or all). Each repeat runs two log events of the
-  callback (`log_now`), in alternating order: one as it is, one whose block
-  part is a constant (`assemble.block_fields` replaced), and times
+  callback (`log_now`), in alternating order: one as it is, one without the
+  block part (the capture's `block_formats` off), and times
   `block_records` over the very tensors the event summarised (taken from
   `kernels.summaries`, as `bench_precision` does), once on this thread and
   once on threads (largest first, one per CPU, as `assemble` runs it). The
   extra per event, through the callback: the event with the block part over
   the event without, less one; directly: the block records' CPU time on this
-  thread over the event's without them. On a tree where capture does not
-  compute the block part (`wired` False) only the direct figure is taken.
+  thread over the event's without them. `bench_full_event.py` measures the
+  block part inside the host pass.
 
 Examples:
   python bench/bench_block_formats.py --part kernel --repeats 7
@@ -135,8 +135,7 @@ def measure_event(args):
     from bench_log_event import layer_spec
 
     import tb_gradviz
-    from tb_gradviz.capture import assemble, kernels
-    from tb_gradviz.format import blocks
+    from tb_gradviz.capture import kernels
 
     model = common.build_model("resnet50", args.image_size, args.seed)
     x, y = common.batch(args.batch, args.image_size, args.seed)
@@ -144,8 +143,8 @@ def measure_event(args):
     layers, n_layers = layer_spec(model, args.layers)
     callback = tb_gradviz.GradVizCallback(tempfile.mkdtemp(), probe_data=(x, y), layers=layers)
     callback.set_model(model)
-    wired = hasattr(assemble, "block_fields")
-    original_summaries, original_fields = kernels.summaries, getattr(assemble, "block_fields", None)
+    wired = True
+    original_summaries = kernels.summaries
     seen = []
 
     def recording(items, *rest, **kwargs):
@@ -153,17 +152,9 @@ def measure_event(args):
         seen.append(items)
         return original_summaries(items, *rest, **kwargs)
 
-    def no_block_record(arrays):  # the event as it was before: a constant block part
-        return [np.zeros(len(blocks.RECORD_FIELDS)) for _ in arrays]
-
     def event(with_blocks):
-        if wired:
-            assemble.block_fields = original_fields if with_blocks else no_block_record
-        try:
-            return timed(callback.log_now)
-        finally:
-            if wired:
-                assemble.block_fields = original_fields
+        callback._capture.block_formats = with_blocks
+        return timed(callback.log_now)
 
     kernels.summaries = recording
     load_before = os.getloadavg()

@@ -8,8 +8,6 @@ routing, units and routing-map records and the metadata of each layer.
 Imports neither TensorFlow nor a backend: numpy and Keras' ops only.
 """
 
-import concurrent.futures
-import os
 import warnings
 
 import keras
@@ -172,17 +170,17 @@ def host_summaries(items, block_formats=True):
 
     The histogram and stats are of `values / divisor`, the precision record
     of the values as they are (gradients at the loss scale): the casts'
-    part, then with `block_formats` the block part (`block_fields`), else
-    the casts' part alone. With numba (every extra installs it), `kernels`
-    summarises in two fused passes per tensor; without it, the numpy
-    definition in `summaries` does, in ~20 passes (a warning says once
-    which extra to install).
+    part, then with `block_formats` the block part, else the casts' part
+    alone. With numba (every extra installs it), `kernels` summarises in
+    two fused passes per tensor, the block part inside the second; without
+    it, the numpy definitions in `summaries` and `blocks` do, in ~20 passes
+    (a warning says once which extra to install).
     """
     items = list(items)
     if numba_available():
         from tb_gradviz.capture import kernels
 
-        result = kernels.summaries(items, precision=True)
+        return kernels.summaries(items, precision=True, block_formats=block_formats)
     else:
         result = []
         for values, divisor in items:
@@ -212,21 +210,12 @@ def block_fields(arrays):
     arrays = list(arrays)
     if not numba_available():
         return [blocks.numpy_fields(values) for values in arrays]
-    from tb_gradviz.capture import block_counts
+    from tb_gradviz.capture import block_counts, threads
 
     def fields(values):
         return blocks.record_fields(block_counts.block_records(values))
 
-    workers = min(
-        len(arrays),
-        len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1,
-    )
-    if workers <= 1:
-        return [fields(values) for values in arrays]
-    order = sorted(range(len(arrays)), key=lambda i: -np.size(arrays[i]))
-    with concurrent.futures.ThreadPoolExecutor(workers) as pool:
-        done = dict(zip(order, pool.map(fields, [arrays[i] for i in order])))
-    return [done[i] for i in range(len(arrays))]
+    return threads.in_threads(fields, [(values,) for values in arrays])
 
 
 _warned_no_numba = []

@@ -55,16 +55,17 @@ from tb_gradviz.capture.block_scales import (
 from tb_gradviz.format import blocks
 
 CHUNK = 1024  # values per chunk, a multiple of 32: its arrays stay in the L1 cache
+HALF = 16  # NVFP4's block length, passed to the kernels at run time (`_records`)
 # Per MX element, in units of 2**K: `B = max(2**floor(log2(u)) * unit, floor)`, the largest
 # value, the smallest normal; then the element's own fields, as `_mx_block` reads them.
-_MX_CONSTANTS = np.array(
+MX_CONSTANTS = np.array(
     [
         (2.0 ** (23 - e.mantissa), 2.0 ** (e.min_exponent - e.max_exponent + 23 - e.mantissa))
         + (e.largest / 2.0**e.max_exponent, 2.0 ** (e.min_exponent - e.max_exponent), *e)
         for e in MX_ELEMENTS
     ]
 )
-_MX_SPANS = np.array([e.span for e in MX_ELEMENTS], np.int64)
+MX_SPANS = np.array([e.span for e in MX_ELEMENTS], np.int64)
 _EXPONENT32 = np.int32(0x7F800000)
 _RECIPROCAL = np.int32(254 << 23)  # 2**K's bits are this minus 2**-K's
 _F0, _F1 = np.float32(0.0), np.float32(1.0)
@@ -85,7 +86,7 @@ def _plus_square(total, x):
 
 @numba.njit(nogil=True, cache=True)
 def _mx_chunk(src, off, n, inverse, element, below_normal):
-    """One MX element (its row of `_MX_CONSTANTS`) over `src[off:off + n]`, `inverse` holding
+    """One MX element (its row of `MX_CONSTANTS`) over `src[off:off + n]`, `inverse` holding
     each value's `2**-K`: `(zero, below, saturated, squared_error)`, zero and below counting the
     values that round to 0 and below the smallest normal (zeros included), or both 0 where
     `below_normal` is False: every non-zero value is then a normal element."""
@@ -243,24 +244,9 @@ def _records(values, rows, width, half, mx, spans, tensor_scale, out):
     which changes no count (a zero sets no scale, rounds to zero and is counted among the
     zeros): to `2 * half` values, or for rows of at most `half` values, which are one block
     in every format, to twice the row, with `half` the row's width."""
-    stats = (
-        np.empty(CHUNK, np.int32),  # per block of `half`: its largest magnitude's bits
-        np.empty(CHUNK, np.int32),  # its smallest non-zero magnitude's
-        np.empty(CHUNK, np.float32),  # per MX block: 2**-K
-        np.empty(CHUNK, np.int64),  # its spread in binades
-        np.empty(CHUNK, np.float32),  # per block of `half`: NVFP4's s
-        np.empty(CHUNK),  # NVFP4's s / S
-    )
-    work = (
-        np.empty(CHUNK, np.float32),  # per value: 2**-K of its MX block
-        np.empty(CHUNK, np.float32),  # NVFP4's s
-        np.empty(CHUNK),  # NVFP4's s / S
-        np.empty((2, CHUNK), np.float32),  # the chunk with blocks left out zeroed: MX, NVFP4
-    )
+    stats, work = scratch()
     if width % (2 * half) == 0:
-        for start in range(0, values.size, CHUNK):
-            n = min(CHUNK, values.size - start)
-            _chunk(values, start, n, half, stats, work, mx, spans, tensor_scale, out)
+        aligned_chunks(values, 0, values.size, half, (stats, work), mx, spans, tensor_scale, out)
         return
     half = min(half, width)
     padded, n, block = np.empty(CHUNK, np.float32), 0, 2 * half
@@ -277,6 +263,37 @@ def _records(values, rows, width, half, mx, spans, tensor_scale, out):
         _chunk(padded, 0, n, half, stats, work, mx, spans, tensor_scale, out)
 
 
+@numba.njit(nogil=True, cache=True)
+def aligned_chunks(values, begin, end, half, scratch, mx, spans, tensor_scale, out):
+    """Adds the counts of `values[begin:end]` to `out`, a chunk at a time (`_chunk`): `begin`
+    starts an MX block, and every block of 32 lies whole inside (rows whose width is a
+    multiple of 32). `kernels` calls it on each stretch of values its own pass has in cache."""
+    stats, work = scratch
+    for start in range(begin, end, CHUNK):
+        n = min(CHUNK, end - start)
+        _chunk(values, start, n, half, stats, work, mx, spans, tensor_scale, out)
+
+
+@numba.njit(nogil=True, cache=True)
+def scratch():
+    """The per-chunk arrays `_chunk` fills: `(stats, work)`."""
+    stats = (
+        np.empty(CHUNK, np.int32),  # per block of `half`: its largest magnitude's bits
+        np.empty(CHUNK, np.int32),  # its smallest non-zero magnitude's
+        np.empty(CHUNK, np.float32),  # per MX block: 2**-K
+        np.empty(CHUNK, np.int64),  # its spread in binades
+        np.empty(CHUNK, np.float32),  # per block of `half`: NVFP4's s
+        np.empty(CHUNK),  # NVFP4's s / S
+    )
+    work = (
+        np.empty(CHUNK, np.float32),  # per value: 2**-K of its MX block
+        np.empty(CHUNK, np.float32),  # NVFP4's s
+        np.empty(CHUNK),  # NVFP4's s / S
+        np.empty((2, CHUNK), np.float32),  # the chunk with blocks left out zeroed: MX, NVFP4
+    )
+    return stats, work
+
+
 def block_records(values):
     """`{format: blocks.block_record(values, format)}` for every format of `blocks.FORMATS`.
 
@@ -291,10 +308,22 @@ def block_records(values):
     width = 1 if values.ndim == 0 else values.shape[-1]
     rows = values.size // width if width else 0
     flat = values.reshape(-1)
-    counts, sums = np.zeros((len(MX) + 1, len(_COUNTED)), np.int64), np.zeros((len(MX) + 1, 2))
+    out = new_sums()
     # float32 in the kernel
     scale = np.float32(nvfp4_tensor_scale(flat.view(np.int32), rows, width))
-    _records(flat, rows, width, 16, _MX_CONSTANTS, _MX_SPANS, scale, (counts, sums))
+    _records(flat, rows, width, HALF, MX_CONSTANTS, MX_SPANS, scale, out)
+    return as_records(out, rows, width)
+
+
+def new_sums():
+    """`(counts, sums)` of zeros, as `_chunk` adds to them."""
+    return np.zeros((len(MX) + 1, len(_COUNTED)), np.int64), np.zeros((len(MX) + 1, 2))
+
+
+def as_records(out, rows, width):
+    """`{format: blocks.block_record(...)}` from the `(counts, sums)` over a tensor of `rows`
+    rows of `width` values."""
+    counts, sums = out
     records = {}
     for i, name in enumerate(MX + NVFP4):
         records[name] = dict(zip(_COUNTED, map(int, counts[i])))

@@ -81,6 +81,12 @@ def nvfp4_tensor_scale(bits, rows, width):
                 for i in range(start, min(start + 16, (r + 1) * width)):
                     high = max(high, bits[np.uint64(i)] & ABS)
                 top = max(top, high if high < INF else np.int32(0))
+    return tensor_scale_of(top)
+
+
+@numba.njit(nogil=True, cache=True)
+def tensor_scale_of(top):
+    """NVFP4's float32 tensor scale from the bits of the tensor's largest finite magnitude."""
     if top == 0:
         return np.float32(1.0)
     scale = np.float32(_E4M3.largest * FP4.largest) / float32_of(top)

@@ -26,15 +26,13 @@ boundaries too, so the same increment also gives the record's counts
 Imports neither TensorFlow nor Keras.
 """
 
-import concurrent.futures
-import os
 import queue
 
 import numba
 import numpy as np
 
-from tb_gradviz.capture import precision_counts, refined_bins
-from tb_gradviz.format import records, summaries
+from tb_gradviz.capture import block_counts, block_scales, precision_counts, refined_bins, threads
+from tb_gradviz.format import blocks, records, summaries
 
 _MAGNITUDE_BINS = records.MAGNITUDE_BINS
 _SUM = {"reassoc", "nsz", "contract"}  # fastmath flags for the loops that only add
@@ -128,11 +126,14 @@ def _count_refined(bits, linear, cells, joint, half):
 
 
 @numba.njit(nogil=True, cache=True)
-def _summary_float32(values, buckets, log_keys, log_cells, cells, precise):
+def _summary_float32(values, buckets, log_keys, log_cells, cells, precise, half, block_out):
     """`_summary` of float32 values, in vectorized loops, and with `precise` their precision
     record third (else an empty array). Returns None for NaN or Inf: `_summary` takes those.
 
     `cells` is scratch (`refined_bins.CELLS` values) for the cells of the precision record's edges.
+    With `half` (NVFP4's block length; 0 for none) the block record's counts are added to
+    `block_out` (`block_counts.new_sums`) in the same pass, each stretch of values while it is
+    in cache; the rows' width must then be a multiple of 32.
     """
     n = values.size
     bits = values.view(np.int32)
@@ -153,11 +154,15 @@ def _summary_float32(values, buckets, log_keys, log_cells, cells, precise):
         refined_bins.fill_cells(edges, (above_all - 1) >> refined_bins.CELL_SHIFT, cells)
     else:
         cells = log_cells
-    half = edges.size + 1
+    if half:
+        block_scratch = block_counts.scratch()
+        top = np.float32(max(abs(low), abs(high))).view(np.int32)
+        tensor_scale = block_scales.tensor_scale_of(top)
+    bins = edges.size + 1
     mean = total / n
     width = (high - low) / buckets
     spread = high > low
-    joint = np.zeros((2, buckets * 2 * half), np.int64)
+    joint = np.zeros((2, buckets * 2 * bins), np.int64)
     linear = np.zeros(_BLOCK, np.int32)  # all in bucket 0 when every value is equal
     squares = 0.0
     for begin in range(0, n, _BLOCK):
@@ -165,16 +170,28 @@ def _summary_float32(values, buckets, log_keys, log_cells, cells, precise):
         squares += _squared_deviations(block, mean)
         if spread:
             _linear_buckets(block, low, width, buckets - 1, linear)
-        _count_refined(bits[begin : begin + _BLOCK], linear, cells, joint, half)
-    pairs = (joint[0] + joint[1]).reshape(buckets, 2 * half)
+        _count_refined(bits[begin : begin + _BLOCK], linear, cells, joint, bins)
+        if half:
+            block_counts.aligned_chunks(
+                values,
+                begin,
+                min(begin + _BLOCK, n),
+                half,
+                block_scratch,
+                block_counts.MX_CONSTANTS,
+                block_counts.MX_SPANS,
+                tensor_scale,
+                block_out,
+            )
+    pairs = (joint[0] + joint[1]).reshape(buckets, 2 * bins)
     refined = pairs.sum(axis=0)
     magnitude = np.zeros(2 * _MAGNITUDE_BINS, np.int64)
     log_bin = 0  # the magnitude histogram's edges at or below refined bin r's lower edge
-    for r in range(half):
+    for r in range(bins):
         if r > 0 and log_bin < log_keys.size and log_keys[log_bin] == edges[r - 1]:
             log_bin += 1
         magnitude[log_bin] += refined[r]
-        magnitude[_MAGNITUDE_BINS + log_bin] += refined[half + r]
+        magnitude[_MAGNITUDE_BINS + log_bin] += refined[bins + r]
     histogram, stats = _records(
         n, zeros, 0, 0, 0, low, high, total, squares, pairs.sum(axis=1), magnitude, buckets
     )
@@ -188,7 +205,7 @@ def _summary_float32(values, buckets, log_keys, log_cells, cells, precise):
             below[i] = zeros
         elif placed[i]:
             at = np.searchsorted(edges, keys[i])  # refined bins 0..at lie below it
-            below[i] = refined[: at + 1].sum() + refined[half : half + at + 1].sum()
+            below[i] = refined[: at + 1].sum() + refined[bins : bins + at + 1].sum()
         else:
             below[i] = precision_counts.count_below(bits, keys[i])
     return histogram, stats, precision_counts.from_below(n, zeros, below, exponents)
@@ -284,7 +301,9 @@ def update_sums(current, previous):
     return _update_sums(current, previous.reshape(-1))
 
 
-def summary(values, divisor=None, buckets=records.HISTOGRAM_BUCKETS, precision=False):
+def summary(
+    values, divisor=None, buckets=records.HISTOGRAM_BUCKETS, precision=False, block_formats=False
+):
     """Returns `(linear_histogram(v), stats_vector(v))` of `v = values / divisor` (`summaries`).
 
     Args:
@@ -294,11 +313,21 @@ def summary(values, divisor=None, buckets=records.HISTOGRAM_BUCKETS, precision=F
       buckets: the number of linear histogram buckets.
       precision: also return `summaries.precision_vector(values)`, the
         values as they are (not divided), third.
+      block_formats: with `precision`, that record's block part
+        (`blocks.RECORD_FIELDS`) appended to it. Float32 values with no
+        divisor, no NaN or Inf, in rows of whole blocks of 32 are read once
+        for everything; others get the block part from `block_counts`.
     """
     values = np.asarray(values)
     if values.dtype not in (np.float32, np.float64):
         raise TypeError(f"summary takes float32 or float64 values; received {values.dtype}")
+    if block_formats and not precision:
+        raise ValueError("block_formats=True needs precision=True; received precision=False")
     flat = np.ascontiguousarray(values).reshape(-1)
+    width = values.shape[-1] if values.ndim else 1
+    fused = block_formats and width % 32 == 0
+    block_out = block_counts.new_sums()
+    result = None
     if divisor is None and flat.dtype == np.float32:
         cells = _borrow_cells() if precision else _NO_CELLS
         try:
@@ -309,22 +338,41 @@ def summary(values, divisor=None, buckets=records.HISTOGRAM_BUCKETS, precision=F
                 refined_bins.LOG_CELLS,
                 cells,
                 precision,
+                block_counts.HALF if fused else 0,
+                block_out,
             )
         finally:
             if precision:
                 _SPARE_CELLS.put(cells)
-        if result is not None:
-            return result if precision else result[:2]
-    result = _summary(
-        flat, 1.0 if divisor is None else float(divisor), int(buckets), _OCTAVE_BIN, _OCTAVE_EDGE
-    )
-    if not precision:
+        if result is not None and not precision:
+            return result[:2]
+    if result is None:
+        fused = False
+        result = _summary(
+            flat,
+            1.0 if divisor is None else float(divisor),
+            int(buckets),
+            _OCTAVE_BIN,
+            _OCTAVE_EDGE,
+        )
+        if not precision:
+            return result
+        result = (*result, _precision_record(flat))
+    if not block_formats:
         return result
+    if fused:
+        block_records = block_counts.as_records(block_out, flat.size // width, width)
+    else:
+        block_records = block_counts.block_records(values)
+    return (*result[:2], np.concatenate([result[2], blocks.record_fields(block_records)]))
+
+
+def _precision_record(flat):
     if flat.dtype != np.float32:
-        return (*result, precision_counts.precision_direct(flat))
+        return precision_counts.precision_direct(flat)
     cells = _borrow_cells()
     try:
-        return (*result, precision_counts.float32_record(flat, cells))
+        return precision_counts.float32_record(flat, cells)
     finally:
         _SPARE_CELLS.put(cells)
 
@@ -342,34 +390,17 @@ def _borrow_cells():
         return np.empty(refined_bins.CELLS, np.int64)
 
 
-def _usable_cpus():
-    """CPUs this process may run on (a container's share, not the host's count)."""
-    if hasattr(os, "sched_getaffinity"):
-        return max(1, len(os.sched_getaffinity(0)))
-    return os.cpu_count() or 1
-
-
-def summaries(items, buckets=records.HISTOGRAM_BUCKETS, workers=None, precision=False):
+def summaries(
+    items, buckets=records.HISTOGRAM_BUCKETS, workers=None, precision=False, block_formats=False
+):
     """Returns `[(histogram, stats), ...]` for `items` of `(values, divisor)`, on `workers` threads.
 
-    With `precision`, each also has the precision record of the values third.
-    The kernel releases the GIL; the largest arrays go first.
+    With `precision`, each also has the precision record of the values third,
+    with `block_formats` its block part too (`summary`). The kernel releases
+    the GIL; the largest arrays go first.
     """
-    return _in_threads(
-        lambda values, divisor: summary(values, divisor, buckets, precision), items, workers
+    return threads.in_threads(
+        lambda values, divisor: summary(values, divisor, buckets, precision, block_formats),
+        items,
+        workers,
     )
-
-
-def _in_threads(function, items, workers=None):
-    """`[function(*item) for item in items]` on up to `workers` threads, largest arrays first."""
-    items = list(items)
-    workers = workers or min(len(items), _usable_cpus())
-    if workers <= 1:
-        return [function(*item) for item in items]
-    order = sorted(range(len(items)), key=lambda i: -np.size(items[i][0]))
-    results = [None] * len(items)
-    with concurrent.futures.ThreadPoolExecutor(workers) as pool:
-        futures = {pool.submit(function, *items[i]): i for i in order}
-        for future, i in futures.items():
-            results[i] = future.result()
-    return results
