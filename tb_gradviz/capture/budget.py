@@ -157,6 +157,10 @@ class Budget:
         """Whether the schedule has an event due now."""
         return self.position >= self._next_due
 
+    def due_after(self, units):
+        """Whether an event will be due once `units` more units have passed."""
+        return self.position + units >= self._next_due
+
     @property
     def share(self):
         """The measured share of logging in the time measured so far (NaN before any)."""

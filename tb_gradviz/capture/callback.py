@@ -2,7 +2,7 @@
 
 import keras
 
-from tb_gradviz.capture import arguments, loss_scale, probe, selection
+from tb_gradviz.capture import arguments, in_step, in_step_fit, loss_scale, probe, selection
 from tb_gradviz.capture import budget as budget_module
 from tb_gradviz.capture import stop_on as stop_on_module
 from tb_gradviz.capture import weights as weights_module
@@ -111,6 +111,15 @@ class GradVizCallback(keras.callbacks.Callback):
         axis (`format.blocks`, docs/FORMAT.md), which `summary`, `export`,
         the tab and the `block_underflow` flag read. On by default; False
         leaves it out (its cost: bench/RESULTS.md section 17).
+      digest: where each log event's digest is computed. "probe" (the
+        default): from the probe pass's records. "step": on TensorFlow, by
+        the train step itself, from that step's batch, in the backward pass
+        that computes the weight gradients (`in_step_fit`, docs/probe.md);
+        the probe still runs at the events whose full records are kept
+        (`full_records`) and at `log_now()`. Needs `every_n_batches`; not
+        yet with `stop_on` or `weights=True`. Elsewhere (another backend, a
+        model with its own `train_step`, `jit_compile`, several replicas) a
+        message says so once and the probe's digest is kept.
 
     Raises:
       TypeError: an argument's type is not one allowed.
@@ -139,6 +148,7 @@ class GradVizCallback(keras.callbacks.Callback):
         budget=None,
         full_records=full_records_module.DEFAULT_FIRST,
         block_formats=True,
+        digest=in_step.PROBE,
     ):
         super().__init__()
         location = arguments.check_log_dir(log_dir)
@@ -171,6 +181,13 @@ class GradVizCallback(keras.callbacks.Callback):
         )
         # Which events write their full records: the schedule, the flags seen, the held event.
         self._keeper = full_records_module.Keeper(full_records_module.check_first(full_records))
+        self.digest = in_step.check_digest(digest)
+        # digest="step": which events run the probe (the full records' schedule, followed
+        # here, the keeper writing each probe event whole), and the in-step train step.
+        self._full_first, self._in_step_events, self._in_step = self._keeper.first, 0, None
+        if self.digest == in_step.STEP:
+            in_step.check_step_arguments(self.every_n_batches, stop_on, self.weights)
+            self._keeper = full_records_module.Keeper(None)
         # Last: a source's first batch is read only once every other argument is valid.
         self._probe = arguments.probe_batch(probe_data)
         self._log = events.EventLog(location)
@@ -189,6 +206,10 @@ class GradVizCallback(keras.callbacks.Callback):
     def on_train_begin(self, logs=None):
         capture = self._capture
         self._build()
+        if self.digest == in_step.STEP:
+            self._in_step = in_step_fit.install(
+                self.model, self._capture.chosen, self._in_step_due, self._in_step
+            )
         # Keras makes the train function before this hook, and again only when the model
         # is compiled again: a new one compiles in the first steps of this fit.
         train_function = getattr(self.model, "train_function", None)
@@ -245,10 +266,39 @@ class GradVizCallback(keras.callbacks.Callback):
     def _on_train_batch_end(self, batch, logs=None):
         self._batch_count.batch_ended(batch)
         self._budget.passed(self._step() - self._budget.position)
-        if self._budget.due:
+        if self._budget.due and not self._log_in_step():
             self.log_now()
 
+    def _in_step_due(self):
+        """Whether the train function's next call ends at an event written from its step."""
+        due = self._budget.due_after(self.model.steps_per_execution)
+        return due and not full_records_module.scheduled(self._in_step_events, self._full_first)
+
+    def _log_in_step(self):
+        """Writes a due log event from the train step's statistics; False leaves it to the probe
+        (the event's full records are kept, or its step computed none)."""
+        if self._in_step is None:
+            return False
+        full = full_records_module.scheduled(self._in_step_events, self._full_first)
+        self._in_step_events += 1
+        step = self._step()
+        taken = self._in_step.take(step)
+        if full or taken is None:
+            return False
+        self._budget.log_started()
+        written = in_step_fit.event_records(taken, self._in_step.layout)
+        self._budget.log_ended()
+        written += self._budget.records() + loss_scale.records(self.model, self._batch_count)
+        if self._writes_summaries():
+            self._log.write(step, written, add_digest=False)
+        nonfinite = self._in_step.layout.nonfinite(taken["rows"]) if self.stop_on_nonfinite else []
+        if nonfinite:
+            print(f"GradVizCallback: step {step}: NaN or Inf in {', '.join(nonfinite)}; stopping")
+            self.model.stop_training = True
+        return True
+
     def on_train_end(self, logs=None):
+        in_step_fit.uninstall(self._in_step)
         self._budget.end_fit()
         self._batch_count.end_fit(self._step())
         self._log.close()

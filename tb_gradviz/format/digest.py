@@ -216,6 +216,11 @@ def digest_records(event_records):
     return [(tag, vector, summary_metadata)]
 
 
+def digest_series(rows):
+    """The tag and metadata of a digest with these `(kind, layer, name)` rows."""
+    return _series_of(tuple(tuple(row) for row in rows))
+
+
 @functools.lru_cache(maxsize=64)
 def _series_of(rows):
     """The tag and metadata of a digest with these rows (the same at every event of a fit)."""

@@ -31,6 +31,8 @@ KIND_PRECISION = "precision"
 KIND_DIGEST = "digest"
 KIND_BUDGET = "budget"
 KIND_LOSS_SCALE = "loss_scale"
+# Where each event's digest was computed: in the train step, or by the probe (`capture.in_step`).
+KIND_DIGEST_SOURCE = "digest_source"
 KINDS = (
     KIND_TENSOR,
     KIND_ROUTING,
@@ -41,6 +43,7 @@ KINDS = (
     KIND_DIGEST,
     KIND_BUDGET,
     KIND_LOSS_SCALE,
+    KIND_DIGEST_SOURCE,
 )
 
 
@@ -139,7 +142,7 @@ def _valid_content(content):
 
     Optional fields may be absent.
     """
-    if content["kind"] in (KIND_BUDGET, KIND_LOSS_SCALE):
+    if content["kind"] in (KIND_BUDGET, KIND_LOSS_SCALE, KIND_DIGEST_SOURCE):
         fields = content.get("fields")
         return isinstance(fields, list) and all(map(_is_str, fields))
     if content["kind"] == KIND_DIGEST:

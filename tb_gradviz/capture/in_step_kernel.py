@@ -1,0 +1,117 @@
+"""The in-step digest's statistics of one tensor in one pass over its values, on the host.
+
+On a CPU a framework's own ops read a tensor once per op (the sum of squares,
+the magnitudes, their buckets, their maximum: six passes or more), and every
+pass over every chosen layer's tensors costs a noticeable share of the train
+step. Here numba compiles the statistics of `capture.in_step` into one loop
+that LLVM vectorizes: per value, its square is added (in float64), its
+magnitude compared with each of `in_step.THRESHOLDS` and with the largest so
+far (as integers: see `_finite_pass`), and, for an
+activation with a channel axis last, whether it is non-zero is or-ed into its
+channel's flag. A tensor holding a NaN or an Inf (its sum of squares is not
+finite) is read once more, one value at a time, to leave them out.
+
+The kernel releases the GIL, so the framework's other threads go on with the
+step while it runs. Imports neither TensorFlow nor Keras.
+"""
+
+import numba
+import numpy as np
+
+from tb_gradviz.capture import in_step
+
+_SUM = {"reassoc", "nsz", "contract"}  # fastmath flags for the loop that only adds
+_THRESHOLDS32 = np.array(in_step.THRESHOLDS, np.float32)
+_THRESHOLD_BITS = _THRESHOLDS32.view(np.uint32)
+
+
+@numba.njit(nogil=True, cache=True, fastmath=_SUM)
+def _finite_pass(bits, values, thresholds, channels):
+    # bits: the values' float32 bit patterns, [rows, channels]. Without the sign bit, the
+    # pattern of a finite float orders as its magnitude does, so the comparisons and the
+    # maximum are integer ones, which vectorize whatever a NaN would do (a NaN or an Inf
+    # makes the sum of squares non-finite, and the caller reads the values again).
+    rows, width = bits.shape
+    t0, t1, t2, t3, t4 = thresholds[0], thresholds[1], thresholds[2], thresholds[3], thresholds[4]
+    b0 = b1 = b2 = b3 = b4 = 0
+    squares = 0.0
+    largest = np.uint32(0)
+    nonzero = np.zeros(width, np.uint8)
+    magnitude = np.uint32(0x7FFFFFFF)
+    for r in range(rows):
+        row = bits[r]
+        value_row = values[r]
+        for c in range(width):
+            a = row[c] & magnitude
+            v = np.float64(value_row[c])
+            squares += v * v
+            largest = max(largest, a)
+            b0 += a < t0
+            b1 += a < t1
+            b2 += a < t2
+            b3 += a < t3
+            b4 += a < t4
+            if channels:
+                nonzero[c] |= a != 0
+    return np.array([b0, b1, b2, b3, b4]), squares, largest, nonzero
+
+
+@numba.njit(nogil=True, cache=True)
+def _any_pass(values, thresholds, channels):
+    # The same statistics over the finite values, one value at a time.
+    rows, width = values.shape
+    below = np.zeros(thresholds.size, np.int64)
+    nan = pos_inf = neg_inf = 0
+    squares = 0.0
+    largest = 0.0
+    nonzero = np.zeros(width, np.bool_)
+    for r in range(rows):
+        for c in range(width):
+            v = np.float64(values[r, c])
+            if channels and v != 0:
+                nonzero[c] = True
+            if np.isnan(v):
+                nan += 1
+            elif np.isinf(v):
+                if v > 0:
+                    pos_inf += 1
+                else:
+                    neg_inf += 1
+            else:
+                a = abs(v)
+                squares += v * v
+                largest = max(largest, a)
+                for k in range(thresholds.size):
+                    below[k] += a < thresholds[k]
+    return below, np.array([nan, pos_inf, neg_inf]), squares, largest, nonzero
+
+
+def statistics_row(values, units_last):
+    """One tensor's statistics as a float64 row of `in_step.ROW` values.
+
+    Args:
+      values: the tensor as a numpy array (float32; float16 and bfloat16 are
+        widened to it, exactly; float64 is rounded to it).
+      units_last: whether to count its dead channels along the last axis.
+    """
+    values = np.ascontiguousarray(values)
+    if values.dtype != np.float32:
+        values = values.astype(np.float32)
+    width = values.shape[-1] if values.ndim >= 1 and values.shape[-1] > 0 else 1
+    flat = values.reshape(-1, width)
+    row = np.zeros(in_step.ROW)
+    row[0] = values.size
+    below, squares, bits, nonzero = _finite_pass(
+        flat.view(np.uint32), flat, _THRESHOLD_BITS, units_last
+    )
+    largest = float(np.array([bits], np.uint32).view(np.float32)[0])
+    nonfinite = np.zeros(3)
+    if not np.isfinite(squares):
+        below, nonfinite, squares, largest, nonzero = _any_pass(flat, _THRESHOLDS32, units_last)
+    counts = len(in_step.BELOW)
+    row[1 : 1 + counts] = below
+    row[1 + counts : 4 + counts] = nonfinite
+    row[4 + counts] = squares
+    row[5 + counts] = largest
+    row[6 + counts] = np.count_nonzero(nonzero == 0) if units_last else 0
+    return row
