@@ -1,5 +1,7 @@
-// Data for the GradViz tab: fetching the routes of docs/API.md and shaping
-// their answers for drawing. No DOM here, so all of it runs under `node --test`.
+// Data for the GradViz tab: the routes of docs/API.md (fetched by api.js) and
+// their answers shaped for drawing. No DOM here, so all of it runs under `node --test`.
+
+import {fetchJson} from './api.js';
 
 // The numbers' formatting and the axes' ticks, which every view reads as `model.*`.
 export {
@@ -27,94 +29,11 @@ export const STATS_FIELDS = [
   'count', 'zeros', 'nan', 'pos_inf', 'neg_inf', 'min', 'max', 'mean', 'std', 'sum',
 ];
 
-// ---------------------------------------------------------------- fetching
-
-const NON_FINITE = new Map([['NaN', NaN], ['Infinity', Infinity], ['-Infinity', -Infinity]]);
-
-// Keys whose values are names. A layer may well be called "NaN"; it must stay
-// a string, while the same text anywhere else is TensorBoard's encoding of a
-// non-finite float.
-const NAME_KEYS = new Set([
-  'run', 'layer', 'tensor', 'role', 'layer_class', 'layer_dtype', 'dtype', 'type', 'padding',
-  'data_format', 'reference_layer', 'flag', 'detail', 'weight',
-]);
-
-// Keys whose values are lists of names (/runs' `weights` and `updates`). The
-// reviver sees their items before the list, under their index: a weight
-// called "NaN" comes back as a number, and is turned back into its name here.
-const NAME_LIST_KEYS = new Set(['weights', 'updates']);
-
-/** A `JSON.parse` reviver that turns "NaN" / "Infinity" / "-Infinity" back into numbers. */
-export function reviveNonFinite(key, value) {
-  if (NAME_LIST_KEYS.has(key) && Array.isArray(value)) {
-    return value.map((item) => (typeof item === 'number' && !Number.isFinite(item) ? String(item) : item));
-  }
-  if (typeof value === 'string' && NON_FINITE.has(value) && !NAME_KEYS.has(key)) {
-    return NON_FINITE.get(value);
-  }
-  return value;
-}
-
-/** Parses a body written by TensorBoard's `http_util.Respond`. */
-export function parseApiJson(text) {
-  return JSON.parse(text, reviveNonFinite);
-}
-
-/**
- * Returns the relative URL of a route. Relative, because the page is served
- * under `data/plugin/gradviz/` and possibly under `--path_prefix`.
- */
-export function routeUrl(route, params = {}) {
-  const query = new URLSearchParams();
-  for (const [key, value] of Object.entries(params)) {
-    if (value !== undefined && value !== null) query.set(key, String(value));
-  }
-  const text = query.toString();
-  return text ? `${route}?${text}` : route;
-}
-
-export class ApiError extends Error {
-  constructor(status, message) {
-    super(message);
-    this.name = 'ApiError';
-    this.status = status;
-  }
-}
-
-export async function fetchJson(route, params = {}, fetchImpl = globalThis.fetch) {
-  const url = routeUrl(route, params);
-  const response = await fetchImpl(url);
-  const text = await response.text();
-  if (!response.ok) {
-    throw new ApiError(response.status, `${url}: ${response.status} ${text.trim()}`);
-  }
-  return parseApiJson(text);
-}
-
-export async function fetchRuns(fetchImpl) {
-  return (await fetchJson('runs', {}, fetchImpl)).runs;
-}
-
-/**
- * A tensor's /series: every step, or, past `width` steps, the server's columns
- * of consecutive steps, each with its extremes (`downsampled`; docs/API.md).
- */
-export function fetchSeries(run, layer, tensor, fetchImpl, {width} = {}) {
-  return fetchJson('series', {run, layer, tensor, width}, fetchImpl);
-}
-
-/** A pooling layer's /routing: every step, or with `step` the latest step at or before it alone. */
-export function fetchRouting(run, layer, fetchImpl, {step} = {}) {
-  return fetchJson('routing', {run, layer, step}, fetchImpl);
-}
-
-export function fetchStep(run, step, fetchImpl) {
-  return fetchJson('step', {run, step}, fetchImpl);
-}
-
-export function fetchUpdates(run, layer, fetchImpl) {
-  return fetchJson('updates', {run, layer}, fetchImpl);
-}
+// The routes' answers: fetched and parsed (api.js), read as `model.*` too.
+export {
+  ApiError, fetchJson, fetchRouting, fetchRuns, fetchSeries, fetchStep, fetchUpdates, parseApiJson, reviveNonFinite,
+  routeUrl,
+} from './api.js';
 
 // ------------------------------------------------------------ runs, layers
 
@@ -364,8 +283,8 @@ export function routedFraction(routing) {
  * rows top to bottom are positive bins by falling magnitude, the zeros, then
  * negative bins by rising magnitude, so that 0 sits in the middle.
  *
- * @returns {{steps: number[], rows: {sign: number, bin: number}[], cells: number[][]}}
- *   `cells[row][column]`; `sign` 0 is the zero row.
+ * @returns {{steps: number[], lastSteps: number[], lastStep: number, rows: {sign: number, bin: number}[],
+ *   cells: number[][]}} `cells[row][column]`; `sign` 0 is the zero row.
  */
 export function distributionOverSteps(series, range, maxColumns = 200) {
   // Consecutive steps (or the server's columns of them) share a column in
@@ -393,8 +312,10 @@ export function distributionOverSteps(series, range, maxColumns = 200) {
     for (let i = start; i < (starts[k + 1] ?? n); i++) largest = Math.max(largest, share(sign, bin, i));
     return largest;
   }));
-  // Each column by its first step (where the slider's step falls), and the last step drawn.
-  return {steps: starts.map((i) => first[i]), lastStep: last[n - 1], rows, cells};
+  // Each column by its first and last step (the slider's step falls in the first's), and the
+  // last step drawn.
+  const lastSteps = starts.map((_, k) => last[(starts[k + 1] ?? n) - 1]);
+  return {steps: starts.map((i) => first[i]), lastSteps, lastStep: last[n - 1], rows, cells};
 }
 
 /** At most `max` indices of `0..n-1`, evenly spread, first and last included. */

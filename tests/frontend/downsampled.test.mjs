@@ -33,6 +33,7 @@ test('the distribution over steps of a downsampled series: one cell per column, 
   const range = model.padToDecades(model.seriesRange(down), down.log.edges);
   const grid = model.distributionOverSteps(down, range);
   assert.deepEqual(grid.steps, [2]);
+  assert.deepEqual(grid.lastSteps, [4]);
   assert.equal(grid.lastStep, 4);
   const middle = grid.rows.findIndex(({sign}) => sign === 0);
   assert.equal(grid.cells[middle][0], 0.75); // a 2x2/2 max pool routes a quarter of the positions

@@ -270,6 +270,9 @@ test('distribution over many steps: a column per group of steps, a one-step spik
   const grid = model.distributionOverSteps(spiky, {first: 1, last: 3}, 200);
   assert.equal(grid.steps.length, 200);
   assert.deepEqual(grid.steps.slice(0, 3), [1, 6, 11]);
+  // Each column's last step is the one before the next column's first: the step axis ticks inside them.
+  assert.deepEqual(grid.lastSteps.slice(0, 3), [5, 10, 15]);
+  assert.equal(grid.lastSteps.at(-1), n);
   assert.equal(grid.lastStep, n);
   const top = grid.rows.findIndex(({sign, bin}) => sign === 1 && bin === 3);
   const spikeColumn = model.latestIndexAtOrBefore(grid.steps, 539);
