@@ -6,7 +6,7 @@
 import {UPDATE_RATIO_NOTE} from './captions.js';
 import * as flowmodel from './flowmodel.js';
 import * as model from './model.js';
-import {round, svg, tooltip} from './dom.js';
+import {round, svg, textWidth, tooltip} from './dom.js';
 
 // Labels sit this far below the plot, and axis titles this far above the bottom edge.
 const TICK_LABEL_OFFSET = 13;
@@ -63,6 +63,24 @@ export function axisTitle(chart, box, text) {
     attrs: {x: box.left + box.plotWidth / 2, y: box.height - AXIS_TITLE_OFFSET, 'text-anchor': 'middle'}}));
 }
 
+// The tab's font, as the charts' text inherits it (style.css).
+const FONT_FAMILY = 'Roboto, system-ui, sans-serif';
+
+/**
+ * A label on a box of the page's background, so that the lines drawn under it do not cross its
+ * letters: the box, then the text, appended to `chart`. `x`, `y` and `anchor` place the text as
+ * its attributes do; `size` is its font size in pixels (the CSS of `className` must agree).
+ */
+export function boxedLabel(chart, {text, x, y, anchor = 'start', size, className, title}) {
+  const width = textWidth(text, `${size}px ${FONT_FAMILY}`) + 4;
+  const left = anchor === 'end' ? x - width + 2 : anchor === 'middle' ? x - width / 2 : x - 2;
+  chart.append(
+    svg('rect', {className: 'label-backdrop', attrs: {x: round(left), y: round(y - size), width: round(width),
+      height: round(size + 3)}}),
+    svg('text', {className, text, attrs: {x, y, 'text-anchor': anchor}}, title ? [tooltip(title)] : []),
+  );
+}
+
 /**
  * A horizontal guide across the plot at `y` (a reference value, not data):
  * its label at the right end above it, `title` on hover.
@@ -70,9 +88,8 @@ export function axisTitle(chart, box, text) {
 export function guideLine(chart, box, {y, label, title}) {
   const at = round(y);
   chart.append(
-    svg('line', {className: 'guide', attrs: {x1: box.left, x2: box.plotRight, y1: at, y2: at}}, [tooltip(title)]),
-    svg('text', {className: 'guide-label', text: label, attrs: {x: box.plotRight - 2, y: at - 3, 'text-anchor': 'end'}}),
-  );
+    svg('line', {className: 'guide', attrs: {x1: box.left, x2: box.plotRight, y1: at, y2: at}}, [tooltip(title)]));
+  boxedLabel(chart, {text: label, x: box.plotRight - 2, y: at - 3, anchor: 'end', size: 10, className: 'guide-label'});
 }
 
 // ------------------------------------------------------------ log axis

@@ -50,3 +50,12 @@ export function labelled(text, control, className) {
 export function hintedSection(className, title, hint, children) {
   return html('section', {className}, [html('h2', {text: title}), html('p', {className: 'hint', text: hint}), ...children]);
 }
+
+let measuring = null;
+
+/** The width in CSS pixels of `text` set in `font` (a CSS font shorthand), as the page would draw it. */
+export function textWidth(text, font) {
+  measuring ??= document.createElement('canvas').getContext('2d');
+  measuring.font = font;
+  return measuring.measureText(text).width;
+}

@@ -10,9 +10,12 @@ import * as captions from './captions.js';
 import * as charts from './charts.js';
 import * as flowmodel from './flowmodel.js';
 import * as model from './model.js';
-import {html, round, svg, tooltip} from './dom.js';
+import {html, round, svg, textWidth, tooltip} from './dom.js';
 
-const LEFT = 74;
+// The plot's left edge: at least this far in, and past the longest flag row's label.
+const MIN_LEFT = 74;
+const FLAG_LABEL_FONT = '10px Roboto, system-ui, sans-serif'; // flow.css' .flag-row-label
+const FLAG_LABEL_GAP = 6;
 const RIGHT = 14;
 const FLAG_ROW = 11;
 const TITLE_HEIGHT = 18;
@@ -96,7 +99,10 @@ export function renderFlow(container, {slots, lines, currentLayer, width, onSele
 
 /** Where everything goes, top to bottom: `roleCount` role panels, then the update-ratio panel if `updates`. */
 function layout(count, width, runs, labels, roleCount, updates) {
-  const plotWidth = Math.max(width - LEFT - RIGHT, count * MIN_SLOT_WIDTH);
+  // The run's marker (`flagBadges`) and a gap, then the longest label, then the plot.
+  const longestFlag = Math.max(...flowmodel.FLAGS.map((flag) => textWidth(captions.FLAG_TITLES[flag], FLAG_LABEL_FONT)));
+  const left = Math.max(MIN_LEFT, Math.ceil(10 + longestFlag + FLAG_LABEL_GAP));
+  const plotWidth = Math.max(width - left - RIGHT, count * MIN_SLOT_WIDTH);
   const slotWidth = plotWidth / count;
   const flagsHeight = runs * flowmodel.FLAGS.length * FLAG_ROW;
   let y = flagsHeight + 6;
@@ -119,8 +125,8 @@ function layout(count, width, runs, labels, roleCount, updates) {
   const labelTop = y - PANEL_GAP + LABEL_GAP;
   const height = labelTop + Math.min(MAX_LABEL_HEIGHT, longest * LABEL_CHAR_WIDTH) + 6;
   return {
-    width: LEFT + plotWidth + RIGHT, height, plotRight: LEFT + plotWidth, slotWidth, panels, updatePanel, labelTop,
-    xOf: (k) => LEFT + (k + 0.5) * slotWidth,
+    left, width: left + plotWidth + RIGHT, height, plotRight: left + plotWidth, slotWidth, panels, updatePanel, labelTop,
+    xOf: (k) => left + (k + 0.5) * slotWidth,
   };
 }
 
@@ -133,7 +139,7 @@ function flagBadges(chart, geometry, line, block, withRun) {
   flowmodel.FLAGS.forEach((flag, row) => {
     const y = (block * flowmodel.FLAGS.length + row) * FLAG_ROW;
     chart.append(svg('text', {className: 'flag-row-label', text: captions.FLAG_TITLES[flag],
-      attrs: {x: LEFT - 6, y: y + FLAG_ROW - 1.5, 'text-anchor': 'end'}}));
+      attrs: {x: geometry.left - FLAG_LABEL_GAP, y: y + FLAG_ROW - 1.5, 'text-anchor': 'end'}}));
     line.flags.forEach((flags, k) => {
       const raised = flags.find((entry) => entry.flag === flag);
       if (!raised) return;
@@ -163,14 +169,14 @@ function panel(chart, geometry, place, role, lines) {
     ...(range && {'data-log-low': range.low, 'data-log-high': range.high}),
   }});
   chart.append(group);
-  const box = {left: LEFT, plotRight: geometry.plotRight};
+  const box = {left: geometry.left, plotRight: geometry.plotRight};
   const logY = charts.logScale(range, {bottom: place.bottom, height: LOG_HEIGHT, zeroY: place.zeroY});
   const zerosY = (fraction) => place.zerosBottom - fraction * ZEROS_HEIGHT;
   group.append(svg('text', {className: 'panel-title', text: `${captions.ROLE_TITLES[role]}: RMS and max |value|`,
-    attrs: {x: LEFT, y: place.titleY}}));
+    attrs: {x: geometry.left, y: place.titleY}}));
   if (!range) {
     group.append(svg('text', {className: 'empty-text', text: 'no non-zero finite value',
-      attrs: {x: (LEFT + geometry.plotRight) / 2, y: (place.top + place.bottom) / 2, 'text-anchor': 'middle'}}));
+      attrs: {x: (geometry.left + geometry.plotRight) / 2, y: (place.top + place.bottom) / 2, 'text-anchor': 'middle'}}));
   }
   charts.logAxis(group, box, {range, yOf: logY, zeroY: place.zeroY, zeros});
   charts.shareAxis(group, box, {ticks: [0, 1], yOf: zerosY});
@@ -231,16 +237,16 @@ function updatePanel(chart, geometry, place, lines) {
     'data-log-low': range.low, 'data-log-high': range.high,
   }});
   chart.append(group);
-  const box = {left: LEFT, plotRight: geometry.plotRight};
+  const box = {left: geometry.left, plotRight: geometry.plotRight};
   const logY = charts.logScale(range, {bottom: place.bottom, height: place.bottom - place.top, zeroY: place.zeroY});
   group.append(svg('text', {className: 'panel-title',
     text: 'Weight update ratio |Δw| / |w| since the previous log event (each layer\'s weights as one vector)',
-    attrs: {x: LEFT, y: place.titleY}}));
+    attrs: {x: geometry.left, y: place.titleY}}));
   charts.logAxis(group, box, {range, yOf: logY, zeroY: place.zeroY, zeros, maxTicks: 4});
   if (!lists.some((values) => values.some((value) => value !== null))) {
     group.append(svg('text', {className: 'empty-text', text: 'no update at or before this step: '
       + 'the first comes with the second log event',
-    attrs: {x: (LEFT + geometry.plotRight) / 2, y: (place.top + place.bottom) / 2, 'text-anchor': 'middle'}}));
+    attrs: {x: (geometry.left + geometry.plotRight) / 2, y: (place.top + place.bottom) / 2, 'text-anchor': 'middle'}}));
   }
   for (const line of [...lines].sort((a, b) => b.pin - a.pin || b.series - a.series)) {
     draw(group, geometry, line, line.ratios, UPDATE_ROLE, 'update_ratio', flowmodel.drawableOnLogPanel, logY);
@@ -260,13 +266,12 @@ function thresholds(group, geometry, lines, range, logY) {
     if (!(position >= 0 && position <= 1)) continue;
     const y = round(logY(value));
     const text = `RMS ${flag} ${flag === 'vanishing' ? 'below' : 'above'} ${model.formatNumber(value)}`;
-    group.append(
-      svg('line', {className: `flow-threshold flag-${flag}`, attrs: {x1: LEFT, x2: geometry.plotRight, y1: y, y2: y}},
-        [tooltip(`${text}: ${health.ratio}× the output gradient's RMS at ${health.reference_layer}`
-          + ` (${model.formatNumber(rms)}), the reference layer`)]),
-      svg('text', {className: `threshold-label flag-${flag}`, text,
-        attrs: {x: geometry.plotRight - 2, y: y - 3, 'text-anchor': 'end'}}),
-    );
+    const title = `${text}: ${health.ratio}× the output gradient's RMS at ${health.reference_layer}`
+      + ` (${model.formatNumber(rms)}), the reference layer`;
+    group.append(svg('line', {className: `flow-threshold flag-${flag}`,
+      attrs: {x1: geometry.left, x2: geometry.plotRight, y1: y, y2: y}}, [tooltip(title)]));
+    charts.boxedLabel(group, {text, x: geometry.plotRight - 2, y: y - 3, anchor: 'end', size: 10,
+      className: `threshold-label flag-${flag}`});
   }
 }
 

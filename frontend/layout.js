@@ -7,7 +7,8 @@ import {hintedSection, html, labelled} from './dom.js';
 import {Sections} from './sections.js';
 
 // One stylesheet per part of the page, in cascade order.
-const STYLESHEETS = ['style.css', 'charts.css', 'compare.css', 'flow.css', 'precision.css', 'routemap.css', 'timeline.css'];
+const STYLESHEETS = ['style.css', 'sections.css', 'charts.css', 'compare.css', 'flow.css', 'precision.css', 'routemap.css',
+  'timeline.css', 'flags.css'];
 
 export function addStylesheets() {
   // Resolved against this module, not the document, whose base is plugin/gradviz/.
@@ -96,7 +97,8 @@ export function createLayout(root) {
         html('p', {className: 'hint', text:
           'Each column is one logged step, or on a long run a group of consecutive steps with the '
           + 'largest share among them; rows are magnitude bins, positive values above the middle row '
-          + 'of exact zeros, negative below. Darker means a larger share of the elements. Under it, '
+          + 'of exact zeros, negative below. Darker means a larger share of the elements: the colour bar '
+          + 'under each says how large. Under it, '
           + 'the spread (std) over steps, each column from its smallest to its largest value: hover '
           + 'to read its steps, click to open the last.'}),
         heatmaps,

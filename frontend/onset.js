@@ -22,6 +22,7 @@ export const WARNING_TITLES = {
   rms_drift: 'RMS drift',
   peak_ratio: 'max / RMS ratio',
   update_spike: 'update spike',
+  update_growth: 'update growth',
 };
 
 export function fetchOnset(run, fetchImpl) {
@@ -71,7 +72,7 @@ export class OnsetTable {
     this.summary = html('p', {className: 'onset-summary', attrs: {role: 'status'}});
     this.table = html('table', {className: 'onset-table', attrs: {hidden: ''}});
     this.element = html('section', {className: 'onset-section'}, [
-      html('h2', {text: 'Where each flag began'}),
+      html('h2', {text: 'Where each flag and warning began'}),
       this.summary,
       this.table,
     ]);

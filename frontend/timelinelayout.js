@@ -1,10 +1,12 @@
 // The depth x time view's geometry and scales: how tall a row is and which
-// rows carry their name, where a step lies across the columns of /timeline,
-// the step axis' ticks, the colour bar's ticks and title, and the steps a
-// drag across the drawing picks. No DOM: runs under node.
+// rows carry their name, where a step lies across the columns of /timeline
+// and the step axis' ticks (stepaxis.js'), the colour bar's ticks and title,
+// and the steps a drag across the drawing picks. No DOM: runs under node.
 
-import {edgeLabel, formatNumber, niceTicks, spacedLabels} from './format.js';
+import {edgeLabel, formatNumber, niceTicks} from './format.js';
 import {LOG_FIELDS} from './timelinemodel.js';
+
+export {stepPosition, stepTicks} from './stepaxis.js';
 
 /** The width of the column of layer names left of the drawing (CSS pixels). */
 export const NAMES_WIDTH = 180;
@@ -12,78 +14,45 @@ export const NAMES_WIDTH = 180;
 export const SCROLLBAR_WIDTH = 16;
 /** The rows grow with the layers up to this height; past it they scroll (CSS pixels). */
 export const MAX_HEIGHT = 480;
-/** Up to this many layers, every row is tall enough to carry its name. */
-export const ALL_NAMED_UP_TO = 40;
+/**
+ * Up to this many layers, every row is tall enough to carry its name (the rows then scroll);
+ * past it, a drawing of named rows would take more memory than a page should (its canvas).
+ */
+export const ALL_NAMED_UP_TO = 500;
 // A row that carries its name in the names' 11 px type; the least and the most a row is tall.
 const NAMED_ROW = 12;
 const MIN_ROW = 8;
 const MAX_ROW = 24;
-// The least distance between two step labels (CSS pixels) and a tick per this many pixels.
-const STEP_LABEL_GAP = 64;
-const PIXELS_PER_STEP_TICK = 90;
 
 /**
  * The rows of `count` layers: `{rowHeight, height, viewport, labelEvery}`. Rows fill up to
  * `MAX_HEIGHT` at most `MAX_ROW` tall; up to `ALL_NAMED_UP_TO` layers each is at least
  * `NAMED_ROW` tall and named, beyond that at least `MIN_ROW`, and every `labelEvery`-th
  * row carries its name, at least `NAMED_ROW` apart. `height` is every row's, `viewport`
- * what is shown before the rows scroll.
+ * what is shown before the rows scroll: whole rows, so that no name is cut.
  */
 export function rowLayout(count) {
   const rows = Math.max(1, count);
   const least = rows <= ALL_NAMED_UP_TO ? NAMED_ROW : MIN_ROW;
   const rowHeight = Math.max(least, Math.min(MAX_ROW, Math.floor(MAX_HEIGHT / rows)));
   const height = rowHeight * rows;
-  return {rowHeight, height, viewport: Math.min(height, MAX_HEIGHT), labelEvery: Math.ceil(NAMED_ROW / rowHeight)};
+  const viewport = Math.min(height, Math.floor(MAX_HEIGHT / rowHeight) * rowHeight);
+  return {rowHeight, height, viewport, labelEvery: Math.ceil(NAMED_ROW / rowHeight)};
+}
+
+/**
+ * The rows a scroll `top` pixels down a view of `rows` (`rowLayout`) of `count` layers shows
+ * whole: `{first, last}`, 1-based, as the note under the rows says them.
+ */
+export function rowsShown(rows, count, top) {
+  const first = Math.min(count, Math.ceil(top / rows.rowHeight - 1e-6) + 1);
+  const last = Math.min(count, Math.floor((top + rows.viewport) / rows.rowHeight + 1e-6));
+  return {first, last: Math.max(first, last)};
 }
 
 /** The drawing's width in CSS pixels in a chart `containerWidth` wide (the names and scroll bar aside). */
 export function plotWidth(containerWidth) {
   return Math.max(0, Math.floor(containerWidth) - NAMES_WIDTH - SCROLLBAR_WIDTH);
-}
-
-// The last column whose first step is at or before `step` (0 before the first).
-function columnAtOrBefore(first, step) {
-  let lo = 0;
-  let hi = first.length - 1;
-  while (lo < hi) {
-    const mid = (lo + hi + 1) >> 1;
-    if (first[mid] <= step) lo = mid;
-    else hi = mid - 1;
-  }
-  return lo;
-}
-
-/**
- * Where `step` lies across a drawing of `columns` (/timeline's `first_step`, `last_step`),
- * from 0 (left edge) to 1: inside its column in proportion to the steps the column spans,
- * one logged step at the middle of its column; a step between two columns between them.
- */
-export function stepPosition(columns, step) {
-  const {first_step: first, last_step: last} = columns;
-  const n = first.length;
-  if (!n) return 0.5;
-  const inside = (c, s) => (c + (s - first[c] + 0.5) / (last[c] - first[c] + 1)) / n;
-  if (step <= first[0]) return inside(0, first[0]);
-  if (step >= last[n - 1]) return inside(n - 1, last[n - 1]);
-  const c = columnAtOrBefore(first, step);
-  if (step <= last[c]) return inside(c, step);
-  const [from, to] = [inside(c, last[c]), inside(c + 1, first[c + 1])];
-  return from + ((step - last[c]) / (first[c + 1] - last[c])) * (to - from);
-}
-
-/**
- * The step axis under a drawing `width` pixels wide: round steps from the first column's
- * first step to the last column's last, about one per `PIXELS_PER_STEP_TICK` pixels, at
- * their `stepPosition` (`x` in pixels), those closer than `STEP_LABEL_GAP` to one kept left out.
- */
-export function stepTicks(columns, width) {
-  const n = columns.first_step.length;
-  if (!n || !(width > 0)) return [];
-  const target = Math.max(2, Math.floor(width / PIXELS_PER_STEP_TICK));
-  const steps = niceTicks(columns.first_step[0], columns.last_step[n - 1], target, {integer: true});
-  const placed = steps.map((step) => ({step, position: stepPosition(columns, step) * width}));
-  return spacedLabels(placed, STEP_LABEL_GAP).map(({step, position}) => ({step, x: position}));
 }
 
 /** The column under a point `x` pixels from the left of a drawing `width` wide (clamped to it). */

@@ -50,9 +50,22 @@ export function shownValue(field, envelope, column) {
 }
 
 /**
- * The matrix the view draws: `{rows: [{layer, values, flags}], columns, low, high, diverging}`,
- * `values[c]` on the field's scale (null where there is none), `flags[c]` the flags raised in
- * column `c`. `low`/`high` span the finite values (the colour scale's ends).
+ * Whether column `c` of a log field's `envelope` holds a value that is not finite, rather than
+ * none: /timeline writes both as NaN, and a NaN there is the tensor's own where the column
+ * raises `nonfinite` (a NaN or an Inf in the tensor makes its RMS and max |x| NaN or Inf).
+ */
+export function notFiniteAt(field, envelope, flags, c) {
+  if (!LOG_FIELDS.has(field)) return false;
+  const values = [envelope.min[c], envelope.max[c]];
+  if (values.some((value) => value === Infinity || value === -Infinity)) return true;
+  return values.some(Number.isNaN) && flags.includes('nonfinite');
+}
+
+/**
+ * The matrix the view draws: `{rows: [{layer, values, flags, notFinite}], columns, low, high,
+ * diverging}`, `values[c]` on the field's scale (null where there is none), `flags[c]` the flags
+ * raised in column `c`, `notFinite[c]` whether its value is there but not finite
+ * (`notFiniteAt`). `low`/`high` span the finite values (the colour scale's ends).
  */
 export function timelineMatrix(body) {
   const columns = body.columns.first_step.length;
@@ -66,9 +79,10 @@ export function timelineMatrix(body) {
     for (const flag of named) {
       for (const c of layer.flags[flag] ?? []) flags[c].push(flag);
     }
+    const notFinite = values.map((value, c) => value === null && notFiniteAt(body.field, envelope, flags[c], c));
     // `format`: what a flush share is taken in (float16, or the format the layer computes in),
     // or a block share (mxfp8_e4m3).
-    return {layer: layer.layer, values, flags, envelope, ...(layer.format && {format: layer.format})};
+    return {layer: layer.layer, values, flags, notFinite, envelope, ...(layer.format && {format: layer.format})};
   });
   return withRange({rows, columns: body.columns, field: body.field, diverging: false, flags: [...named]});
 }
@@ -173,7 +187,8 @@ export function describeCell(matrix, {row, column}) {
     const low = r.envelope.min[column];
     const high = r.envelope.max[column];
     const name = r.format ? `${matrix.field} in ${r.format}` : matrix.field;
-    shown = !Number.isFinite(high) ? 'no value' : low === high ? `${name} ${fmt(high)}`
+    const missing = r.notFinite?.[column] ? `${name} not finite (NaN / Inf)` : 'no value';
+    shown = !Number.isFinite(high) ? missing : low === high ? `${name} ${fmt(high)}`
       : `${name} ${fmt(low)} to ${fmt(high)}`;
   }
   const flags = r.flags[column].length ? `; flags: ${r.flags[column].join(', ')}` : '';

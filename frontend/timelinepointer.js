@@ -108,10 +108,12 @@ export function followPointer({view, canvas, plot, names, matrix, onsets = [], o
   });
 }
 
-// What the reading adds for the onsets in a cell: '; exploding began here (step 120)'.
+// What the reading adds for the onsets in a cell: '; exploding began here (step 120)', '; warning
+// rms_growth began here (step 118)'.
 function onsetsIn(matrix, onsets, {row, column}) {
   const layer = matrix.rows[row].layer;
   const [first, last] = [matrix.columns.first_step[column], matrix.columns.last_step[column]];
   return onsets.filter((onset) => onset.layer === layer && first <= onset.step && onset.step <= last)
-    .map((onset) => `; ${onset.flag} began here (step ${onset.step})`).join('');
+    .map((onset) => `; ${onset.class === 'warning' ? 'warning ' : ''}${onset.flag} began here (step ${onset.step})`)
+    .join('');
 }

@@ -56,9 +56,10 @@ export class TimelineSection {
     this.element = hintedSection('timeline-section', 'Layers over time',
       'Rows: every logged layer in model order, input at the top. Columns: the logged steps, oldest on the left, '
       + 'grouped to about one per pixel; each cell shows the largest value of its steps, so a one-step spike '
-      + 'stays visible. Coloured marks at the top of a row are the training-health flags, a diamond where each '
-      + 'flag began. Hover for the values; click to open that layer at that step; drag across steps to zoom '
-      + 'into them ("Whole run" or Escape goes back).', [
+      + 'stays visible; grey: no value, grey stripes: a NaN or Inf. Outlined marks at the top of a row are the '
+      + 'training-health flags, a diamond where each flag began, a warning sign where each warning began. '
+      + 'Hover for the values; click to open that layer at that step; drag across steps to zoom into them '
+      + '("Whole run" or Escape goes back).', [
       html('div', {className: 'toolbar'}, [
         labelled('Colour', this.fieldSelect),
         labelled('Minus run', this.againstSelect),
@@ -175,10 +176,11 @@ export class TimelineSection {
         onSelect: this.onSelect,
         onZoom: (picked) => this.zoom(picked),
       });
-      // The marker then also says how many onsets are marked.
+      // The marker then also says how many onsets of flags and of warnings are marked.
       onsets.then((answer) => {
         if (this.requests.isCurrent(ticket, this.state())) {
-          markDrawn(this.element, {...drawn, onsets: drawing.markOnsets(answer.onsets)});
+          const marked = drawing.markOnsets(answer.onsets);
+          markDrawn(this.element, {...drawn, onsets: marked.flags, warnings: marked.warnings});
         }
       }, () => {});
     } else {

@@ -60,7 +60,7 @@ ROUTING_MAP = ".routemap-container"  # run, layer, step (the map's), channel
 FLOW = ".flow-container"  # run, step, against (overlaid run), kept (steps), layer
 GRID = ".grid-container"  # run, step, layer
 # The time view's marker: run, colour, against, range ([start, end] or null); once /onset is
-# in, also onsets (how many it marks).
+# in, also onsets and warnings (how many onsets of flags and of warnings it marks).
 TIMELINE = "section.timeline-section"
 ONSET = ".onset-section"  # run
 COMPARE = ".compare-charts"  # run, layer, tensor, against, step

@@ -26,16 +26,26 @@ test('round ticks: 1, 2 or 5 times a power of ten apart, inside the range, whole
   assert.deepEqual(niceTicks(NaN, 1), []);
 });
 
-test('rows fill the view up to its height, every one named up to 40 layers, then scroll', () => {
+test('rows fill the view up to its height, every one named, then scroll by whole rows', () => {
   assert.deepEqual(layout.rowLayout(8), {rowHeight: 24, height: 192, viewport: 192, labelEvery: 1});
   assert.deepEqual(layout.rowLayout(12), {rowHeight: 24, height: 288, viewport: 288, labelEvery: 1});
   assert.deepEqual(layout.rowLayout(23), {rowHeight: 20, height: 460, viewport: 460, labelEvery: 1});
   assert.deepEqual(layout.rowLayout(40), {rowHeight: 12, height: 480, viewport: 480, labelEvery: 1});
-  // Past 40 layers, rows may be thinner than a name: every other one is named.
-  assert.deepEqual(layout.rowLayout(41), {rowHeight: 11, height: 451, viewport: 451, labelEvery: 2});
-  assert.deepEqual(layout.rowLayout(100), {rowHeight: 8, height: 800, viewport: 480, labelEvery: 2});
-  assert.deepEqual(layout.rowLayout(200), {rowHeight: 8, height: 1600, viewport: 480, labelEvery: 2});
+  // Past 40 layers the rows stay tall enough for their names and scroll; the view shows whole rows.
+  assert.deepEqual(layout.rowLayout(41), {rowHeight: 12, height: 492, viewport: 480, labelEvery: 1});
+  assert.deepEqual(layout.rowLayout(63), {rowHeight: 12, height: 756, viewport: 480, labelEvery: 1});
+  assert.deepEqual(layout.rowLayout(500), {rowHeight: 12, height: 6000, viewport: 480, labelEvery: 1});
+  // Past ALL_NAMED_UP_TO layers (a canvas too large otherwise), every other row is named.
+  assert.deepEqual(layout.rowLayout(501), {rowHeight: 8, height: 4008, viewport: 480, labelEvery: 2});
   assert.equal(layout.rowLayout(0).rowHeight, 24);
+});
+
+test('the note under rows that scroll says which rows are shown whole', () => {
+  const rows = layout.rowLayout(63);
+  assert.deepEqual(layout.rowsShown(rows, 63, 0), {first: 1, last: 40});
+  assert.deepEqual(layout.rowsShown(rows, 63, 6), {first: 2, last: 40});
+  assert.deepEqual(layout.rowsShown(rows, 63, 12), {first: 2, last: 41});
+  assert.deepEqual(layout.rowsShown(rows, 63, 756 - 480), {first: 24, last: 63});
 });
 
 test('a step lies in the middle of its own column, in proportion inside a wider one, and between two', () => {
@@ -65,6 +75,22 @@ test('step ticks are round steps under their columns, never closer than a label'
   const placed = layout.stepTicks(uneven, 400);
   for (let i = 1; i < placed.length; i++) assert.ok(placed[i].x - placed[i - 1].x >= 64, JSON.stringify(placed));
   assert.deepEqual(layout.stepTicks({first_step: [], last_step: []}, 400), []);
+});
+
+test('step ticks name only steps a column holds: logged steps where round ones were not logged', () => {
+  // Three logged steps, 4, 8 and 12, one column each: never 5, 6, 7, 9, 10 or 11.
+  const three = {first_step: [4, 8, 12], last_step: [4, 8, 12]};
+  assert.deepEqual(layout.stepTicks(three, 1100).map(({step}) => step), [4, 8, 12]);
+  for (const {step, x} of layout.stepTicks(three, 1100)) assert.equal(x, layout.stepPosition(three, step) * 1100);
+  // Logged every 10 steps from step 1: the round steps were never logged, the nearest logged ones are named.
+  const steps = Array.from({length: 100}, (_, i) => 1 + 10 * i);
+  const sparse = {first_step: steps, last_step: steps};
+  const named = layout.stepTicks(sparse, 1200).map(({step}) => step);
+  assert.ok(named.length >= 4, JSON.stringify(named));
+  for (const step of named) assert.ok(steps.includes(step), step);
+  // Columns of several steps hold every step they span: round steps are named there.
+  const wide = {first_step: [1, 11, 21, 31], last_step: [10, 20, 30, 40]};
+  assert.deepEqual(layout.stepTicks(wide, 400).map(({step}) => step), [10, 20, 30, 40]);
 });
 
 test('a drag picks the first step of its left column to the last of its right, either way', () => {
