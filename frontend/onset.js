@@ -13,7 +13,7 @@ import {markDrawn} from './drawn.js';
 import {fetchJson} from './model.js';
 import {LatestRequest} from './requests.js';
 
-const COLUMNS = ['Flag', 'Class', 'First step', 'Layer', 'Tensor', 'Persists'];
+const COLUMNS = ['Flag', 'Class', 'First step', 'Layer', 'Tensor', 'Persists', 'What to try'];
 
 /** The warnings' names as the table shows them (`leading.WARNINGS`). */
 export const WARNING_TITLES = {
@@ -42,6 +42,8 @@ export function onsetRows(body) {
       ? `yes, through step ${body.last_step}`
       : `no: raised at ${onset.raised_steps} of ${body.steps} steps, last at step ${onset.last_raised_step}`,
     detail: onset.detail,
+    // A warning's likely cause and remedy (`format/remedies.py`); a flag's detail says what failed.
+    remedy: onset.remedy ?? '',
   }));
 }
 
@@ -111,7 +113,7 @@ export class OnsetTable {
     markDrawn(this.element, {run});
   }
 
-  row({flag, kind, title, step, layer, tensor, persists, detail}) {
+  row({flag, kind, title, step, layer, tensor, persists, detail, remedy}) {
     const open = html('button', {className: 'onset-open', text: layer, attrs: {
       type: 'button', title: `Open ${layer} at step ${step}`, 'data-layer': layer, 'data-step': step}});
     open.addEventListener('click', () => this.onSelect(layer, step));
@@ -122,6 +124,7 @@ export class OnsetTable {
       html('td', {}, [open]),
       html('td', {text: tensor}),
       html('td', {text: persists}),
+      html('td', {className: 'onset-remedy', text: remedy}),
     ]);
   }
 }

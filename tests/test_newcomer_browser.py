@@ -229,6 +229,13 @@ def test_each_warning_onset_has_a_mark_on_the_heatmap(browser, tensorboard, tmp_
         row = frame.locator('table.onset-table tr[data-class="warning"] th').first
         sign = row.evaluate("(th) => getComputedStyle(th, '::before').content")
         assert sign == '"▲"'
+        # Each warning's row says what to try, as /onset's remedy says it.
+        for onset in warnings:
+            cell = frame.locator(
+                f'table.onset-table tr[data-class="warning"][data-flag="{onset["flag"]}"] '
+                "td.onset-remedy"
+            )
+            expect(cell).to_have_text(onset["remedy"])
         # The legend's marks: no two flags alike in colour and stripes, and none in the colour
         # bar's hues alone: each has an outline.
         swatches = view.locator(".timeline-key .timeline-swatch[class*='flag-']").evaluate_all(

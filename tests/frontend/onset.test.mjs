@@ -44,9 +44,12 @@ test('warnings are rows of their own class, counted apart in the line', () => {
     {flag: 'nonfinite', class: 'flag', step: 7, layer: 'd1', tensor: 'activation', persists: true,
       raised_steps: 2, last_raised_step: 8, detail: ''},
     {flag: 'rms_growth', class: 'warning', step: 5, layer: 'd1', tensor: 'activation', persists: false,
-      raised_steps: 1, last_raised_step: 5, detail: 'RMS 5, 5x its median 1 over steps 1-4'}]};
+      raised_steps: 1, last_raised_step: 5, detail: 'RMS 5, 5x its median 1 over steps 1-4',
+      remedy: 'The first layer\'s output grows: its input may have drifted; check the input pipeline.'}]};
   const rows = onset.onsetRows(body);
   assert.deepEqual(rows.map(({kind, title}) => [kind, title]), [['flag', 'NaN / Inf'], ['warning', 'RMS growth']]);
+  // The warning's row says what to try; the flag's has nothing there.
+  assert.deepEqual(rows.map(({remedy}) => remedy), ['', body.onsets[1].remedy]);
   assert.equal(onset.onsetSummary(body), 'r: 1 flag and 1 warning raised in 8 logged steps (steps 1 to 8). Where each began:');
   assert.equal(onset.onsetSummary({...body, onsets: body.onsets.slice(1)}),
     'r: 1 warning raised in 8 logged steps (steps 1 to 8). Where each began:');
