@@ -195,7 +195,7 @@ class OwnStep(keras.Model):
     "case, message",
     [
         ("own_train_step", "OwnStep defines its own train_step"),
-        ("jit_compile", "under jit_compile XLA compiles the step"),
+        ("jit_compile", "under jit_compile the compiler compiles the step"),
     ],
 )
 def test_where_the_step_is_not_mirrored_the_probes_digest_is_kept_and_said(tmp_path, case, message):

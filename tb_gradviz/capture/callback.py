@@ -112,8 +112,8 @@ class GradVizCallback(keras.callbacks.Callback):
         the tab and the `block_underflow` flag read. On by default; False
         leaves it out (its cost: bench/RESULTS.md section 17).
       digest: where each log event's digest is computed. "probe" (the
-        default): from the probe pass's records. "step": on TensorFlow, by
-        the train step itself, from that step's batch, in the backward pass
+        default): from the probe pass's records. "step": on TensorFlow and
+        PyTorch (a CPU), by the train step itself, from that step's batch, in the backward pass
         that computes the weight gradients (`in_step_fit`, docs/probe.md);
         the probe still runs at the events whose full records are kept
         (`full_records`) and at `log_now()`. Needs `every_n_batches`; not

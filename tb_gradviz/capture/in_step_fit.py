@@ -2,19 +2,19 @@
 
 `install` replaces `model.train_function`, which `fit` makes before it calls
 `on_train_begin` and looks up again at every step, with the backend's
-(`backends.tf_in_step`): on a step due to be logged it runs a train step
-that also computes the chosen layers' digest statistics, on every other step
-the train function Keras made. Where that cannot be done (a backend without
-it yet, a model with its own `train_step`, `jit_compile`, a strategy over
-several replicas) the callback keeps the probe's digest, and a message says
-why, once.
+(`backends.tf_in_step`, `backends.torch_in_step`): on a step due to be logged
+it runs a train step that also computes the chosen layers' digest
+statistics, on every other step the train function Keras made. Where that
+cannot be done (JAX so far, a model with its own `train_step`, `jit_compile`,
+a strategy over several replicas, PyTorch on an accelerator, no numba) the
+callback keeps the probe's digest, and a message says why, once.
 """
 
 import warnings
 
 import keras
 
-from tb_gradviz.capture import in_step
+from tb_gradviz.capture import assemble, in_step
 
 _told = set()  # the reasons already told
 
@@ -22,27 +22,34 @@ _told = set()  # the reasons already told
 def unsupported(model):
     """Why the in-step digest cannot run in `model`'s train step, or None when it can."""
     backend = keras.backend.backend()
-    if backend != "tensorflow":
+    if backend not in ("tensorflow", "torch"):
         return (
-            "the in-step digest runs on the TensorFlow backend only so far; "
+            "the in-step digest runs on the TensorFlow and PyTorch backends so far; "
             f"Keras runs on {backend!r}"
         )
-    from keras.src.backend.tensorflow.trainer import TensorFlowTrainer
-
-    if type(model).train_step is not TensorFlowTrainer.train_step:
+    if backend == "tensorflow":
+        from keras.src.backend.tensorflow.trainer import TensorFlowTrainer as Trainer
+    else:
+        from keras.src.backend.torch.trainer import TorchTrainer as Trainer
+    if type(model).train_step is not Trainer.train_step:
         return (
             f"{type(model).__name__} defines its own train_step, which the in-step digest "
             "cannot mirror"
         )
     if model.jit_compile:
         return (
-            "under jit_compile XLA compiles the step and its statistics into another program, "
-            "whose rounding differs from the plain step's: training would not be the same bit "
-            "for bit"
+            "under jit_compile the compiler compiles the step and its statistics into another "
+            "program, whose rounding differs from the plain step's: training would not be the "
+            "same bit for bit"
         )
-    replicas = model.distribute_strategy.num_replicas_in_sync
-    if replicas > 1:
-        return f"the model trains under a tf.distribute strategy with {replicas} replicas"
+    if backend == "torch" and any(p.device.type != "cpu" for p in model.parameters()):
+        return "on PyTorch the in-step digest runs on a CPU only so far"
+    if not assemble.numba_available():
+        return "the in-step digest's kernel needs numba"
+    if backend == "tensorflow":
+        replicas = model.distribute_strategy.num_replicas_in_sync
+        if replicas > 1:
+            return f"the model trains under a tf.distribute strategy with {replicas} replicas"
     if getattr(model, "train_function", None) is None:
         return "the model has no train function (fit makes one before on_train_begin)"
     return None
@@ -79,9 +86,11 @@ def install(model, chosen, due, previous=None):
     ):
         step = previous
     else:
-        from tb_gradviz.capture.backends import tf_in_step
-
-        step = tf_in_step.TrainStep(model, chosen, model.train_function)
+        if keras.backend.backend() == "tensorflow":
+            from tb_gradviz.capture.backends import tf_in_step as backend
+        else:
+            from tb_gradviz.capture.backends import torch_in_step as backend
+        step = backend.TrainStep(model, chosen, model.train_function)
     model.train_function = step.train_function(due)
     return step
 

@@ -1,0 +1,146 @@
+"""The in-step digest on Keras' PyTorch backend (`capture.in_step`).
+
+PyTorch runs the train step eagerly, so nothing of it is rebuilt: on a step
+`due()` says is logged, the train function Keras made runs with the chosen
+layers' `call` wrapped (`probe.recording_calls`), as the probe wraps them. The
+wrapper hands each layer a view of each floating input and registers a hook
+on it, and a hook on each floating output: the backward pass of Keras' own
+`loss.backward()`, the one that gives the weight gradients, hands each hook
+the gradient w.r.t. the layer's input (through this layer only: the layer is
+the view's one consumer) or output. Each activation is summarised when the
+layer returns it, each gradient when its hook receives it, by the numba
+kernel (`in_step_kernel`); no tensor is kept past its statistics. A view and a
+hook that returns nothing change no value: training is the same bit for bit.
+"""
+
+import numpy as np
+import torch
+
+from tb_gradviz.capture import in_step, in_step_kernel, probe
+
+
+def _is_float(t):
+    return isinstance(t, torch.Tensor) and t.is_floating_point()
+
+
+def _row(t, units_axis=None):
+    values = t.detach().float().cpu().numpy()
+    last = units_axis is not None and units_axis == values.ndim - 1
+    row = in_step_kernel.statistics_row(values, last)
+    if units_axis is not None and not last:
+        others = tuple(a for a in range(values.ndim) if a != units_axis)
+        row[-1] = np.count_nonzero(~np.any(values != 0, axis=others))
+    return row
+
+
+class TrainStep:
+    """The chosen layers' hooks, and the train function that sets them when due.
+
+    Attributes: as `tf_in_step.TrainStep`'s.
+    """
+
+    def __init__(self, model, chosen, plain):
+        self.model = model
+        self.chosen = list(chosen)
+        self.plain = plain
+        self.function = None
+        self.layout = None
+        self.stash = None
+        self.skipped = []
+        self.due = None
+
+    def take(self, step):
+        """As `tf_in_step.TrainStep.take`."""
+        stash, self.stash = self.stash, None
+        if stash is None or int(stash["step"]) != step:
+            return None
+        return stash
+
+    def train_function(self, due):
+        """The train function to put in `model.train_function` (made once, then the same)."""
+        self.due = due
+        if self.function is None:
+
+            def function(data):
+                if not self.due():
+                    return self.plain(data)
+                return self._logged(data)
+
+            self.function = function
+        return self.function
+
+    def _logged(self, data):
+        rows = {}  # (kind, id of the tensor) -> its statistics row
+        layers = {c.path: c.layer for c in self.chosen}
+
+        def wraps(path):
+            first = []
+
+            def wrap_input(t):
+                if not t.requires_grad:
+                    # The model's own inputs: a leaf of its own, for their gradient.
+                    t = t.detach().requires_grad_(True)
+                view = t.view_as(t)
+                view.register_hook(_hook(rows, ("input_gradient", id(view))))
+                return view
+
+            def wrap_output(t):
+                units_axis = None if first else _units_axis(layers[path], t)
+                rows[("activation", id(t))] = _row(t, units_axis)
+                first.append(t)
+                if t.requires_grad:
+                    t.register_hook(_hook(rows, ("output_gradient", id(t))))
+                return t
+
+            return wrap_input, wrap_output
+
+        scale = probe.loss_scale(self.model)
+        with probe.recording_calls(self.chosen, _is_float, wraps) as recordings:
+            logs = self.plain(data)
+        plans, table = [], []
+        for c in self.chosen:
+            rec = recordings[c.path]
+            if not rec.outputs:
+                continue
+            plan = probe.layer_plan(
+                c,
+                rec,
+                lambda t: (list(t.shape), str(t.dtype).removeprefix("torch.")),
+                scale is not None,
+            )
+            plans.append(plan)
+            forward = [("activation", t) for t in rec.outputs]
+            forward += [("input_gradient", t) for t in rec.inputs]
+            forward += [("output_gradient", t) for t in rec.outputs]
+            for kind, t in forward:
+                table.append(rows.get((kind, id(t)), _unreached(t)))
+        self.skipped = [c.path for c in self.chosen if not recordings[c.path].outputs]
+        self.layout = in_step.DigestLayout(plans, range(len(table)))
+        self.stash = {
+            "rows": np.stack(table) if table else np.zeros((0, in_step.ROW)),
+            "scale": 1.0 if scale is None else scale,
+            "step": int(self.model.optimizer.iterations.numpy()),
+        }
+        return logs
+
+
+def _hook(rows, key):
+    def hook(gradient):
+        rows[key] = _row(gradient)
+
+    return hook
+
+
+def _unreached(t):
+    """The row of a gradient the backward pass never computed: every value zero."""
+    row = np.zeros(in_step.ROW)
+    row[0] = t.numel()
+    row[1 : 1 + len(in_step.BELOW)] = t.numel()
+    return row
+
+
+def _units_axis(layer, t):
+    """The channel axis of a layer's first activation, as `probe.layer_plan` picks it."""
+    if t.dim() < 2:
+        return None
+    return 1 if getattr(layer, "data_format", None) == "channels_first" else t.dim() - 1
