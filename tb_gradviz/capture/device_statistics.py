@@ -267,6 +267,55 @@ def chunk_statistics(groups, scaled, tensors, divisor, mode="fused", precision=T
     ]
 
 
+class GroupPrograms:
+    """`chunk_statistics`, with one compiled program per distinct group.
+
+    A group's program depends only on its rows' count, length and dtype,
+    whether the divisor divides it and its block width: the tensors of
+    layers of one shape (a network's repeated blocks) fill groups of one
+    signature, which run one program. Compiling a few small programs
+    instead of one over every group of an event keeps the compile time to
+    seconds. `traces` counts the programs traced.
+
+    Args:
+      compile: wraps a function of `(rows, divisor)` into its compiled form
+        (`jax.jit`, or `tf.function` with `jit_compile=True`), which traces it
+        once per signature of its arguments.
+      mode, precision: as for `group_statistics`.
+    """
+
+    def __init__(self, compile, mode="fused", precision=True):
+        self.compile, self.mode, self.precision = compile, mode, precision
+        self.programs = {}
+        self.traces = 0
+
+    def __call__(self, groups, scaled, tensors, divisor, widths=None):
+        """`chunk_statistics(groups, scaled, tensors, divisor, mode, precision, widths)`."""
+        results = []
+        for indices in groups:
+            rows = [ops.reshape(tensors[i], [-1]) for i in indices]
+            divided = bool(scaled[indices[0]])
+            width = None if widths is None else widths[indices[0]]
+            key = (len(rows), rows[0].shape[0], str(rows[0].dtype), divided, width)
+            if key not in self.programs:
+                self.programs[key] = self.compile(self._statistics(divided, width))
+            results.append(self.programs[key](rows, divisor))
+        return results
+
+    def _statistics(self, divided, width):
+        def statistics(rows, divisor):
+            self.traces += 1
+            return group_statistics(
+                list(rows),
+                divisor if divided else None,
+                mode=self.mode,
+                precision=self.precision,
+                width=width,
+            )
+
+        return statistics
+
+
 def tensor_rows(groups, results, sizes):
     """Each tensor's row of its group's results: `{name: numpy value}`, with `count`.
 

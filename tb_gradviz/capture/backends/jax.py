@@ -113,14 +113,12 @@ class LayerCapture(probe.ProbePass):
             keys = [(t.size, t.dtype, d, w) for t, d, w in zip(tensors, scaled, widths)]
             self._groups = device_statistics.chunks(keys)
             platform = next(iter(tensors[0].devices())).platform
-            self._statistics = jax.jit(
-                functools.partial(
-                    device_statistics.chunk_statistics,
-                    self._groups,
-                    scaled,
-                    mode=device_statistics.mode_for(platform),
-                    widths=widths if self.block_formats else None,
-                )
+            # One jitted program per distinct group (`GroupPrograms`), not one over them all.
+            programs = device_statistics.GroupPrograms(
+                jax.jit, device_statistics.mode_for(platform)
+            )
+            self._statistics = functools.partial(
+                programs, self._groups, scaled, widths=widths if self.block_formats else None
             )
         with jax.enable_x64(True):  # float64 sums and bucket arithmetic, as the definition's
             results = jax.device_get(

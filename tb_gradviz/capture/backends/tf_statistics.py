@@ -1,7 +1,8 @@
 """The statistics of captured tensors on a TensorFlow device: `device_statistics`, compiled by XLA.
 
 The TensorFlow pass calls `compiled(groups, scaled)` inside its own
-`tf.function`: a nested `tf.function(jit_compile=True)`, so that XLA fuses
+`tf.function`: nested `tf.function(jit_compile=True)`s, one per distinct
+group, so that XLA fuses
 each group's two reads into reductions, as on JAX, instead of TensorFlow
 running one kernel per op and materialising every comparison. Only sums
 and counts leave the device.
@@ -24,16 +25,22 @@ def compiled(groups, scaled, mode="fused", widths=None):
         record too (`device_statistics.chunk_statistics`).
 
     Returns:
-      A `tf.function` of `(tensors, divisor)`, divisor a float64 scalar,
-      that returns a list of dicts, one per group.
+      A function of `(tensors, divisor)`, divisor a float64 scalar, that
+      returns a list of dicts, one per group: each group through a nested
+      `tf.function` compiled by XLA, one per distinct group
+      (`device_statistics.GroupPrograms`).
     """
+    programs = device_statistics.GroupPrograms(_compile, mode)
 
     def statistics(tensors, divisor):
-        return device_statistics.chunk_statistics(
-            groups, scaled, tensors, divisor, mode, widths=widths
-        )
+        return programs(groups, scaled, tensors, divisor, widths)
 
-    return tf.function(statistics, jit_compile=True, autograph=False)
+    statistics.programs = programs
+    return statistics
+
+
+def _compile(function):
+    return tf.function(function, jit_compile=True, autograph=False)
 
 
 def divide(x, y):
