@@ -16,57 +16,42 @@ import urllib.request
 import limits
 import numpy as np
 import pytest
+import synthetic
 from test_cli import REPO, run_cli
 
 from tb_gradviz import cli
 
 
-def test_demo_into_a_file_or_onto_a_busy_port_fails_cleanly(tmp_path):
-    a_file = tmp_path / "f.txt"
-    a_file.write_text("x")
-    status, out, err = run_cli("demo", "--logdir", a_file)
+def test_demo_into_a_file_fails_cleanly_before_training(tmp_path):
+    (tmp_path / "f.txt").write_text("x")
+    status, out, err = run_cli("demo", "--logdir", tmp_path / "f.txt")
     assert status == 2 and "--logdir must be a directory" in err and "Traceback" not in err + out
-    with socket.socket() as busy:
+    assert "Training into" not in out
+
+
+def test_serving_on_a_port_another_server_listens_on_fails_if_given_else_falls_back(
+    tmp_path, capsys
+):
+    # What `demo` does once its logs are written: a port given by --port that another server
+    # listens on (TensorBoard's own check) fails with the serve status; TensorBoard's port,
+    # the default, falls back to a free one with a message. The logs: a small run's.
+    synthetic.write_run(tmp_path / "run", layers=2, steps=3)
+    with socket.socket() as busy, socket.socket() as on_6006:
         busy.bind(("127.0.0.1", 0))
         busy.listen()
-        status, out, err = run_cli(
-            "demo",
-            "--model",
-            "cnn",
-            "--steps",
-            "1",
-            "--logdir",
-            tmp_path / "logs",
-            "--port",
-            busy.getsockname()[1],
-            "--serve-seconds",
-            "1",
-        )
-    assert status == cli.EXIT_SERVE == 4
-    assert "cannot serve TensorBoard on 127.0.0.1:" in err and "Traceback" not in err
-
-
-def test_demo_serves_on_6006_and_falls_back_to_a_free_port_when_it_is_busy(tmp_path):
-    # TensorBoard's port by default, and a message, not a failure, when it is taken.
-    with socket.socket() as busy:
-        busy.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        port = busy.getsockname()[1]
+        with pytest.raises(cli.CommandError) as raised:
+            cli.serve(str(tmp_path), "127.0.0.1", port, 1)
+        assert raised.value.code == cli.EXIT_SERVE == 4
+        assert str(raised.value).startswith(f"cannot serve TensorBoard on 127.0.0.1:{port}: ")
+        on_6006.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
-            busy.bind(("127.0.0.1", 6006))
+            on_6006.bind(("127.0.0.1", 6006))
         except OSError:
             pytest.skip("port 6006 is taken by another program on this machine")
-        busy.listen()
-        status, out, err = run_cli(
-            "demo",
-            "--model",
-            "cnn",
-            "--steps",
-            "1",
-            "--logdir",
-            tmp_path / "logs",
-            "--serve-seconds",
-            "1",
-        )
-    assert status == 0, err
+        on_6006.listen()
+        assert cli.serve(str(tmp_path), "127.0.0.1", None, 1) == cli.EXIT_OK
+    out = capsys.readouterr().out
     assert "Port 6006 is busy" in out and "serving on a free port instead" in out
     url = re.search(r"GradViz tab: http://127\.0\.0\.1:(\d+)/#gradviz", out)
     assert url and url.group(1) != "6006", out
@@ -178,7 +163,9 @@ def test_keras_tensorboard_logs_nothing_for_maxpool_and_gradviz_logs_its_tensors
 def main_job(tmp_path_factory):
     """`bash demo/run.sh` with its defaults, serving while this module's tests read it.
 
-    Yields `(logs, url, seconds to the URL, whether 6006 was free)`; stops the server afterwards.
+    Run as a user's shell runs it, without TensorFlow's log variables set. Yields `(logs, url,
+    seconds to the URL, whether 6006 was free, what it said up to the URL)`; stops the server
+    afterwards.
     """
     workdir = tmp_path_factory.mktemp("main_job")
     logs = workdir / "demo_logs"
@@ -195,6 +182,7 @@ def main_job(tmp_path_factory):
         stderr=subprocess.STDOUT,
         text=True,
         cwd=workdir,
+        env={k: v for k, v in os.environ.items() if not k.startswith(("TF_CPP", "GRPC"))},
     )
     try:
         output, url = [], None
@@ -210,7 +198,8 @@ def main_job(tmp_path_factory):
         elapsed = time.monotonic() - started
         # Keep reading, so that a full pipe never blocks the server.
         threading.Thread(target=output.extend, args=(process.stdout,), daemon=True).start()
-        yield logs, url, elapsed, default_port_free
+        said = "".join(output)
+        yield logs, url, elapsed, default_port_free, said
     finally:
         process.kill()
         process.wait(timeout=30)
@@ -218,7 +207,7 @@ def main_job(tmp_path_factory):
 
 def test_readme_main_job_trains_writes_and_serves_within_five_minutes(main_job):
     """`bash demo/run.sh` with its defaults, serving bounded."""
-    logs, url, elapsed, default_port_free = main_job
+    logs, url, elapsed, default_port_free, _ = main_job
     if default_port_free:
         assert url.startswith("http://127.0.0.1:6006/"), url  # TensorBoard's port by default
     deadline = time.monotonic() + limits.SERVER_START_S
@@ -277,7 +266,7 @@ def test_demo_resnet50_and_cnns_learn_loss_falls_and_accuracy_beats_chance(main_
     # From scratch with SGD(0.01, momentum 0.9), ResNet50's loss rose from 2.2 to 6.9 and its
     # accuracy stayed at chance (and the CNNs, Adam(1e-3) at batch 16, stayed near it). Each step's
     # loss and accuracy are in the run, beside its GradViz records, for the Scalars dashboard.
-    _, url, _, _ = main_job
+    _, url, _, _, _ = main_job
     loss = served_scalars(url, run, "train/loss", steps)
     accuracy = served_scalars(url, run, "train/accuracy", steps)
     assert [step for step, _ in loss] == [step for step, _ in accuracy] == list(range(1, steps + 1))
@@ -295,7 +284,7 @@ def test_demo_shows_a_vanishing_gradient_the_flags_catch_next_to_a_healthy_netwo
     main_job, capsys
 ):
     # Issue 13: the main job shows the diagnosis: 20 sigmoid layers against ReLU with BatchNorm.
-    logs, _, _, _ = main_job
+    logs, _, _, _, _ = main_job
     assert cli.main(["check", str(logs), "--run", "plain_relu_bn"]) == 0
     assert "no flag raised" in capsys.readouterr().out
     assert (
@@ -316,25 +305,21 @@ def test_demo_shows_a_vanishing_gradient_the_flags_catch_next_to_a_healthy_netwo
     capsys.readouterr()
 
 
-def test_demo_says_what_trains_and_why_lists_each_runs_layers_and_keeps_tensorflow_quiet(tmp_path):
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("TF_CPP", "GRPC"))}
-    logs = tmp_path / "logs"
-    done = subprocess.run(
-        [sys.executable, "-m", "tb_gradviz.cli", "demo", "--model", "cnn", "--steps", "1"]
-        + ["--no-serve", "--logdir", str(logs)],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=REPO,
-        timeout=600,
-    )
-    assert done.returncode == 0, done.stderr
+@pytest.fixture(scope="module")
+def main_job_check(main_job):
+    """`tb-gradviz check --format json` on the main job's logdir: `(status, {run: its result})`."""
+    status, out, _ = run_cli("check", main_job[0], "--format", "json")
+    return status, {r["run"]: r for r in json.loads(out)["runs"]}
+
+
+def test_demo_says_what_trains_and_why_lists_each_runs_layers_and_keeps_tensorflow_quiet(
+    main_job, main_job_check
+):
+    logs, _, _, _, output = main_job
     from tb_gradviz import demos
 
-    plan = demos.demo_plan("cnn", 1)
-    said = [
-        line for line in done.stdout.splitlines() if re.match(r"\[\d+/\d+\] |\s+\S+ logged ", line)
-    ]
+    plan = demos.demo_plan()
+    said = [line for line in output.splitlines() if re.match(r"\[\d+/\d+\] |\s+\S+ logged ", line)]
     # Before each run: its number, name, model and why; after it: the layers it logged.
     assert len(said) == 2 * len(plan)
     for i, (run, what, why, _) in enumerate(plan):
@@ -342,16 +327,31 @@ def test_demo_says_what_trains_and_why_lists_each_runs_layers_and_keeps_tensorfl
         assert said[2 * i + 1].split()[:2] == [run, "logged"]
         assert os.listdir(logs / run)
     assert said[3].split(": ", 1)[1] == "pool1, pool2, gap"  # cnn_averagepool
-    # TensorFlow's C++ start-up notices are not the demo's output.
-    assert "oneDNN" not in done.stderr and "absl::InitializeLog" not in done.stderr, done.stderr
+    # TensorFlow's C++ start-up notices are not the demo's output (stderr is in `output` too).
+    assert "oneDNN" not in output and "absl::InitializeLog" not in output, output
     # The step scalars are written by tb_gradviz's own writer, beside its records.
     assert any(name.endswith(".scalars") for name in os.listdir(logs / "cnn_maxpool"))
     # What the demo says check flags is what check flags on its logs.
-    assert "dead ReLU channels in the small CNNs" in done.stdout
-    status, out, _ = run_cli("check", logs, "--format", "json")
-    flags = {r["run"]: {f["flag"] for f in r["flags"]} for r in json.loads(out)["runs"]}
+    assert "dead ReLU channels in the small CNNs" in output
+    status, runs = main_job_check
+    flags = {run: {f["flag"] for f in result["flags"]} for run, result in runs.items()}
     assert status == cli.EXIT_FLAGGED
     assert "vanishing" in flags["plain_sigmoid"] and flags["plain_relu_bn"] == set()
+
+
+def test_demo_passes_its_model_steps_and_sizes_to_the_training(tmp_path, no_training, monkeypatch):
+    # What each --model trains is demo_plan's (the main job trains every run); the command
+    # passes each option on as given.
+    options, stub = [], sys.modules["tb_gradviz.demos"]
+    monkeypatch.setattr(stub, "run_demo", lambda logdir, **o: options.append(o) or {})
+    for model, steps in (("cnn", 1), ("divergence", 3), ("resnet50", 2)):
+        sizes = ("--image-size", 32, "--batch-size", 4, "--steps", steps, "--no-serve")
+        assert demo_serving(tmp_path, "--model", model, *sizes)[0] == 0
+    assert [(o["model"], o["steps"], o["image_size"], o["batch_size"]) for o in options] == [
+        ("cnn", 1, 32, 4),
+        ("divergence", 3, 32, 4),
+        ("resnet50", 2, 32, 4),
+    ]
 
 
 def test_the_demo_url_opens_resnet50s_pool1_pool():
@@ -365,30 +365,20 @@ def test_the_demo_url_opens_resnet50s_pool1_pool():
     assert demo.focus({"cnn_maxpool": ["pool1"]}) == ""
 
 
-def test_demo_divergence_warns_before_its_run_fails_and_its_transformer_raises_nothing(tmp_path):
-    # The divergence demo alone (`--model divergence`, its two runs at their own lengths).
-    logs = tmp_path / "logs"
-    done = subprocess.run(
-        [sys.executable, "-m", "tb_gradviz.cli", "demo", "--model", "divergence", "--no-serve"]
-        + ["--logdir", str(logs)],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        timeout=600,
-    )
-    assert done.returncode == 0, done.stderr
+def test_demo_divergence_warns_before_its_run_fails_and_its_transformer_raises_nothing(
+    main_job, main_job_check
+):
+    # The divergence demo's two runs, as the main job trains them (in all, before ResNet50).
+    _, _, _, _, output = main_job
     from tb_gradviz import demos
 
-    said = [line for line in done.stdout.splitlines() if re.match(r"\[\d+/2\] ", line)]
-    plan = demos.demo_plan("divergence")
-    assert said == [
-        f"[{i}/2] {run}: {what}; {why}." for i, (run, what, why, _) in enumerate(plan, 1)
+    assert [run for run, *_ in demos.demo_plan("divergence")] == [
+        "transformer",
+        demos.DIVERGING_RUN,
     ]
-    assert [run for run, *_ in plan] == ["transformer", demos.DIVERGING_RUN]
     # Read back as check reads the written logdir: every onset of each run.
-    status, out, _ = run_cli("check", logs, "--format", "json")
+    status, runs = main_job_check
     assert status == cli.EXIT_FLAGGED
-    runs = {r["run"]: r for r in json.loads(out)["runs"]}
     assert runs["transformer"]["flags"] == [] and runs["transformer"]["onsets"] == []
     onsets = runs[demos.DIVERGING_RUN]["onsets"]
     warnings = [o for o in onsets if o["class"] == "warning"]
@@ -407,4 +397,4 @@ def test_demo_divergence_warns_before_its_run_fails_and_its_transformer_raises_n
         f"{failure['step'] - warning['step']} steps before {failure['flag']} at step "
         f"{failure['step']} ({failure['layer']}, {failure['tensor']})."
     )
-    assert expected in done.stdout, done.stdout
+    assert expected in output, output
