@@ -57,13 +57,11 @@ printed, and written as markdown with `--table`.
     python bench/bench_divergence.py --rejudge runs.json --json rejudged.json
 """
 
-import concurrent.futures
 import json
 import math
 import os
 import shlex
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -72,11 +70,25 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import common  # noqa: E402
 import divergence_table  # noqa: E402
+from divergence_judging import judged  # noqa: E402
 
 CORRUPT_STEP = 150
 SETS = ("tuning", "held_back")
 # Cases whose divergence no rule can see coming: it is in the data of the step it happens at.
 UNFORESEEABLE = {"cnn_corrupt_batch"}
+
+
+def cause_step(name, diverges):
+    """The step at which case `name`'s fault begins: its corrupted batch, or the start of its
+    learning rate's ramp (every other diverging case ramps); None for a healthy case. A warning
+    before it cannot be a sign of the divergence."""
+    from tb_gradviz.divergence_cases import RAMP_START
+
+    if not diverges:
+        return None
+    return CORRUPT_STEP if name == "cnn_corrupt_batch" else RAMP_START
+
+
 DIVERGENCE_FACTOR = 3.0
 SMOOTHING = 5
 
@@ -166,63 +178,6 @@ def cases(args):
     return found
 
 
-def onsets_of(logdir):
-    """`check --format json`'s onsets of the run in `logdir`."""
-    done = subprocess.run(
-        [sys.executable, "-m", "tb_gradviz.cli", "check", logdir, "--format", "json"],
-        capture_output=True,
-        text=True,
-    )
-    if done.returncode not in (0, 1):
-        raise RuntimeError(f"check exited {done.returncode}: {done.stderr[-2000:]}")
-    (run,) = json.loads(done.stdout)["runs"]
-    return run.get("onsets", [])
-
-
-def rules_digest():
-    """A digest of the read side's sources (`format/` and `board/`), which hold the rules a
-    row's onsets were judged by: rows of one digest were judged alike."""
-    import hashlib
-
-    import tb_gradviz
-
-    root = os.path.dirname(tb_gradviz.__file__)
-    digest = hashlib.sha256()
-    for side in ("format", "board"):
-        folder = os.path.join(root, side)
-        for name in sorted(os.listdir(folder)):
-            if name.endswith(".py"):
-                with open(os.path.join(folder, name), "rb") as f:
-                    digest.update(name.encode() + b"\0" + f.read())
-    return digest.hexdigest()[:12]
-
-
-def judged(row):
-    """`row`'s onsets as `check` judges its logdir now, with their leads on its divergence."""
-    diverged, every = row["divergence_step"], row["every_n_batches"]
-    events = range(every, row["steps_run"] + 1, every)
-    onsets = []
-    row["rules_digest"] = rules_digest()
-    for onset in onsets_of(row["logdir"]):
-        step = onset["step"]
-        onsets.append(
-            {
-                "flag": onset["flag"],
-                "class": onset.get("class", "flag"),
-                "step": step,
-                "layer": onset["layer"],
-                "tensor": onset["tensor"],
-                "raised_steps": onset["raised_steps"],
-                "last_raised_step": onset["last_raised_step"],
-                "lead_steps": None if diverged is None else diverged - step,
-                "lead_events": None
-                if diverged is None
-                else sum(step <= e < diverged for e in events),
-            }
-        )
-    return onsets
-
-
 def deterministic():
     """Same seeds, same losses: TensorFlow's CPU kernels otherwise reduce in an order that
     depends on thread scheduling, which moves a divergence by several steps under load."""
@@ -292,9 +247,9 @@ def print_result(row):
     print("RESULT", summary, flush=True)
 
 
-def rejudge(path, jobs):
-    """The rows of the JSON at `path`, their onsets judged again from their logdirs, `jobs`
-    `check`s at a time; and the command that trained them."""
+def rejudge(path):
+    """The rows of the JSON at `path`, their onsets judged again from their logdirs; and the
+    command that trained them."""
     with open(path) as f:
         previous = json.load(f)
     rows = previous["rows"]
@@ -304,17 +259,13 @@ def rejudge(path, jobs):
                 f"{path}: the logdir of {row['case']} (seed {row.get('seed')}) is not there: "
                 f"{row.get('logdir')!r}"
             )
-
-    def judge(row):
+    for row in rows:
+        if "cause_step" not in row:  # a JSON written before rows had it
+            row["cause_step"] = cause_step(row["case"], row["expected_to_diverge"])
         begin = time.perf_counter()
-        row["onsets"] = judged(row)
+        row["onsets"] = judged(row, in_process=True)
         row["check_seconds"] = round(time.perf_counter() - begin, 1)
-        return row
-
-    # Each check is a process of its own: threads only wait for them.
-    with concurrent.futures.ThreadPoolExecutor(jobs) as pool:
-        for row in pool.map(judge, rows):
-            print_result(row)
+        print_result(row)
     return rows, previous.get("trained_by", previous.get("command"))
 
 
@@ -349,6 +300,7 @@ def train(args, known, chosen):
                     set=kind,
                     expected_to_diverge=diverges,
                     foreseeable=name not in UNFORESEEABLE,
+                    cause_step=cause_step(name, diverges),
                 )
                 rows.append(row)
                 print_result(row)
@@ -366,9 +318,10 @@ def main():
     p.add_argument("--seeds", default="", help="comma-separated seeds (default: --seed)")
     p.add_argument("--logdirs", help="where each run's logdir is kept (default: a temp dir)")
     p.add_argument("--rejudge", metavar="JSON", help="re-run check on a previous JSON's logdirs")
-    p.add_argument("--jobs", type=int, default=2, help="checks run at once by --rejudge")
     p.add_argument("--table", metavar="PATH", help="also write the summary as markdown")
-    p.add_argument("--ramp", type=float, default=1.05, help="learning rate growth per step")
+    p.add_argument(
+        "--ramp", type=float, default=1.05, help="the tuning set's learning rate growth per step"
+    )
     p.add_argument("--stop-after", type=int, default=10, help="steps run past the divergence")
     p.add_argument(
         "--weights",
@@ -383,7 +336,7 @@ def main():
     command = shlex.join(["python", "bench/bench_divergence.py", *sys.argv[1:]])
     trained_by = command
     if args.rejudge:
-        rows, trained_by = rejudge(args.rejudge, args.jobs)
+        rows, trained_by = rejudge(args.rejudge)
     else:
         known = cases(args)
         try:

@@ -27,8 +27,19 @@ def lead_of(row, kind):
     return None if first is None else first["lead_steps"]
 
 
-def _leads_text(leads):
-    return " / ".join("none" if lead is None else str(lead) for lead in leads)
+def _leads_text(leads, early=()):
+    """The leads, those of onsets raised before the fault began marked with a dagger."""
+    early = list(early) or [False] * len(leads)
+    return " / ".join(
+        ("none" if lead is None else str(lead)) + ("\N{DAGGER}" if soon else "")
+        for lead, soon in zip(leads, early)
+    )
+
+
+def early(row, kind):
+    """Whether the first `kind` onset came before the run's fault began (`cause_step`)."""
+    first, cause = first_onset(row, kind), row.get("cause_step")
+    return first is not None and cause is not None and first["step"] < cause
 
 
 def _ordered(lead):
@@ -82,23 +93,28 @@ def diverging_table(rows):
         "| first warning (rule, step, layer/tensor) | first flag's lead |",
         "|---|---|---|---|---|---|---|",
     ]
-    foreseen = []
+    foreseen, before = [], 0
     for case, found in _by_case(rows).items():
         leads = [lead_of(r, "warning") if r["divergence_step"] is not None else None for r in found]
         name = f"`{case}`" + ("" if found[0].get("foreseeable", True) else " (not foreseeable)")
+        warned_early = [early(r, "warning") for r in found]
+        flags = [lead_of(r, "flag") for r in found]
         lines.append(
-            f"| {name} | {_diverged(found)} | {_leads_text(leads)} | {_median_text(leads)} "
-            f"| {_min_text(leads)} | {'; '.join(_where(first_onset(r, 'warning')) for r in found)} "
-            f"| {_leads_text([lead_of(r, 'flag') for r in found])} |"
+            f"| {name} | {_diverged(found)} | {_leads_text(leads, warned_early)} "
+            f"| {_median_text(leads)} | {_min_text(leads)} "
+            f"| {'; '.join(_where(first_onset(r, 'warning')) for r in found)} "
+            f"| {_leads_text(flags, [early(r, 'flag') for r in found])} |"
         )
         if found[0].get("foreseeable", True):
             foreseen.extend(leads)
+            before += sum(warned_early)
     ahead = sum(lead is not None and lead >= AHEAD for lead in foreseen)
     summary = (
         f"Foreseeable runs: {len(foreseen)}; median lead of the first warning "
         f"**{_median_text(foreseen)}** steps, min {_min_text(foreseen)}; warned at least "
         f"{AHEAD} steps ahead in **{ahead} of {len(foreseen)}** (a missing warning counts "
-        "below any lead)."
+        f"below any lead); in {before} of them the first warning came before the fault began "
+        "(\N{DAGGER}: before the ramp's start or the corrupted batch, so not a sign of it)."
     )
     return lines, summary
 
