@@ -100,3 +100,18 @@ def test_the_update_trend_is_the_median_over_the_last_steps_whatever_the_spacing
     # SMOOTH = 3 steps: [0], [0, 4], [0, 4, 1], [4, 1, 2], [7], [5], [5, NaN].
     trend = windows.smoothed(steps, logs, 3)
     np.testing.assert_array_equal(trend, [[0.0, 2.0, 1.0, 2.0, 7.0, 5.0, 5.0]])
+
+
+@pytest.mark.parametrize("values, raised_at_all", [(32, False), (leading.UPDATE_MIN_COUNT, True)])
+def test_update_growth_judges_weights_of_256_values_or_more(values, raised_at_all):
+    # A recorded kernel of `values` values whose update ratio grows 5 % per step from step 200.
+    steps = np.arange(400)
+    ratio = 1e-3 * 1.05 ** np.maximum(steps - 200, 0)
+    layers = columns(update_ratio=ratio, steps=steps)
+    layers[0]["tensors"]["weight/kernel"] = {
+        "role": records.WEIGHT,
+        "count": np.full(400, float(values)),
+        "rms": np.ones(400),
+        "max_abs": np.ones(400),
+    }
+    assert bool(raised(steps, layers)["update_growth"]) is raised_at_all

@@ -85,7 +85,7 @@ def detail(warning, steps, layer, tensor, step):
         per_step = dict(leading.update_series(layer))[tensor]
         return _against(f"{tensor} update ratio per step", per_step, steps, step, span)
     if warning == "update_growth":
-        per_step = dict(leading.update_series(layer))[tensor]
+        per_step = dict(leading.update_series(layer, leading.UPDATE_MIN_COUNT))[tensor]
         trend = leading.update_trend(steps, per_step)
         rise = windows.drift(steps, trend, leading.UPDATE_PER_STEP, [step])[0, step]
         return (

@@ -24,7 +24,8 @@ needs no reference value and judges every layer by its own scale:
   and above `RECORD` times its highest over the `HISTORY` steps before;
 * `update_growth`: the CUSUM of `rms_drift` over the update ratio's trend
   (its median over the last `SMOOTH` steps), with `UPDATE_DRIFT` and
-  `UPDATE_PER_STEP`, from step `UPDATE_FROM` on, above `UPDATE_FLOOR`: the
+  `UPDATE_PER_STEP`, from step `UPDATE_FROM` on, above `UPDATE_FLOOR`, of
+  weights of `UPDATE_MIN_COUNT` values or more (when recorded): the
   size of each update growing step by step, which a learning rate past
   stability shows first in a network of saturating units.
 
@@ -75,6 +76,9 @@ UPDATE_PER_STEP = 0.005
 SMOOTH = 9  # steps
 UPDATE_FROM = WINDOW // 2
 UPDATE_FLOOR = 1e-4
+# update_growth judges weights of this many values or more: the update ratio of a small weight
+# (a bias, a one-unit layer's kernel) swings several-fold from step to step.
+UPDATE_MIN_COUNT = 256
 
 # The tensors each tensor rule reads: the activation and the gradients.
 JUDGED_ROLES = (
@@ -104,7 +108,7 @@ def rules():
         "update_growth": f"a weight's update ratio per step (its median over the last {SMOOTH} "
         f"steps) rose over {UPDATE_DRIFT:g} decades above its lowest of the {WINDOW} steps "
         f"before, beyond {UPDATE_PER_STEP:g} decades per step, from step {UPDATE_FROM} on, "
-        f"and is over {UPDATE_FLOOR:g}",
+        f"and is over {UPDATE_FLOOR:g}; weights of {UPDATE_MIN_COUNT} values or more",
     }
 
 
@@ -121,14 +125,14 @@ def _logs(series, field, count):
     return out
 
 
-def _few(tensor):
+def _few(tensor, min_count=None):
     """`[steps]`: where a tensor holds fewer than `MIN_COUNT` values (a bias of one unit is one
     number, whose magnitude swings by orders as it crosses zero)."""
     count = tensor.get("count")
     if count is None:
         return False
     with np.errstate(invalid="ignore"):
-        return np.asarray(count, dtype=np.float64) < MIN_COUNT
+        return np.asarray(count, dtype=np.float64) < (min_count or MIN_COUNT)
 
 
 def tensor_series(layer):
@@ -150,13 +154,14 @@ def _values_of(tensor):
     return values
 
 
-def update_series(layer):
+def update_series(layer, min_count=None):
     """`[(weight, per-step update ratio)]` of a layer's update rows, `[steps]` each, NaN where
-    the weight's values (its `weight/<name>` tensor, when recorded) are fewer than `MIN_COUNT`."""
+    the weight's values (its `weight/<name>` tensor, when recorded) are fewer than `min_count`
+    (None: `MIN_COUNT`)."""
     found = []
     for weight, update in layer.get("updates", {}).items():
         values = layer["tensors"].get(f"{records.WEIGHT}/{weight}")
-        few = False if values is None else _few(values)
+        few = False if values is None else _few(values, min_count)
         with np.errstate(invalid="ignore", divide="ignore"):
             interval = np.asarray(update["interval"], dtype=np.float64)
             per_step = np.where(interval > 0, update["update_ratio"] / interval, np.nan)
@@ -186,7 +191,10 @@ def verdicts(steps, layers, at=None):
     )
     per_step = np.array([u for found in updates for _, u in found], dtype=np.float64)
     per_step = per_step.reshape(-1, count)
-    judged = _judged_series(steps, rms, peak, per_step, at)
+    # update_growth's series: the same weights, those of fewer than UPDATE_MIN_COUNT values out.
+    larger = [u for layer in layers for _, u in update_series(layer, UPDATE_MIN_COUNT)]
+    larger = np.array(larger, dtype=np.float64).reshape(-1, count)
+    judged = _judged_series(steps, rms, peak, per_step, larger, at)
     found = {warning: np.zeros((len(layers), count), bool) for warning in WARNINGS}
     found["tensors"] = {warning: [] for warning in WARNINGS}
     rows = {"tensors": 0, "updates": 0}
@@ -228,9 +236,9 @@ def _weight_order(layer, weight):
     return names.index(weight) if weight in names else len(names)
 
 
-def _judged_series(steps, rms, peak, per_step, at):
+def _judged_series(steps, rms, peak, per_step, larger, at):
     """`{warning: [series, steps] bool}` over the tensors' log10 RMS and max |x| and the
-    weights' per-step update ratios."""
+    weights' per-step update ratios (`larger`: those of `UPDATE_MIN_COUNT` values or more)."""
     steps = np.asarray(steps, dtype=np.int64)
     updates = log10(per_step)
     growth, spike = np.log10(GROWTH), np.log10(SPIKE)
@@ -239,7 +247,7 @@ def _judged_series(steps, rms, peak, per_step, at):
     def past_highs(logs):
         return windows.record_exceeds(steps, logs, record, HISTORY, at)
 
-    trend = update_trend(steps, per_step)
+    trend = update_trend(steps, larger)
     with np.errstate(invalid="ignore"):
         return {
             "rms_growth": windows.median_exceeds(steps, rms, growth, at) & past_highs(rms),
