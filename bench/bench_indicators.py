@@ -11,9 +11,9 @@ Per model (ResNet50 `weights=None` at `--image-size`, batch `--batch`, and
 the demo's small CNN, `demos.small_cnn("max")`, at 32 px, batch 64), with
 `--layers` (all: every layer), one `GradVizCallback(stop_on=<a callable
 that never stops>)`. The window is first filled with `--history` events'
-digests, `leading.WINDOW / --history` steps apart (the first event's
+digests, `leading.HISTORY / --history` steps apart (the first event's
 records at the steps before: the rows a fit that logs every step holds,
-`every_n_batches=1`, at 100; `every_n_batches=10` at 10). Then each repeat
+`every_n_batches=1`, at 200; `every_n_batches=10` at 20). Then each repeat
 trains one step (`train_on_batch`) and logs two events, with `stop_on`
 judging and without, in alternating order (A, B, B, A, ...); the event
 without is judged after it, outside its time, so that the window holds
@@ -120,7 +120,7 @@ def measure(args):
     callback._keeper.writes = keeping
 
     load_before = os.getloadavg()
-    spacing = max(1, leading.WINDOW // args.history)  # every_n_batches
+    spacing = max(1, leading.HISTORY // args.history)  # every_n_batches
     callback._judge, callback._stop_on = idle, idle_stop
     callback.log_now(step=0)  # traces
     for earlier in range(1, args.history):  # the window's earlier events
@@ -220,8 +220,8 @@ def main():
     p.add_argument(
         "--history",
         type=int,
-        default=100,
-        help="events in the warnings' window: 100 (every_n_batches=1) or 10 (every 10 steps)",
+        default=200,
+        help="events the judge holds: 200 (every_n_batches=1) or 20 (every 10 steps)",
     )
     p.add_argument("--repeats", type=int, default=7)
     args = p.parse_args()
