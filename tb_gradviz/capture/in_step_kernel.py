@@ -115,3 +115,14 @@ def statistics_row(values, units_last):
     row[5 + counts] = largest
     row[6 + counts] = np.count_nonzero(nonzero == 0) if units_last else 0
     return row
+
+
+def row_along(values, units_axis):
+    """`statistics_row` with the dead channels along `units_axis` (None: none counted)."""
+    values = np.asarray(values)
+    last = units_axis is not None and units_axis == values.ndim - 1
+    row = statistics_row(values, last)
+    if units_axis is not None and not last:
+        others = tuple(a for a in range(values.ndim) if a != units_axis)
+        row[-1] = np.count_nonzero(~np.any(values != 0, axis=others))
+    return row

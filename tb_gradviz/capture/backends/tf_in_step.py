@@ -16,12 +16,18 @@ the same bit for bit (tests/test_in_step.py).
 """
 
 import keras
+import numpy as np
 import tensorflow as tf
 from keras.src.losses import loss as loss_module
 from keras.src.trainers.data_adapters import data_adapter_utils
 
 from tb_gradviz.capture import assemble, in_step, in_step_kernel, probe
 from tb_gradviz.capture.backends.tensorflow import _sole_inputs_of_outputs
+
+# The chosen layers whose tensors one call of the host kernel takes: each call from the graph
+# costs about as much as the kernel's pass over a small tensor, and a gradient waits for the
+# others of its call (a few layers apart in the backward pass) before it is freed.
+LAYERS_PER_CALL = 8
 
 
 def _is_float(t):
@@ -123,7 +129,7 @@ class TrainStep:
 
     def _statistics(self, called, gradients, loss_scaled):
         sole_inputs = _sole_inputs_of_outputs(rec for _, rec in called)
-        plans, items, summarised = [], [], []
+        plans, items, summarised, group_of = [], [], [], []
         seen, item_of_output_gradient, same_as_output = {}, {}, {}
         g = iter(gradients)
         for c, rec in called:
@@ -146,6 +152,7 @@ class TrainStep:
                 if item == len(summarised):
                     axis = plan.units_axis if tensor_plan.role == "activation" else None
                     summarised.append((t, axis if forward_t is rec.outputs[0] else None))
+                    group_of.append(len(plans) // LAYERS_PER_CALL)
                 if tensor_plan.role == "output_gradient":
                     item_of_output_gradient[id(forward_t)] = item
                 items.append(item)
@@ -153,8 +160,12 @@ class TrainStep:
         for position, producer in same_as_output.items():
             items[position] = item_of_output_gradient[id(producer)]
         self.layout = in_step.DigestLayout(plans, items)
-        on_host = self.on_host
-        return tf.stack([tensor_statistics(t, axis, on_host) for t, axis in summarised])
+        if not self.on_host:
+            return tf.stack([tensor_statistics(t, axis, False) for t, axis in summarised])
+        groups = {}
+        for (t, axis), group in zip(summarised, group_of):
+            groups.setdefault(group, []).append((t, axis))
+        return tf.concat([host_statistics(group) for group in groups.values()], 0)
 
     @property
     def on_host(self):
@@ -191,20 +202,29 @@ def _below(magnitudes, jit_compile):
     return tf.cumsum(histogram)[:-1]
 
 
+def host_statistics(tensors):
+    """The rows (`[len(tensors), in_step.ROW]` float64) of `(tensor, units_axis)`s, by numba's
+    kernel in one call from the graph."""
+    axes = [axis for _, axis in tensors]
+
+    def rows(*values):
+        return np.stack([in_step_kernel.row_along(v, axis) for v, axis in zip(values, axes)])
+
+    found = tf.numpy_function(rows, [t for t, _ in tensors], tf.float64, stateful=False)
+    return tf.ensure_shape(found, [len(tensors), in_step.ROW])
+
+
 def tensor_statistics(x, units_axis, on_host):
     """One tensor's row of `in_step.ROW` float64 statistics (`in_step.DigestLayout`).
 
     Args:
       x: the tensor.
       units_axis: the axis whose dead channels are counted, or None.
-      on_host: compute them with numba's kernel (`in_step_kernel`), one pass.
+      on_host: compute them with numba's kernel (`in_step_kernel`), one pass;
+        else with TensorFlow's ops.
     """
-    last = units_axis is not None and units_axis == len(x.shape) - 1
-    if on_host and (units_axis is None or last):
-        row = tf.numpy_function(
-            lambda v: in_step_kernel.statistics_row(v, last), [x], tf.float64, stateful=False
-        )
-        return tf.ensure_shape(row, [in_step.ROW])
+    if on_host:
+        return host_statistics([(x, units_axis)])[0]
     return _ops_statistics(x, units_axis, on_host)
 
 

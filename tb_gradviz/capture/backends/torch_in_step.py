@@ -24,13 +24,7 @@ def _is_float(t):
 
 
 def _row(t, units_axis=None):
-    values = t.detach().float().cpu().numpy()
-    last = units_axis is not None and units_axis == values.ndim - 1
-    row = in_step_kernel.statistics_row(values, last)
-    if units_axis is not None and not last:
-        others = tuple(a for a in range(values.ndim) if a != units_axis)
-        row[-1] = np.count_nonzero(~np.any(values != 0, axis=others))
-    return row
+    return in_step_kernel.row_along(t.detach().float().cpu().numpy(), units_axis)
 
 
 class TrainStep:
