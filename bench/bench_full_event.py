@@ -17,7 +17,8 @@ real shapes), with and without the block part, compiled as `--programs`
 says: `grouped`, one program per distinct group
 (`device_statistics.GroupPrograms`, what the passes run), or `one` program
 over every group (what they ran before). Seconds to trace, compile and run
-once, the programs traced, and the median seconds per event after.
+once (wall, and the process's CPU time), the programs traced, and the median
+seconds per event after.
 
 Examples:
   python bench/bench_full_event.py --part host --layers pool --repeats 9
@@ -230,7 +231,7 @@ def measure_compile(args):
                 fn, programs = one_program(groups, scaled, block_widths), None
             label = f"{programs_kind}_{name}"
             once = functools.partial(lambda f: sync(f(tensors)), fn)
-            row[f"{label}_compile_s"] = common.seconds(once)
+            row[f"{label}_compile_s"], row[f"{label}_compile_cpu_s"] = timed(once)
             row[f"{label}_event_s"] = float(
                 np.median([common.seconds(once) for _ in range(args.repeats)])
             )
