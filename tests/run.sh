@@ -27,7 +27,8 @@ fi
 python3 -m ruff format --check .
 python3 -m ruff check .
 CROSS_BACKEND=(tests/test_backends.py tests/test_weights.py tests/test_device_statistics.py
-  tests/test_precision_capture.py tests/test_device_blocks.py tests/test_judgement.py tests/test_in_step_backends.py)
+  tests/test_precision_capture.py tests/test_device_blocks.py tests/test_judgement.py tests/test_in_step_backends.py
+  tests/test_device_programs.py)
 KERAS_BACKEND=jax python3 -m pytest -q -p no:cacheprovider "${CROSS_BACKEND[@]}"
 KERAS_BACKEND=torch python3 -m pytest -q -p no:cacheprovider "${CROSS_BACKEND[@]}"
 # The whole suite on two pytest workers (pytest-xdist), each test file whole on one of them
