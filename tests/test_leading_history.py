@@ -115,3 +115,24 @@ def test_update_growth_judges_weights_of_256_values_or_more(values, raised_at_al
         "max_abs": np.ones(400),
     }
     assert bool(raised(steps, layers)["update_growth"]) is raised_at_all
+
+
+@pytest.mark.parametrize("at", [[399], [398, 399], None])
+def test_a_few_judged_steps_read_their_windows_directly_as_the_sparse_table_does(monkeypatch, at):
+    rng = np.random.default_rng(3)
+    steps = np.cumsum(rng.integers(1, 3, size=400))
+    logs = rng.normal(0, 0.3, size=(70, 400))
+    logs[rng.random(logs.shape) < 0.1] = np.nan
+
+    def judged():
+        return (
+            windows.median_exceeds(steps, logs, 0.5, at),
+            windows.drift_exceeds(steps, logs, 0.3, 0.005, at),
+            windows.record_exceeds(steps, logs, 0.2, leading.HISTORY, at),
+        )
+
+    direct = judged()
+    monkeypatch.setattr(windows, "FEW", -1)  # every step through the sparse table
+    for fast, table in zip(direct, judged()):
+        np.testing.assert_array_equal(fast, table)
+    assert all(found.any() for found in direct[:2])

@@ -34,6 +34,8 @@ CHUNK = 256
 PAIRS = 16_384
 # Series judged together: the sparse table's levels are `[SERIES, steps]` each.
 SERIES = 64
+# Judged steps whose windows are read directly, without a sparse table.
+FEW = 4
 # A drift within this of its threshold by the bound is judged exactly (the bound sums in
 # another order than the rule; the two differ by rounding, far less than this).
 _BOUND_SLACK = 1e-6
@@ -73,6 +75,12 @@ def _windows(steps, logs, at):
         yield judged, past, steps[judged][:, None] - steps[where]
 
 
+def _chunk(judged):
+    """Series judged together: `SERIES` at a time (a sparse table's levels are `[SERIES,
+    steps]` each), all at once when `FEW` steps or fewer are judged."""
+    return SERIES if len(judged) > FEW else 1 << 62
+
+
 def _spread(judged, begins):
     """`(where, inside)` `[len(judged), width]`: each window's step indices (clipped to its
     last) and which of them are in it."""
@@ -93,6 +101,11 @@ def _window_min(values, judged, begins):
     """`[series, len(judged)]`: the smallest finite value of each window `[begins, judged)`
     (NaN where none is), from a sparse table of minima over spans of 2**k steps, built one
     level at a time: `O(series x steps x log WINDOW)`, exact (a minimum rounds nothing)."""
+    if len(judged) <= FEW:
+        # A step or a few (the callback judges its last event): their windows read directly.
+        where, inside = _spread(judged, begins)
+        with _quiet():
+            return np.nanmin(np.where(inside[None], values[:, where], np.nan), axis=2)
     lengths = judged - begins
     levels = np.floor(np.log2(np.maximum(lengths, 1))).astype(np.int64)
     out = np.full((len(values), len(judged)), np.nan)
@@ -130,8 +143,8 @@ def median_exceeds(steps, logs, threshold, at=None):
     logs = np.atleast_2d(np.asarray(logs, dtype=np.float64))
     out = np.zeros(logs.shape, bool)
     judged, begins = _judged(steps, at)
-    for first in range(0, len(logs) if judged.size else 0, SERIES):
-        part = logs[first : first + SERIES]
+    for first in range(0, len(logs) if judged.size else 0, _chunk(judged)):
+        part = logs[first : first + _chunk(judged)]
         now = part[:, judged]
         with np.errstate(invalid="ignore"):
             lowest = _window_min(part, judged, begins)
@@ -192,8 +205,8 @@ def drift_exceeds(steps, logs, threshold, per_step, at=None):
     judged, begins = _judged(steps, at)
     steps = np.asarray(steps, dtype=np.int64)
     allowance = per_step * steps.astype(np.float64)
-    for first in range(0, len(logs) if judged.size else 0, SERIES):
-        part = logs[first : first + SERIES]
+    for first in range(0, len(logs) if judged.size else 0, _chunk(judged)):
+        part = logs[first : first + _chunk(judged)]
         now = part[:, judged]
         with np.errstate(invalid="ignore"):
             bound = now - allowance[judged] - _window_min(part - allowance, judged, begins)
@@ -224,11 +237,11 @@ def record_exceeds(steps, logs, threshold, span, at=None):
     if not judged.size:
         return out
     history = _begins(np.asarray(steps, dtype=np.int64), np.asarray(steps)[judged], span)
-    for first in range(0, len(logs), SERIES):
-        part = logs[first : first + SERIES]
+    for first in range(0, len(logs), _chunk(judged)):
+        part = logs[first : first + _chunk(judged)]
         with np.errstate(invalid="ignore"):
             highest = -_window_min(-part, judged, history)
-            out[first : first + SERIES, judged] = part[:, judged] - highest > threshold
+            out[first : first + _chunk(judged), judged] = part[:, judged] - highest > threshold
     return out
 
 
