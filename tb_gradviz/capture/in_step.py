@@ -106,15 +106,36 @@ class DigestLayout:
 
     def __init__(self, plans, items):
         self.plans = list(plans)
-        self.items = list(items)
-        rows = []
+        self.items = np.asarray(list(items), np.int64)
+        rows, scaled, first_items, channels = [], [], [], []
+        # Where each row's values are in the pool `digest_vector` builds: the tensor rows'
+        # fields, then the precision rows', then the units rows'.
+        tensors = len(self.items)
+        tensor_fields, precision_fields = len(digest.TENSOR_FIELDS), len(digest.PRECISION_FIELDS)
+        units_at = tensors * (tensor_fields + precision_fields)
+        gather = []
+        k = 0
         for plan in self.plans:
+            first = k
             for t in plan.tensors:
                 rows.append((digest.TENSOR, plan.chosen.path, t.name))
                 rows.append((digest.PRECISION, plan.chosen.path, t.name))
+                gather += range(k * tensor_fields, (k + 1) * tensor_fields)
+                at = tensors * tensor_fields + k * precision_fields
+                gather += range(at, at + precision_fields)
+                scaled.append(t.loss_scaled)
+                k += 1
             if plan.units_axis is not None:
                 rows.append((digest.UNITS, plan.chosen.path, plan.tensors[0].name))
+                at = units_at + 2 * len(first_items)
+                gather += [at, at + 1]
+                first_items.append(self.items[first])
+                channels.append(plan.tensors[0].shape[plan.units_axis])
         self.rows = tuple(rows)
+        self._scaled = np.asarray(scaled, bool)
+        self._first_items = np.asarray(first_items, np.int64)
+        self._channels = np.asarray(channels, np.float64)
+        self._gather = np.asarray(gather, np.int64)
 
     def digest_vector(self, rows, scale):
         """The digest vector (`digest.FIELDS` per row, float32) of one step's statistics.
@@ -124,23 +145,13 @@ class DigestLayout:
             its dead channels (counted for a plan's first activation only).
           scale: the loss scale the gradients were taken at, or None.
         """
-        rows = np.asarray(rows, np.float64)
-        segments = []
-        items = iter(self.items)
-        for plan in self.plans:
-            first = None
-            for t in plan.tensors:
-                item = next(items)
-                first = item if first is None else first
-                segments += _tensor_segments(
-                    rows[item, : len(COUNT_FIELDS)],
-                    rows[item, len(COUNT_FIELDS) : len(COUNT_FIELDS) + len(VALUE_FIELDS)],
-                    scale if t.loss_scaled else None,
-                )
-            if plan.units_axis is not None:
-                channels = plan.tensors[0].shape[plan.units_axis]
-                segments.append([channels, rows[first, ROW - 1]])
-        return np.concatenate([np.asarray(s, np.float64) for s in segments]).astype(np.float32)
+        rows = np.asarray(rows, np.float64).reshape(-1, ROW)
+        per_tensor = rows[self.items]
+        divisor = np.where(self._scaled, 1.0 if scale is None else float(scale), 1.0)
+        tensor_rows, precision_rows = _segments(per_tensor, divisor)
+        units = np.column_stack([self._channels, rows[self._first_items, ROW - 1]])
+        pool = np.concatenate([tensor_rows.ravel(), precision_rows.ravel(), units.ravel()])
+        return pool[self._gather].astype(np.float32)
 
     def digest_record(self, rows, scale):
         """The `(tag, vector, metadata)` digest record of one step (as `digest.digest_records`)."""
@@ -149,43 +160,40 @@ class DigestLayout:
 
     def nonfinite(self, rows):
         """The `layer/tensor` names of the plan tensors holding a NaN or an Inf."""
-        found, items = [], iter(self.items)
-        nonfinite = np.asarray(rows)[:, len(BELOW) + 1 : len(COUNT_FIELDS)].sum(axis=1)
-        for plan in self.plans:
-            for t in plan.tensors:
-                if nonfinite[next(items)] > 0:
-                    found.append(f"{plan.chosen.path}/{t.name}")
-        return found
+        rows = np.asarray(rows).reshape(-1, ROW)
+        nonfinite = rows[self.items, len(BELOW) + 1 : len(COUNT_FIELDS)].sum(axis=1) > 0
+        names = [f"{plan.chosen.path}/{t.name}" for plan in self.plans for t in plan.tensors]
+        return [name for name, found in zip(names, nonfinite) if found]
 
 
-def _tensor_segments(counts, values, scale):
-    """The tensor row and the precision row of one tensor."""
-    count = counts[0]
-    below = dict(zip(BELOW, counts[1 : len(BELOW) + 1]))
-    nan, pos_inf, neg_inf = counts[len(BELOW) + 1 :]
+def _segments(per_tensor, divisor):
+    """The tensor rows and the precision rows (`[n, fields]` each) of `[n, ROW]` statistics."""
+    count = per_tensor[:, 0]
+    below = dict(zip(BELOW, per_tensor[:, 1 : len(BELOW) + 1].T))
+    nan, pos_inf, neg_inf = per_tensor[:, len(BELOW) + 1 : len(COUNT_FIELDS)].T
+    sum_of_squares, max_abs = per_tensor[:, len(COUNT_FIELDS) : len(COUNT_FIELDS) + 2].T
     finite = count - nan - pos_inf - neg_inf
     zeros = below["zero"]
-    sum_of_squares, max_abs = values
-    divisor = 1.0 if scale is None else float(scale)
-    if finite > 0:
-        rms = np.sqrt(sum_of_squares / finite) / divisor
-        max_abs = max_abs / divisor
-    else:
-        rms = max_abs = np.nan
-    tensor_row = [count, zeros, nan, pos_inf, neg_inf, rms, max_abs]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        rms = np.where(finite > 0, np.sqrt(sum_of_squares / finite) / divisor, np.nan)
+        max_abs = np.where(finite > 0, max_abs / divisor, np.nan)
+    tensor_rows = np.column_stack([count, zeros, nan, pos_inf, neg_inf, rms, max_abs])
     # `precision.precision_from_below`'s as-is counts; bfloat16 keeps every non-zero normal
     # float32 above its zero and subnormal range (see THRESHOLDS).
-    precision_row = [
-        finite - zeros,
-        below["float16_zero"] - zeros,
-        below["float16_normal"] - below["float16_zero"],
-        finite - below["float16_overflow"],
-        0.0,
-        0.0,
-        finite - below["bfloat16_overflow"],
-        np.nan,  # the block part's count: the probe's alone
-    ]
-    return [tensor_row, precision_row]
+    none = np.zeros_like(count)
+    precision_rows = np.column_stack(
+        [
+            finite - zeros,
+            below["float16_zero"] - zeros,
+            below["float16_normal"] - below["float16_zero"],
+            finite - below["float16_overflow"],
+            none,
+            none,
+            finite - below["bfloat16_overflow"],
+            np.full_like(count, np.nan),  # the block part's count: the probe's alone
+        ]
+    )
+    return tensor_rows, precision_rows
 
 
 def check_step_arguments(every_n_batches, stop_on, weights):
