@@ -49,27 +49,6 @@ _FLOAT32 = blocks.Element(23, -126, float(np.finfo(np.float32).max), 127)
 _E4M3 = blocks.ELEMENTS["fp8_e4m3"]
 _SIZES = sorted({spec.block_size for spec in blocks.FORMATS.values()})  # [16, 32]
 _WIDE = max(_SIZES)
-_MX_NAMES = [name for name, spec in blocks.FORMATS.items() if spec.scaling == "mx"]
-(_MX_SIZE,) = {blocks.FORMATS[name].block_size for name in _MX_NAMES}
-_MX_ELEMENTS = [blocks.ELEMENTS[blocks.FORMATS[name].element] for name in _MX_NAMES]
-
-
-def _stacked(field, dtype, axes=3):
-    """One field of the MX elements as a `[F, 1, ...]` array (`axes` ones) that broadcasts
-    against a `[R, blocks, size]` tensor (or `[R, blocks]` with `axes=2`)."""
-    values = np.array([getattr(e, field) for e in _MX_ELEMENTS], dtype)
-    return values.reshape((-1,) + (1,) * axes)
-
-
-# The MX elements as one element of `[F, 1, 1, 1]` fields (`span` as `[F, 1, 1]`: it compares
-# per-block exponents).
-_MX = blocks.Element(
-    _stacked("mantissa", np.int32),
-    _stacked("min_exponent", np.int32),
-    _stacked("largest", np.float64),
-    _stacked("max_exponent", np.int32, axes=2),
-)
-_MX_SPAN = _stacked("span", np.int32, axes=2)
 # The counts each format returns, per row of the group (int32 counts, float64 sums).
 COUNTS = ("to_zero", "subnormal", "saturated", "wide_blocks", "nonfinite_blocks")
 SUMS = ("squared_error", "squared_sum")
@@ -116,19 +95,16 @@ def group_blocks(rows, width):
     magnitude = ops.where(finite, magnitude, 0.0)
     per_block = {size: _Blocks(magnitude, finite, n_rows, size) for size in _SIZES}
     result = {}
-    # The MX formats share their blocks and differ only in constants: one computation over a
-    # leading axis of formats, so that a compiled program holds one format's steps, not five.
-    b = per_block[_MX_SIZE]
-    scale = _mx_scale(b.amax, _MX)
-    stacked_counts = b.counts(b.magnitude / scale, scale, _MX)
-    for f, name in enumerate(_MX_NAMES):
-        result[name] = {k: v[f] if len(v.shape) == 2 else v for k, v in stacked_counts.items()}
     for name, spec in blocks.FORMATS.items():
-        if spec.scaling != "mx":
-            element = blocks.ELEMENTS[spec.element]
-            b = per_block[spec.block_size]
-            result[name] = b.counts(*_nvfp4_scaled(b, element), element)
-    return {name: result[name] for name in blocks.FORMATS}
+        element = blocks.ELEMENTS[spec.element]
+        b = per_block[spec.block_size]
+        if spec.scaling == "mx":
+            scale = _mx_scale(b.amax, element)
+            scaled, decode = b.magnitude / scale, scale
+        else:
+            scaled, decode = _nvfp4_scaled(b, element)
+        result[name] = b.counts(scaled, decode, element)
+    return result
 
 
 class _Blocks:
@@ -144,17 +120,14 @@ class _Blocks:
 
     def counts(self, scaled, decode, element):
         """`COUNTS` and `SUMS` of the values `scaled` (`[R, B, size]` magnitudes in the element's
-        units) that decode times `decode` (`[R, B, 1]`); with `_MX`, of `[F, R, B, size]` and
-        `[F, R, B, 1]`, each count `[F, R]` (`nonfinite_blocks` and `squared_sum`, the same for
-        every format, `[R]`)."""
+        units) that decode times `decode` (`[R, B, 1]`)."""
         kept = self.finite[:, :, None]
         quantized = _round(scaled, element, saturate=True)
-        smallest_normal = np.ldexp(1.0, element.min_exponent)
+        smallest_normal = 2.0**element.min_exponent
         error = ops.square(quantized * decode - self.magnitude)
-        span = _MX_SPAN if element is _MX else element.span
         wide = ops.logical_and(
             ops.logical_and(self.finite, ops.greater(self.amax, 0.0)),
-            ops.greater(_binade(self.amax) - _binade(self.amin), span),
+            ops.greater(_binade(self.amax) - _binade(self.amin), element.span),
         )
         masks = {
             "to_zero": ops.logical_and(ops.greater(self.magnitude, 0.0), ops.equal(quantized, 0.0)),
@@ -163,12 +136,12 @@ class _Blocks:
             ),
             "saturated": ops.greater(scaled, element.largest),
         }
-        result = {k: _count(ops.logical_and(m, kept), axis=(-2, -1)) for k, m in masks.items()}
-        result["wide_blocks"] = _count(wide, axis=-1)
-        result["nonfinite_blocks"] = _count(ops.logical_not(self.finite), axis=-1)
-        result["squared_error"] = ops.sum(ops.where(kept, error, 0.0), axis=(-2, -1))
+        result = {k: _count(ops.logical_and(m, kept), axis=(1, 2)) for k, m in masks.items()}
+        result["wide_blocks"] = _count(wide, axis=1)
+        result["nonfinite_blocks"] = _count(ops.logical_not(self.finite), axis=1)
+        result["squared_error"] = ops.sum(ops.where(kept, error, 0.0), axis=(1, 2))
         result["squared_sum"] = ops.sum(
-            ops.where(kept, ops.square(self.magnitude), 0.0), axis=(-2, -1)
+            ops.where(kept, ops.square(self.magnitude), 0.0), axis=(1, 2)
         )
         return result
 
@@ -177,7 +150,7 @@ def _mx_scale(amax, element):
     """`[R, B, 1]` E8M0 scales `2**(floor(log2(amax)) - emax)`, clamped; the smallest for 0."""
     exponent = ops.clip(_binade(amax) - element.max_exponent, *blocks.E8M0_EXPONENTS)
     exponent = ops.where(ops.greater(amax, 0.0), exponent, blocks.E8M0_EXPONENTS[0])
-    return _power_of_two(exponent)[..., None]
+    return _power_of_two(exponent)[:, :, None]
 
 
 def _nvfp4_scaled(b, element):
