@@ -34,36 +34,6 @@ SUM_RTOL, SUM_ATOL = 1e-9, 1e-12
 MODES = ("eager",) if BACKEND == "torch" else ("stepped", "fused")
 
 
-# The compiled statistics of each grouping, reused by every call with the same grouping (as the
-# backend's pass reuses its own): the divisor is an argument, and jit and tf.function trace again
-# for new shapes and dtypes. The module's step and chunk sizes, read when tracing, are in the key.
-_COMPILED = {}
-
-
-def compiled_statistics(groups, scaled, mode, precision):
-    key = (repr(groups), tuple(scaled), mode, precision)
-    key += (device_statistics.STEP_VALUES, device_statistics.CHUNK_VALUES)
-    if key not in _COMPILED:
-        statistics = functools.partial(
-            device_statistics.chunk_statistics, groups, scaled, mode=mode, precision=precision
-        )
-        if BACKEND == "jax":
-            import jax
-
-            _COMPILED[key] = jax.jit(statistics)
-        else:
-            import tensorflow as tf
-
-            from tb_gradviz.capture.backends import tf_statistics
-
-            _COMPILED[key] = (
-                tf_statistics.compiled(groups, scaled, mode)
-                if precision
-                else tf.function(statistics, jit_compile=True)
-            )
-    return _COMPILED[key]
-
-
 def run_statistics(arrays, divisor=None, scaled=None, mode=MODES[0], precision=True):
     """Each array's row of device statistics, grouped and computed as the backend's pass does."""
     scaled = [divisor is not None] * len(arrays) if scaled is None else scaled
@@ -73,13 +43,26 @@ def run_statistics(arrays, divisor=None, scaled=None, mode=MODES[0], precision=T
     if BACKEND == "jax":
         import jax
 
-        compiled = compiled_statistics(groups, scaled, mode, precision)
+        compiled = jax.jit(
+            functools.partial(
+                device_statistics.chunk_statistics, groups, scaled, mode=mode, precision=precision
+            )
+        )
         with jax.enable_x64(True):
             results = jax.device_get(compiled(arrays, np.float64(one)))
     elif BACKEND == "tensorflow":
         import tensorflow as tf
 
-        compiled = compiled_statistics(groups, scaled, mode, precision)
+        from tb_gradviz.capture.backends import tf_statistics
+
+        compiled = tf_statistics.compiled(groups, scaled, mode)
+        if not precision:
+            compiled = tf.function(
+                functools.partial(
+                    device_statistics.chunk_statistics, groups, scaled, mode=mode, precision=False
+                ),
+                jit_compile=True,
+            )
         results = compiled([tf.constant(a) for a in arrays], tf.constant(one, tf.float64))
     else:
         import torch
