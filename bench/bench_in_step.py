@@ -19,9 +19,10 @@ machine other work loads, they move less than wall time.
 
     python bench/bench_in_step.py --layers all --rounds 6 --steps 12
     python bench/bench_in_step.py --layers pooling --rounds 6 --steps 12
+
+`--smoke` runs the small CNN at 32 px, one round of 3 steps (not a measurement).
 """
 
-import argparse
 import json
 import os
 import sys
@@ -34,7 +35,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 import common  # noqa: E402
 
-IMAGE_SIZE, BATCH, SEED = 64, 16, 0
+IMAGE_SIZE, BATCH = 64, 16
 
 
 def loadavg():
@@ -69,19 +70,21 @@ class StepTimes:
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = common.parser(__doc__.split("\n")[0])
     parser.add_argument("--layers", choices=("all", "pooling"), default="all")
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--steps", type=int, default=12)
-    parser.add_argument("--json", default=None)
     args = parser.parse_args()
+    name, image_size = "resnet50", IMAGE_SIZE
+    if args.smoke:
+        name, image_size, args.rounds, args.steps = "cnn", 32, 1, 3
 
     import numpy as np
 
     from tb_gradviz import GradVizCallback
 
-    model = common.build_model("resnet50", IMAGE_SIZE, SEED)
-    x, y = common.batch(BATCH * args.steps, IMAGE_SIZE, SEED)
+    model = common.build_model(name, image_size, args.seed)
+    x, y = common.batch(BATCH * args.steps, image_size, args.seed)
     run = tempfile.mkdtemp(prefix="bench_in_step_")
     gradviz = GradVizCallback(
         run,
@@ -129,10 +132,8 @@ def main():
         "in_step_events": gradviz._in_step_events,
         "rounds_detail": rounds,
     }
-    print(json.dumps({k: v for k, v in result.items() if k != "rounds_detail"}))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=1)
+    print("RESULT", json.dumps({k: v for k, v in result.items() if k != "rounds_detail"}))
+    common.write_json(args.json, {"script": "bench_in_step", "args": vars(args), "rows": [result]})
 
 
 if __name__ == "__main__":

@@ -243,3 +243,10 @@ def test_full_event_bench_times_the_event_with_and_without_the_block_part(tmp_pa
     (row,) = run_smoke(tmp_path, "bench_full_event.py", "--part", "host")
     assert row["tensors"] == 6 and row["event_blocks_wall_s"] > 0 and row["event_casts_wall_s"] > 0
     assert row["host_fused_cpu_s"] >= 0 and row["train_wall_s"] > 0
+
+
+def test_in_step_bench_pairs_fits_with_and_without_the_in_step_digest(tmp_path):
+    pytest.importorskip("tensorflow")
+    (row,) = run_smoke(tmp_path, "bench_in_step.py", "--layers", "all")
+    assert row["chosen"] > 5 and row["in_step_events"] > 0
+    assert row["ratio_median"] > 0 and row["cpu_ratio_median"] > 0
