@@ -396,7 +396,9 @@ def compiled_program(sizes, mode):
 
     from tb_gradviz.capture.backends import tf_statistics
 
-    function = tf_statistics.compiled(groups, scaled, mode)
+    # One program per distinct group (`GroupPrograms`): compiled as one here, all groups
+    # inlined, to read what the groups' programs hold together.
+    function = tf.function(tf_statistics.compiled(groups, scaled, mode), jit_compile=True)
     args = ([tf.zeros([n]) for n in sizes], tf.constant(1.0, tf.float64))
     return function.experimental_get_compiler_ir(*args)(stage="optimized_hlo")
 
