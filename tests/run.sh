@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs everything the tests need on a fresh machine, then runs them all:
-# the whole suite on Keras' TensorFlow backend, then the cross-backend tests
-# (tests/test_backends.py, tests/test_weights.py) on JAX and on PyTorch.
+# ruff, the cross-backend tests (CROSS_BACKEND below) on JAX and on PyTorch,
+# then the whole suite on Keras' TensorFlow backend.
 # Usage: bash tests/run.sh [pytest args]   (with args: one pytest run, on $KERAS_BACKEND)
 set -euo pipefail
 cd "$(dirname "$0")/.."
