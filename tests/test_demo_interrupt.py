@@ -19,9 +19,12 @@ from test_cli import REPO, run_cli
 
 from tb_gradviz import cli
 
-# The child: the demo command with a run_demo that trains nothing, serving on a free port.
+# The child: the demo command with a run_demo that trains nothing, serving on a free port. It
+# takes Ctrl-C as a terminal's foreground process does: a process started in the background of
+# a shell without job control (CI's runner may be one) inherits SIGINT ignored.
 CHILD = """
-import os, sys, types
+import os, signal, sys, types
+signal.signal(signal.SIGINT, signal.default_int_handler)
 def run_demo(logdir, **options):
     os.makedirs(logdir, exist_ok=True)
     return {}

@@ -91,6 +91,7 @@ def test_a_url_with_view_timeline_opens_over_time_and_the_onset_of_the_nan(brows
             "scale",
             "activation",
             f"yes, through step {STEPS}",
+            "",  # what to try: a warning's remedy, none for a flag
         ]
         assert re.match(
             rf"^nan: \d flags? raised in {STEPS} logged steps \(steps 1 to {STEPS}\)",
