@@ -9,79 +9,22 @@ callback on.
 import warnings
 
 import eventdata
+import in_step_runs
 import numpy as np
 import pytest
+from in_step_runs import BATCH, cnn, data, weights_and_state
 
-from tb_gradviz.capture import in_step, in_step_fit, probe, selection
+from tb_gradviz.capture import in_step, in_step_fit
 from tb_gradviz.format import digest
 
 keras = pytest.importorskip("keras")
 if keras.backend.backend() != "tensorflow":
     pytest.skip("the in-step digest runs on TensorFlow so far", allow_module_level=True)
 
-BATCH = 16
-
-
-def cnn(jit_compile=False, learning_rate=0.0, steps_per_execution=1, dtype=None):
-    """A tiny CNN with BatchNorm, a residual Add, max pooling and a dense head, compiled."""
-    keras.utils.set_random_seed(0)
-    inputs = keras.Input((8, 8, 3))
-    h = keras.layers.Conv2D(4, 3, padding="same", name="conv", dtype=dtype)(inputs)
-    h = keras.layers.BatchNormalization(name="bn", dtype=dtype)(h)
-    h = keras.layers.ReLU(name="relu", dtype=dtype)(h)
-    branch = keras.layers.Conv2D(4, 1, name="conv2", dtype=dtype)(h)
-    h = keras.layers.Add(name="add", dtype=dtype)([h, branch])
-    h = keras.layers.MaxPooling2D(name="pool", dtype=dtype)(h)
-    h = keras.layers.GlobalAveragePooling2D(name="gap", dtype=dtype)(h)
-    outputs = keras.layers.Dense(3, name="dense", dtype="float32")(h)
-    model = keras.Model(inputs, outputs)
-    model.compile(
-        optimizer=keras.optimizers.SGD(learning_rate, momentum=0.9),
-        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-        metrics=["accuracy"],
-        jit_compile=jit_compile,
-        steps_per_execution=steps_per_execution,
-    )
-    return model
-
-
-def data(n=BATCH):
-    rng = np.random.RandomState(0)
-    return rng.normal(size=(n, 8, 8, 3)).astype("float32"), np.arange(n) % 3
-
 
 def test_the_in_step_digest_equals_the_probes_on_the_same_batch_and_weights():
-    model = cnn()
-    x, y = data()
-    model.fit(x, y, batch_size=BATCH, verbose=0, shuffle=False)  # makes the train function
-    chosen = selection.select_layers(model, lambda layer: True)
-    step = in_step_fit.install(model, chosen, lambda: True)
-    # Learning rate 0: the weights the probe sees are those of the step; BatchNorm takes the
-    # batch's statistics in both.
-    records, _ = probe.new_capture(model, chosen).run(x, y)
-    ((tag, expected, _),) = digest.digest_records(records)
-    model.fit(x, y, batch_size=BATCH, verbose=0, shuffle=False)
-    step_count = int(model.optimizer.iterations.numpy())
-    taken = step.take(step_count)
-    assert taken is not None
-    found_tag, found, _ = in_step_fit.event_records(taken, step.layout)[0]
-    assert found_tag == tag  # the same rows: one series with the probe's digests
-    offsets, _ = digest.row_offsets(step.layout.rows)
-    compared = 0
-    for (kind, layer, name), offset in zip(step.layout.rows, offsets):
-        fields = digest.FIELDS[kind]
-        got = found[offset : offset + len(fields)]
-        want = expected[offset : offset + len(fields)]
-        for field, g, w in zip(fields, got, want):
-            if field == digest.BLOCK_FIELD:
-                assert np.isnan(g)  # the block part is the probe's alone
-            elif field in ("rms", "max_abs"):
-                assert g == pytest.approx(w, rel=2e-6), (kind, layer, name, field)
-            else:
-                assert g == w, (kind, layer, name, field)
-            compared += 1
-    assert compared == len(expected)
-    assert {row[1] for row in step.layout.rows} == {c.path for c in chosen}
+    rows, chosen = in_step_runs.assert_step_digest_equals_probes()
+    assert {row[1] for row in rows} == set(chosen)
 
 
 def test_a_tensors_statistics_on_either_path_count_nonfinite_values_and_dead_channels():
@@ -104,35 +47,9 @@ def test_a_tensors_statistics_on_either_path_count_nonfinite_values_and_dead_cha
         assert list(row) == [4, 2, 2, 2, 4, 4, 0, 0, 0, 5.0, 2.0, 1]
 
 
-def weights_and_state(model):
-    return [v.numpy() for v in model.variables + model.optimizer.variables]
-
-
 @pytest.mark.parametrize("steps_per_execution", [1, 2])
 def test_training_is_the_same_bit_for_bit_with_the_in_step_digest(tmp_path, steps_per_execution):
-    from tb_gradviz import GradVizCallback
-
-    x, y = data(6 * BATCH)
-    histories, states = [], []
-    for with_callback in (False, True):
-        model = cnn(False, 0.1, steps_per_execution)
-        callbacks = []
-        if with_callback:
-            callbacks = [
-                GradVizCallback(
-                    str(tmp_path / "run"),
-                    probe_data=(x[:BATCH], y[:BATCH]),
-                    layers=lambda layer: True,
-                    every_n_batches=1,
-                    full_records=0,
-                    digest="step",
-                )
-            ]
-        history = model.fit(
-            x, y, batch_size=BATCH, epochs=2, verbose=0, shuffle=False, callbacks=callbacks
-        )
-        histories.append(history.history)
-        states.append(weights_and_state(model))
+    histories, states = in_step_runs.fitted_twice(tmp_path / "run", steps_per_execution)
     assert histories[0] == histories[1]
     assert len(states[0]) == len(states[1])
     for a, b in zip(*states):
