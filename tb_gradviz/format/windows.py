@@ -75,10 +75,10 @@ def _windows(steps, logs, at):
         yield judged, past, steps[judged][:, None] - steps[where]
 
 
-def _chunk(judged):
-    """Series judged together: `SERIES` at a time (a sparse table's levels are `[SERIES,
-    steps]` each), all at once when `FEW` steps or fewer are judged."""
-    return SERIES if len(judged) > FEW else 1 << 62
+def _chunk(judged, series):
+    """How many of `series` series are judged together: `SERIES` at a time (a sparse table's
+    levels are `[SERIES, steps]` each), all at once when `FEW` steps or fewer are judged."""
+    return SERIES if len(judged) > FEW else max(series, 1)
 
 
 def _spread(judged, begins):
@@ -143,8 +143,9 @@ def median_exceeds(steps, logs, threshold, at=None):
     logs = np.atleast_2d(np.asarray(logs, dtype=np.float64))
     out = np.zeros(logs.shape, bool)
     judged, begins = _judged(steps, at)
-    for first in range(0, len(logs) if judged.size else 0, _chunk(judged)):
-        part = logs[first : first + _chunk(judged)]
+    chunk = _chunk(judged, len(logs))
+    for first in range(0, len(logs) if judged.size else 0, chunk):
+        part = logs[first : first + chunk]
         now = part[:, judged]
         with np.errstate(invalid="ignore"):
             lowest = _window_min(part, judged, begins)
@@ -205,8 +206,9 @@ def drift_exceeds(steps, logs, threshold, per_step, at=None):
     judged, begins = _judged(steps, at)
     steps = np.asarray(steps, dtype=np.int64)
     allowance = per_step * steps.astype(np.float64)
-    for first in range(0, len(logs) if judged.size else 0, _chunk(judged)):
-        part = logs[first : first + _chunk(judged)]
+    chunk = _chunk(judged, len(logs))
+    for first in range(0, len(logs) if judged.size else 0, chunk):
+        part = logs[first : first + chunk]
         now = part[:, judged]
         with np.errstate(invalid="ignore"):
             bound = now - allowance[judged] - _window_min(part - allowance, judged, begins)
@@ -237,11 +239,12 @@ def record_exceeds(steps, logs, threshold, span, at=None):
     if not judged.size:
         return out
     history = _begins(np.asarray(steps, dtype=np.int64), np.asarray(steps)[judged], span)
-    for first in range(0, len(logs), _chunk(judged)):
-        part = logs[first : first + _chunk(judged)]
+    chunk = _chunk(judged, len(logs))
+    for first in range(0, len(logs), chunk):
+        part = logs[first : first + chunk]
         with np.errstate(invalid="ignore"):
             highest = -_window_min(-part, judged, history)
-            out[first : first + _chunk(judged), judged] = part[:, judged] - highest > threshold
+            out[first : first + chunk, judged] = part[:, judged] - highest > threshold
     return out
 
 
