@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import synthetic
 import test_onset
+from test_stop_on import GrowFactor
 
 from tb_gradviz.format import events, judgement, leading, records, storage
 
@@ -33,18 +34,6 @@ class _Raised:
         return found
 
 
-class _GrowFactor(keras.callbacks.Callback):
-    """Multiplies `layer.factor` by 1000 at each optimizer step from `step` on."""
-
-    def __init__(self, layer, step):
-        super().__init__()
-        self.layer, self.step = layer, step
-
-    def on_train_batch_end(self, batch, logs=None):
-        if int(keras.ops.convert_to_numpy(self.model.optimizer.iterations)) >= self.step:
-            self.layer.factor.assign(self.layer.factor * 1000.0)
-
-
 def _scale_run(logdir, fault, seen):
     """The dense network of test_onset with its scale layer changed by `fault` during fit."""
     from tb_gradviz import GradVizCallback
@@ -55,7 +44,7 @@ def _scale_run(logdir, fault, seen):
     changes = {
         "nan": test_onset.SetFactorAt(scale, 5, float("nan")),
         "vanish": test_onset.SetFactorAt(scale, 5, 1e-6),
-        "growth": _GrowFactor(scale, 60),
+        "growth": GrowFactor(scale, 60),
     }
     callback = GradVizCallback(
         logdir,
@@ -190,7 +179,7 @@ def test_stop_on_skipped_steps_stops_the_fit_that_skips_them(tmp_path):
     assert "skipped_steps" in {r["flag"] for r in callback.stopped_on}
 
 
-def _tiny_and_large_events(steps, jump_at):
+def tiny_and_large_events(steps, jump_at):
     """Events of two synthetic max pools, `tiny` of one output value and `large` of 128, whose
     output gradients jump 1e4x at `jump_at`; as `synthetic.pool_records` writes them."""
     found = []
@@ -211,7 +200,7 @@ def test_stop_on_leaves_out_a_tensor_of_fewer_than_16_values_as_check_does(tmp_p
     judge = judgement.Judge(warnings=True)
     raised = []
     log = events.EventLog(storage.location(str(tmp_path / "run")))
-    for step, event_records in _tiny_and_large_events(leading.WINDOW, 70):
+    for step, event_records in tiny_and_large_events(leading.WINDOW, 70):
         raised += judge.judge(step, event_records).raised
         log.write(step, event_records)
     log.close()

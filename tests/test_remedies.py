@@ -69,7 +69,7 @@ def test_the_first_layer_s_growth_asks_to_check_the_input_pipeline():
 
 def test_check_prints_each_warning_s_remedy(tmp_path):
     log = events.EventLog(storage.location(str(tmp_path / "run")))
-    for step, event_records in test_judgement._tiny_and_large_events(leading.WINDOW, 70):
+    for step, event_records in test_judgement.tiny_and_large_events(leading.WINDOW, 70):
         log.write(step, event_records)
     log.close()
     status, out, _ = test_onset.run_check(tmp_path, "--run", "run")

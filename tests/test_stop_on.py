@@ -28,7 +28,7 @@ class GrowFactor(keras.callbacks.Callback):
         self.layer, self.step = layer, step
 
     def on_train_batch_end(self, batch, logs=None):
-        if int(self.model.optimizer.iterations.numpy()) >= self.step:
+        if int(keras.ops.convert_to_numpy(self.model.optimizer.iterations)) >= self.step:
             self.layer.factor.assign(self.layer.factor * 1000.0)
 
 
