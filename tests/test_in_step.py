@@ -150,7 +150,6 @@ def test_a_bad_digest_is_refused_naming_what_is_allowed(value, error):
     "arguments, match",
     [
         ({}, "needs every_n_batches"),
-        ({"every_n_batches": 1, "stop_on": "nonfinite"}, "does not judge stop_on"),
         ({"every_n_batches": 1, "weights": True}, "does not record weights"),
     ],
 )

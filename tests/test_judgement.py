@@ -34,8 +34,9 @@ class _Raised:
         return found
 
 
-def _scale_run(logdir, fault, seen):
-    """The dense network of test_onset with its scale layer changed by `fault` during fit."""
+def _scale_run(logdir, fault, seen, **options):
+    """The dense network of test_onset with its scale layer changed by `fault` during fit
+    (`options`: more of the callback's arguments)."""
     from tb_gradviz import GradVizCallback
 
     scale = test_onset.Scale(name="scale")
@@ -53,6 +54,7 @@ def _scale_run(logdir, fault, seen):
         every_n_batches=1,
         stop_on=seen,
         full_records=0,
+        **options,
     )
     model.fit(x, y, batch_size=4, verbose=0, callbacks=[changes[fault], callback], shuffle=False)
 

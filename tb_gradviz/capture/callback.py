@@ -6,7 +6,7 @@ from tb_gradviz.capture import arguments, in_step, in_step_fit, loss_scale, prob
 from tb_gradviz.capture import budget as budget_module
 from tb_gradviz.capture import stop_on as stop_on_module
 from tb_gradviz.capture import weights as weights_module
-from tb_gradviz.format import events, metadata, records
+from tb_gradviz.format import events, records
 from tb_gradviz.format import full_records as full_records_module
 from tb_gradviz.format import judgement as judgement_module
 from tb_gradviz.format import routing_map as routing_map_module
@@ -117,7 +117,7 @@ class GradVizCallback(keras.callbacks.Callback):
         that computes the weight gradients (`in_step_fit`, docs/probe.md);
         the probe still runs at the events whose full records are kept
         (`full_records`) and at `log_now()`. Needs `every_n_batches`; not
-        yet with `stop_on` or `weights=True`. Elsewhere (another backend, a
+        yet with `weights=True`. Elsewhere (another backend, a
         model with its own `train_step`, `jit_compile`, several replicas) a
         message says so once and the probe's digest is kept.
 
@@ -186,7 +186,7 @@ class GradVizCallback(keras.callbacks.Callback):
         # here, the keeper writing each probe event whole), and the in-step train step.
         self._full_first, self._in_step_events, self._in_step = self._keeper.first, 0, None
         if self.digest == in_step.STEP:
-            in_step.check_step_arguments(self.every_n_batches, stop_on, self.weights)
+            in_step.check_step_arguments(self.every_n_batches, self.weights)
             self._keeper = full_records_module.Keeper(None)
         # Last: a source's first batch is read only once every other argument is valid.
         self._probe = arguments.probe_batch(probe_data)
@@ -289,13 +289,29 @@ class GradVizCallback(keras.callbacks.Callback):
         written = in_step_fit.event_records(taken, self._in_step.layout)
         self._budget.log_ended()
         written += self._budget.records() + loss_scale.records(self.model, self._batch_count)
+        raised_before = set(self._keeper.raised)
+        judgement = self._judge.judge(step, written)
         if self._writes_summaries():
-            self._log.write(step, written, add_digest=False)
+            for at, kept, wall_time in self._keeper.writes(step, written, judgement):
+                self._log.write(at, kept, wall_time=wall_time, add_digest=False)
+            if judgement.flags - raised_before:
+                self._write_onset_records(step)
         nonfinite = self._in_step.layout.nonfinite(taken["rows"]) if self.stop_on_nonfinite else []
         if nonfinite:
             print(f"GradVizCallback: step {step}: NaN or Inf in {', '.join(nonfinite)}; stopping")
             self.model.stop_training = True
+        self._stop_if_asked(step, judgement)
         return True
+
+    def _write_onset_records(self, step):
+        """Writes the full records of the probe at `step`, an in-step event that first raised a
+        flag: the onset has its full records, as an event of its own after the digest (the
+        event before it has none to keep, its digest being the step's)."""
+        full_event, skipped = self._capture.run(*self._probe)
+        self._capture.take_host_weights()
+        probe.warn_skipped(skipped)
+        full = [r for r in full_event if not full_records_module.always_written(r)]
+        self._log.write(step, full, add_digest=False)
 
     def on_train_end(self, logs=None):
         in_step_fit.uninstall(self._in_step)
@@ -347,23 +363,18 @@ class GradVizCallback(keras.callbacks.Callback):
         for at, kept, wall_time in self._keeper.writes(step, written, judgement):
             self._log.write(at, kept, wall_time=wall_time, add_digest=False)
         if self.stop_on_nonfinite:
-            nonfinite = [
-                tag
-                for tag, values, summary_metadata in written
-                if _is_stats_record(summary_metadata) and records.stats_has_nonfinite(values)
-            ]
+            nonfinite = records.nonfinite_stats_tags(written)
             if nonfinite:
                 print(
                     f"GradVizCallback: step {step}: NaN or Inf recorded in {', '.join(nonfinite)}; "
                     "stopping training"
                 )
                 self.model.stop_training = True
-        if self._stop_on.active and self._stop_on.stops(judgement):
-            raised = judgement.raised
-            named = ", ".join(f"{r['flag']} ({r['layer']}, {r['tensor']})" for r in raised)
-            print(f"GradVizCallback: step {step}: raised {named}; stopping training")
-            self.stopped_on = raised
-            self.model.stop_training = True
+        self._stop_if_asked(step, judgement)
+
+    def _stop_if_asked(self, step, judgement):
+        if self._stop_on.stops(judgement):
+            self.stopped_on = self._stop_on.stop(self.model, step, judgement)
 
     def _writes_summaries(self):
         backend = keras.backend.backend()
@@ -386,12 +397,3 @@ class GradVizCallback(keras.callbacks.Callback):
                 "pass log_now(step=...). Received: step=None"
             )
         return int(keras.ops.convert_to_numpy(optimizer.iterations))
-
-
-def _is_stats_record(summary_metadata):
-    """Whether a written record is a tensor's stats record, by the kind its metadata gives."""
-    plugin_data = summary_metadata.plugin_data
-    return (
-        plugin_data.plugin_name == metadata.PLUGIN_NAME
-        and metadata.parse_plugin_metadata(plugin_data.content)["kind"] == metadata.KIND_TENSOR
-    )

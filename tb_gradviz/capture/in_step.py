@@ -196,23 +196,17 @@ def _segments(per_tensor, divisor):
     return tensor_rows, precision_rows
 
 
-def check_step_arguments(every_n_batches, stop_on, weights):
+def check_step_arguments(every_n_batches, weights):
     """Checks what `digest="step"` needs of the callback's other arguments.
 
     Raises:
       ValueError: no `every_n_batches` (the step must know ahead that it is
-        logged), a `stop_on` (not judged on in-step events yet), or
-        `weights=True` (the update rows are the probe's).
+        logged), or `weights=True` (the update rows are the probe's).
     """
     if every_n_batches is None:
         raise ValueError(
             "digest='step' logs from the train step, so it needs every_n_batches. "
             "Received: every_n_batches=None"
-        )
-    if stop_on is not None:
-        raise ValueError(
-            "digest='step' does not judge stop_on yet; use digest='probe' with it. "
-            f"Received: stop_on={stop_on!r}"
         )
     if weights:
         raise ValueError(

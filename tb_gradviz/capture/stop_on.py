@@ -22,7 +22,17 @@ class StopOn:
     def stops(self, judgement):
         """Whether to stop training after an event with this `judgement.Judgement`: it raised
         one of `names`, or the predicate returned True for what it raised."""
+        if not self.active:
+            return False
         raised = judgement.raised
         if self.predicate is not None:
             return bool(self.predicate(raised)) if raised else False
         return any(entry["flag"] in self.names for entry in raised)
+
+    def stop(self, model, step, judgement):
+        """Stops `model`'s fit after the event at `step`, saying what it raised; returns that."""
+        raised = judgement.raised
+        named = ", ".join(f"{r['flag']} ({r['layer']}, {r['tensor']})" for r in raised)
+        print(f"GradVizCallback: step {step}: raised {named}; stopping training")
+        model.stop_training = True
+        return raised

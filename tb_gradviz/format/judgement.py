@@ -26,7 +26,9 @@ class Judgement(NamedTuple):
     """What one log event raised."""
 
     step: int
-    digests: list  # the event's digest record (`digest.digest_records`): one, or none
+    # The digest record the judge computed from the event's records (`digest.digest_records`),
+    # to be written with them: one, or none (none either when the event brought its own).
+    digests: list
     raised: list  # `{"flag", "class", "step", "layer", "tensor"}` each, flags first
 
     @property
@@ -71,16 +73,21 @@ class Judge:
 
         Args:
           step: the event's step.
-          event_records: its `(tag, array, summary_metadata)` records, without a digest.
+          event_records: its `(tag, array, summary_metadata)` records: its full
+            records, whose digest the judge computes, or a digest made
+            elsewhere (the train step's, `capture.in_step`), read as it is.
+            The layers' roles and dtypes are those of the tensor records
+            judged before when the event holds none.
 
         Returns:
           The event's `Judgement`.
         """
         event_records = list(event_records)
-        digests = digest.digest_records(event_records)
-        if not digests:
+        given = [r for r in event_records if _is_digest(r)]
+        digests = [] if given else digest.digest_records(event_records)
+        if not (given or digests):
             return Judgement(step, digests, [])
-        self._hold(step, event_records, digests[0])
+        self._hold(step, event_records, (given or digests)[0])
         columns = self._columns()
         raised = _flags(step, columns)
         if self.warnings:
@@ -155,6 +162,14 @@ class Judge:
                 self._before,
             )
         return rule_columns.build(self._layers, digests, loss_scale)
+
+
+def _is_digest(record):
+    summary_metadata = record[2]
+    if summary_metadata is None or summary_metadata.plugin_data.plugin_name != digest.PLUGIN_NAME:
+        return False
+    parsed = _parsed(summary_metadata.plugin_data.content)
+    return parsed is not None and parsed.get("kind") == metadata.KIND_DIGEST
 
 
 def _flags(step, columns):

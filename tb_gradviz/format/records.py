@@ -25,7 +25,7 @@ written by every earlier layout.
 
 import numpy as np
 
-from tb_gradviz.format import blocks, precision
+from tb_gradviz.format import blocks, metadata, precision
 from tb_gradviz.format.layout import Layout
 from tb_gradviz.format.layout import upgraded as _upgraded
 
@@ -205,6 +205,21 @@ def stats_has_nonfinite(values):
     """
     counts = decode_stats(values)
     return any(counts[name] > 0 for name in ("nan", "pos_inf", "neg_inf"))
+
+
+def nonfinite_stats_tags(event_records):
+    """The tags of an event's stats records (kind `tensor` by their metadata) that count a NaN
+    or an Inf, from its `(tag, array, summary_metadata)` records."""
+    found = []
+    for tag, values, summary_metadata in event_records:
+        plugin_data = summary_metadata.plugin_data
+        if plugin_data.plugin_name != metadata.PLUGIN_NAME:
+            continue
+        if metadata.parse_plugin_metadata(plugin_data.content)["kind"] != metadata.KIND_TENSOR:
+            continue
+        if stats_has_nonfinite(values):
+            found.append(tag)
+    return found
 
 
 HISTOGRAM = Layout("histogram", (HISTOGRAM_BUCKETS, 3), lambda values: values[:, :, 2])
