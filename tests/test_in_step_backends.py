@@ -1,10 +1,11 @@
 """The in-step digest (`digest="step"`) on Keras' PyTorch and JAX backends.
 
 On PyTorch the train step's own backward pass hands the chosen layers'
-gradients to hooks (capture/backends/torch_in_step.py): the digest equals
-the probe's on the same batch and weights, and training is the same bit for
-bit. On JAX the callback keeps the probe's digest and says so once.
-tests/test_in_step.py covers TensorFlow.
+gradients to hooks (capture/backends/torch_in_step.py); on JAX a mirror of
+Keras' jitted `train_step` differentiates w.r.t. a zero subtracted from each
+chosen layer's inputs and outputs too (capture/backends/jax_in_step.py). On
+both the digest equals the probe's on the same batch and weights, and
+training is the same bit for bit. tests/test_in_step.py covers TensorFlow.
 """
 
 import warnings
@@ -13,7 +14,7 @@ import eventdata
 import in_step_runs
 import numpy as np
 import pytest
-from in_step_runs import BATCH, cnn, data
+from in_step_runs import BATCH, cnn, data, weights_and_state
 
 from tb_gradviz.capture import in_step, in_step_fit
 
@@ -21,44 +22,142 @@ keras = pytest.importorskip("keras")
 BACKEND = keras.backend.backend()
 if BACKEND == "tensorflow":
     pytest.skip("tests/test_in_step.py covers TensorFlow", allow_module_level=True)
-torch_only = pytest.mark.skipif(BACKEND != "torch", reason="the in-step digest's PyTorch step")
+jax_only = pytest.mark.skipif(BACKEND != "jax", reason="the in-step digest's JAX step")
 
 
-@torch_only
 def test_the_in_step_digest_equals_the_probes_on_the_same_batch_and_weights():
     in_step_runs.assert_step_digest_equals_probes()
 
 
-@torch_only
-def test_training_is_the_same_bit_for_bit_with_the_in_step_digest(tmp_path):
-    histories, states = in_step_runs.fitted_twice(tmp_path / "run")
+STEPS_PER_EXECUTION = [1, 2] if BACKEND == "jax" else [1]
+
+
+@pytest.mark.parametrize("steps_per_execution", STEPS_PER_EXECUTION)
+def test_training_is_the_same_bit_for_bit_with_the_in_step_digest(tmp_path, steps_per_execution):
+    histories, states = in_step_runs.fitted_twice(tmp_path / "run", steps_per_execution)
     assert histories[0] == histories[1]
     for a, b in zip(*states):
         np.testing.assert_array_equal(a, b)
     accumulator = eventdata.load(str(tmp_path / "run"))
     (tag,) = eventdata.digest_tags(accumulator)
     steps = [e.step for e in accumulator.Tensors(tag)]
-    assert steps == list(range(1, 13))
+    assert steps == list(range(steps_per_execution, 13, steps_per_execution))
     sources = {e.step for e in accumulator.Tensors(in_step.SOURCE_TAG)}
     assert sources == {s for i, s in enumerate(steps) if i not in (0, 2, 5, 9)}
 
 
-@pytest.mark.skipif(BACKEND != "jax", reason="the fallback on a backend without the step")
-def test_on_jax_the_probes_digest_is_kept_and_said_once(tmp_path):
+@jax_only
+def test_on_jax_training_under_mixed_float16_with_its_loss_scale_is_the_same_bit_for_bit(
+    tmp_path,
+):
+    from tb_gradviz import GradVizCallback
+    from tb_gradviz.format import digest
+
+    x, y = data(4 * BATCH)
+    states = []
+    for with_callback in (False, True):
+        keras.mixed_precision.set_dtype_policy("mixed_float16")
+        try:
+            model = cnn(learning_rate=0.1)
+            assert isinstance(model.optimizer, keras.optimizers.LossScaleOptimizer)
+            callbacks = []
+            if with_callback:
+                callbacks = [
+                    GradVizCallback(
+                        str(tmp_path / "run"),
+                        probe_data=(x[:BATCH], y[:BATCH]),
+                        layers=lambda layer: True,
+                        every_n_batches=1,
+                        full_records=0,
+                        digest="step",
+                    )
+                ]
+            model.fit(x, y, batch_size=BATCH, verbose=0, shuffle=False, callbacks=callbacks)
+            states.append(weights_and_state(model))
+        finally:
+            keras.mixed_precision.set_dtype_policy("float32")
+    for a, b in zip(*states):
+        np.testing.assert_array_equal(a, b)
+    # The gradients are taken at the loss scale (32768 at first) and divided by it: unscaled,
+    # their RMS is far below one.
+    accumulator = eventdata.load(str(tmp_path / "run"))
+    (tag,) = eventdata.digest_tags(accumulator)
+    assert {e.step for e in accumulator.Tensors(in_step.SOURCE_TAG)} == {2, 4}
+    rows = eventdata.content(accumulator, tag)["rows"]
+    vectors = [vector for _, vector in eventdata.values(accumulator, tag)]
+    decoded = digest.decode_digest(rows, np.stack(vectors))
+    rms = decoded[(digest.TENSOR, "dense", "output_gradient")]["rms"]
+    assert np.all(np.isfinite(rms)) and np.all(rms < 1.0)
+
+
+@jax_only
+def test_on_jax_the_device_programs_rows_equal_the_host_kernels():
+    import jax.numpy as jnp
+
+    from tb_gradviz.capture import in_step_kernel
+    from tb_gradviz.capture.backends import jax_in_step
+
+    rng = np.random.RandomState(0)
+    values = rng.normal(size=(4, 3, 5)).astype("float32")
+    values[..., 1] = 0.0
+    values[0, 0, 0], values[1, 0, 0], values[2, 0, 0] = np.nan, np.inf, -np.inf
+    values[3, 0, 2], values[3, 1, 2] = 1e-6, -0.0  # below float16's normal range; a signed zero
+    values[3, 2, 3] = 70000.0  # overflows float16
+    with np.errstate(over="ignore"):
+        tensors = [values, values.astype("float16"), np.abs(values[..., 2:])]
+    axes = [2, None, 2]
+    found = jax_in_step.device_rows([jnp.asarray(t) for t in tensors], axes)
+    for row, t, axis in zip(found, tensors, axes):
+        expected = in_step_kernel.row_along(t, axis)
+        counts = len(in_step.COUNT_FIELDS)
+        np.testing.assert_array_equal(row[:counts], expected[:counts])
+        np.testing.assert_allclose(row[counts:], expected[counts:], rtol=1e-12)
+    assert found[0][-1] == 1  # the channel zero everywhere
+
+
+class OwnStep(keras.Model):
+    def train_step(self, *args):
+        return super().train_step(*args)
+
+
+def _fallback_messages(tmp_path, model_class=keras.Model, distribution=None):
+    """The fallback warnings of a fit of a dense model with `digest="step"`, and its digest's
+    steps and sources."""
     from tb_gradviz import GradVizCallback
 
-    model = cnn(0.1)
-    x, y = data(2 * BATCH)
-    callback = GradVizCallback(
-        str(tmp_path), probe_data=(x[:BATCH], y[:BATCH]), every_n_batches=1, digest="step"
-    )
-    in_step_fit._told.clear()
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        model.fit(x, y, batch_size=BATCH, epochs=2, verbose=0, callbacks=[callback])
-    told = [str(w.message) for w in caught if "falls back" in str(w.message)]
-    assert len(told) == 1 and "Keras runs on 'jax'" in told[0]
+    keras.distribution.set_distribution(distribution)
+    try:
+        inputs = keras.Input((4,))
+        model = model_class(inputs, keras.layers.Dense(2, name="dense")(inputs))
+        model.compile(optimizer="sgd", loss="mse")
+        x, y = np.ones((8, 4), "float32"), np.zeros((8, 2), "float32")
+        callback = GradVizCallback(
+            str(tmp_path), probe_data=(x, y), layers="dense", every_n_batches=1, digest="step"
+        )
+        in_step_fit._told.clear()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            model.fit(x, y, batch_size=4, epochs=2, verbose=0, callbacks=[callback])
+    finally:
+        keras.distribution.set_distribution(None)
     accumulator = eventdata.load(str(tmp_path))
     (tag,) = eventdata.digest_tags(accumulator)
-    assert [e.step for e in accumulator.Tensors(tag)] == [1, 2, 3, 4]
-    assert in_step.SOURCE_TAG not in eventdata.tensor_tags(accumulator)
+    steps = [e.step for e in accumulator.Tensors(tag)]
+    in_step_events = in_step.SOURCE_TAG in eventdata.tensor_tags(accumulator)
+    return [str(w.message) for w in caught if "falls back" in str(w.message)], steps, in_step_events
+
+
+@pytest.mark.parametrize("case", ["own_train_step", "distribution"])
+def test_where_the_step_is_not_mirrored_the_probes_digest_is_kept_and_said_once(tmp_path, case):
+    if case == "distribution":
+        if BACKEND != "jax":
+            pytest.skip("keras.distribution runs on JAX")
+        told, steps, in_step_events = _fallback_messages(
+            tmp_path, distribution=keras.distribution.DataParallel()
+        )
+        message = "without a keras.distribution so far; the model trains under DataParallel"
+    else:
+        told, steps, in_step_events = _fallback_messages(tmp_path, model_class=OwnStep)
+        message = "OwnStep defines its own train_step"
+    assert len(told) == 1 and message in told[0]
+    assert steps == [1, 2, 3, 4] and not in_step_events  # the probe's digest at every event
