@@ -16,7 +16,7 @@ import google_crc32c
 import numpy as np
 from tensorboard.compat.proto import event_pb2, summary_pb2, tensor_pb2, tensor_shape_pb2, types_pb2
 
-from tb_gradviz.format import digest, digest_parts, metadata, storage, upload
+from tb_gradviz.format import digest, digest_levels, digest_parts, metadata, storage, upload
 from tb_gradviz.format.records import (
     histogram_tag,
     log_edges_description,
@@ -146,10 +146,13 @@ class EventLog:
     unless `with_digest` is False (to write a run as older versions did). A
     digest is written into its series' current part (`digest_parts.Parts`,
     held across files and `close`), unless `digest_in_parts` is False (a digest
-    series under one tag, as before layout 13).
+    series under one tag, as before layout 13). Each digest also goes into the
+    coarser levels of its series (`digest_levels.Levels`, layout 15), written in
+    the event that finishes a level's span, unless `with_levels` is False (as
+    before layout 15).
     """
 
-    def __init__(self, logdir, with_digest=True, digest_in_parts=True):
+    def __init__(self, logdir, with_digest=True, digest_in_parts=True, with_levels=True):
         self.location = logdir if isinstance(logdir, storage.Location) else storage.location(logdir)
         self.logdir = self.location.url
         self._file = None
@@ -157,6 +160,9 @@ class EventLog:
         self._tags_with_metadata = set()
         self._with_digest = with_digest
         self._parts = digest_parts.Parts() if with_digest and digest_in_parts else None
+        self._levels = None
+        if self._parts is not None and with_levels:
+            self._levels = digest_levels.Levels()
         self._uploader = upload.Uploader(self.location) if self.location.is_remote else None
 
     def write(self, step, records, wall_time=None, add_digest=True):
@@ -174,6 +180,8 @@ class EventLog:
         records = list(records)
         if self._with_digest and add_digest:
             records += digest.digest_records(records)
+        if self._levels is not None:
+            records += [level for record in records for level in self._levels.add(step, record)]
         if self._parts is not None:
             records = [self._parts.place(step, record) for record in records]
         first_values = {tag for tag, _, _ in records} - self._tags_with_metadata

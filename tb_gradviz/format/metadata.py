@@ -33,6 +33,8 @@ KIND_BUDGET = "budget"
 KIND_LOSS_SCALE = "loss_scale"
 # Where each event's digest was computed: in the train step, or by the probe (`capture.in_step`).
 KIND_DIGEST_SOURCE = "digest_source"
+# A coarser level of the digest: one pooled digest per span of events (`digest_levels`).
+KIND_DIGEST_LEVEL = "digest_level"
 KINDS = (
     KIND_TENSOR,
     KIND_ROUTING,
@@ -44,6 +46,7 @@ KINDS = (
     KIND_BUDGET,
     KIND_LOSS_SCALE,
     KIND_DIGEST_SOURCE,
+    KIND_DIGEST_LEVEL,
 )
 
 
@@ -145,7 +148,13 @@ def _valid_content(content):
     if content["kind"] in (KIND_BUDGET, KIND_LOSS_SCALE, KIND_DIGEST_SOURCE):
         fields = content.get("fields")
         return isinstance(fields, list) and all(map(_is_str, fields))
-    if content["kind"] == KIND_DIGEST:
+    if content["kind"] == KIND_DIGEST_LEVEL:
+        level = content.get("level")
+        if not (isinstance(level, dict) and _is_int(level.get("events"))):
+            return False
+        if not isinstance(content.get("part"), dict):
+            return False
+    if content["kind"] in (KIND_DIGEST, KIND_DIGEST_LEVEL):
         rows = content.get("rows")
         # A part of a digest series (layout 13, `digest_parts`); absent in a digest written whole.
         part = content.get("part", {"first_step": 0, "max_events": 1})
