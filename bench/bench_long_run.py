@@ -91,9 +91,12 @@ def digest_cost(layers, repeats):
     }
 
 
-def write_long_run(logdir, layers, steps, full_every, variants=4, precision=False, in_parts=True):
+def write_long_run(
+    logdir, layers, steps, full_every, variants=4, precision=False, in_parts=True, levels=True
+):
     """Every event's digest, and the full records at every `full_every`-th event; the digest in
-    parts as the callback writes it, or (`in_parts=False`) under one tag, as before layout 13."""
+    parts as the callback writes it, or (`in_parts=False`) under one tag, as before layout 13;
+    with its coarser levels (layout 15) unless `levels` is False."""
     sets = [event_records(layers, v, precision=precision) for v in range(variants)]
     digests = [digest.digest_records(records) for records in sets]
 
@@ -104,7 +107,7 @@ def write_long_run(logdir, layers, steps, full_every, variants=4, precision=Fals
     full_first = [field(records, True) for records in sets]
     full = [field(records, False) for records in sets]
     # Each event's digest in its part, as the callback writes it (layout 13).
-    digest_field = synthetic.DigestFields(in_parts)
+    digest_field = synthetic.DigestFields(in_parts, levels=levels)
     event_file = events.EventFile(logdir)
     start = time.time()
     seen_full = False
@@ -226,11 +229,13 @@ def running_tensorboard(
         process.wait(timeout=30)
 
 
-def serve_tensorboard(root, steps, full_every):
-    """RSS of `tensorboard` serving `root`, and /timeline through HTTP (`running_tensorboard`)."""
+def serve_tensorboard(root, steps, full_every, plain=False):
+    """RSS of `tensorboard` serving `root` (README's flags, or none when `plain`), and /timeline
+    through HTTP (`running_tensorboard`)."""
     import gzip
 
-    with running_tensorboard(root, steps, full_every) as (base, load_s, sampler, rss_mb):
+    flags = () if plain else (f"--samples_per_plugin={README_SAMPLES}",)
+    with running_tensorboard(root, steps, full_every, flags) as (base, load_s, sampler, rss_mb):
         rss_loaded = rss_mb()
         url = f"{base}/data/plugin/gradviz/timeline?run=long&width=1000"
         cold, status, cold_body, headers = _gzipped_get(url)
@@ -240,7 +245,8 @@ def serve_tensorboard(root, steps, full_every):
         other_field = _gzipped_get(url + "&field=zero_share")[0]
         return {
             "loader": "rust data server (default)",
-            "samples_per_plugin": README_SAMPLES,
+            "samples_per_plugin": "" if plain else README_SAMPLES,
+            "timeline_level": body.get("level"),
             "load_s": load_s,
             "rss_after_load_mb": rss_loaded,
             "timeline_steps": body["steps"],
@@ -260,12 +266,21 @@ def written_run(args):
     path = os.path.join(root, "long")
     if args.logdir and os.path.isdir(path):
         size = sum(entry.stat().st_size for entry in os.scandir(path))
-        return root, {"steps": args.steps, "full_every": args.full_every, "bytes": size}
+        return root, {
+            "steps": args.steps,
+            "full_every": args.full_every,
+            "bytes": size,
+            "reused": True,
+        }
     begin = time.perf_counter()
-    size = write_long_run(path, args.layers, args.steps, args.full_every)
+    size = write_long_run(
+        path, args.layers, args.steps, args.full_every, precision=args.precision, levels=args.levels
+    )
     return root, {
         "steps": args.steps,
         "full_every": args.full_every,
+        "precision": args.precision,
+        "levels": args.levels,
         "bytes": size,
         "write_s": time.perf_counter() - begin,
     }
@@ -284,6 +299,16 @@ def main():
         "loader), tensorboard (a tensorboard process, Rust data server)",
     )
     p.add_argument("--logdir", help="where the long run is written, or read if already there")
+    p.add_argument(
+        "--precision", action="store_true", help="each tensor's precision record too (~31.7 KB)"
+    )
+    p.add_argument(
+        "--no-levels",
+        dest="levels",
+        action="store_false",
+        help="write the digest without its coarser levels (as before layout 15)",
+    )
+    p.add_argument("--plain", action="store_true", help="`tensorboard --logdir` with no other flag")
     args = p.parse_args()
     if args.smoke:
         args.layers, args.steps, args.full_every, args.repeats = 3, 50, 10, 3
@@ -306,7 +331,7 @@ def main():
         )
         rows.append(dict(served, part="long_run"))
     if "tensorboard" in parts:
-        served = dict(written, **serve_tensorboard(root, args.steps, args.full_every))
+        served = dict(written, **serve_tensorboard(root, args.steps, args.full_every, args.plain))
         common.print_table(
             "long run served by tensorboard (README's command), /timeline at 1000 columns",
             [served],

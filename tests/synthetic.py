@@ -20,7 +20,7 @@ import time
 import numpy as np
 from tensorboard.compat.proto import event_pb2
 
-from tb_gradviz.format import digest, digest_parts, events, records, summaries
+from tb_gradviz.format import digest, digest_levels, digest_parts, events, records, summaries
 
 _POOL_2X2 = {
     "type": "max",
@@ -159,23 +159,32 @@ def _fields_and_digest(layer_records):
 class DigestFields:
     """The serialized digest field of each event, in its part (`digest_parts.Parts`), as
     `EventLog` writes it: the metadata with the first value of each part's tag. With
-    `in_parts=False`, under the rows' tag alone, as before layout 13."""
+    `in_parts=False`, under the rows' tag alone, as before layout 13. With `levels`, followed
+    by the digest's coarser levels that the event finishes (`digest_levels.Levels`, layout 15)."""
 
-    def __init__(self, in_parts=True):
+    def __init__(self, in_parts=True, levels=False):
         self._parts = digest_parts.Parts() if in_parts else None
+        self._levels = digest_levels.Levels() if levels and in_parts else None
         self._tags = set()  # the parts' tags written
         self._fields = {}  # (tag, id of the digest record) -> its field without metadata
 
     def __call__(self, step, found):
+        finished = [] if self._levels is None else self._levels.add(step, found)
         record = found if self._parts is None else self._parts.place(step, found)
         tag = record[0]
+        levels = b"".join(self._field(level) for level in finished)
         if tag not in self._tags:
-            self._tags.add(tag)
-            return _summary_field([record], with_metadata=True)
+            return self._field(record) + levels
         key = (tag, id(found))
         if key not in self._fields:
             self._fields[key] = _summary_field([record], with_metadata=False)
-        return self._fields[key]
+        return self._fields[key] + levels
+
+    def _field(self, record):
+        """A record's field, with its metadata when it is its tag's first value."""
+        first = record[0] not in self._tags
+        self._tags.add(record[0])
+        return _summary_field([record], with_metadata=first)
 
 
 def write_large_run(
@@ -188,6 +197,7 @@ def write_large_run(
     wall_time=None,
     spike=None,
     layer_spike=None,
+    levels=False,
 ):
     """Writes a large run of synthetic max-pool layers quickly, in the real format.
 
@@ -211,6 +221,7 @@ def write_large_run(
       layer_spike: None, or `(step, index, scale)`: at that step the gradients of the
         layer at `index` alone are `scale` times larger (by `scale=1e6`, that layer raises
         `exploding` there, against the last layer's).
+      levels: whether the digest's coarser levels are written too (`DigestFields`).
 
     Returns:
       `(names, path)`: the layer paths written and the event file's path.
@@ -245,7 +256,7 @@ def write_large_run(
             for i, (name, layer) in enumerate(zip(names, sets))
         ]
         special.setdefault(layer_spike[0], _fields_and_digest(layer_fields))
-    digest_field = DigestFields()
+    digest_field = DigestFields(levels=levels)
     start = time.time() if wall_time is None else wall_time
     event_file = events.EventFile(logdir, wall_time=start)
     try:

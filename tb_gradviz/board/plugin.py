@@ -17,6 +17,7 @@ from tb_gradviz.board import (
     columns,
     kept,
     layer_impls,
+    levels,
     loss_scale,
     onset,
     query,
@@ -115,15 +116,21 @@ class GradVizPlugin(layer_impls.LayerImpls, base_plugin.TBPlugin):
             onset.judge_step_from_digest(body, *found, limit, ratio)
         return body
 
-    def _digest_columns(self, run_store, layers):
-        """The run's `columns.Columns` from its digest and its loss-scale record (the
-        `optimizer` columns, `format/stalled.py`), or None without a digest."""
+    def _digest_columns(self, run_store, layers, view=None):
+        """The run's `columns.Columns` from its digest (or the points of a `levels.Overview`)
+        and its loss-scale record (the `optimizer` columns, `format/stalled.py`), or None
+        without a digest."""
         record = self._loss_scale_series(run_store)
         loss_scale_series = None
         if record is not None:
             fields, series = record
             loss_scale_series = rule_columns.LossScaleSeries(fields, series.steps, series.values)
-        found = columns.digest_columns(layers, columns.read_digests(run_store), loss_scale_series)
+        if view is None:
+            digests = columns.read_digests(run_store)
+        else:
+            digests = [view.series]
+            loss_scale_series = levels.loss_scale_at(loss_scale_series, view.series.steps)
+        found = columns.digest_columns(layers, digests, loss_scale_series)
         if not (len(found.steps) and found.layers):
             return None
         return found
@@ -216,6 +223,7 @@ class GradVizPlugin(layer_impls.LayerImpls, base_plugin.TBPlugin):
             tuple(
                 (tag, tuple(series.version(ts) for _, ts in d.parts)) for tag, d in found.items()
             ),
+            levels.versions(run_store.digest_listing()),
             None if budget is None else series.version(budget.time_series),
         )
         body = self._caches.bodies.get(key, current)
@@ -226,19 +234,31 @@ class GradVizPlugin(layer_impls.LayerImpls, base_plugin.TBPlugin):
         with self._caches.reading([("timeline", experiment, run)]):
             body = self._caches.bodies.get(key, current)
             if body is None:
+                skip_warning = self._caches.skip_warning
+                view = levels.overview(run_store, skip_warning, width, start, end)
                 source_key = ("timeline_source", experiment, run, field, role, ratio)
+                if view is not None:
+                    source_key += view.key
                 source = self._caches.bodies.get(source_key, current)
                 if source is None:
-                    source = self._timeline_source(run_store, field, role, ratio)
+                    source = self._timeline_source(run_store, field, role, ratio, view)
                     self._caches.bodies.put(source_key, current, source)
                 body = self._timeline_body(run, source, field, role, width, start, end)
+                if view is not None:
+                    body = levels.spanned(body, view, start, end)
                 body["budget"] = self.budget_impl(ctx, experiment, run)
                 self._caches.bodies.put(key, current, body)
         return body
 
-    def _timeline_source(self, run_store, field, role, ratio):
+    def _timeline_source(self, run_store, field, role, ratio, view=None):
         """The run's `timeline.Source` from its digest columns, those `/onset` judges: another
-        width or range (a zoom) is cut from it without reading the digest again."""
+        width or range (a zoom) is cut from it without reading the digest again; or from the
+        points of a `levels.Overview`, judged alike."""
+        if view is not None:
+            found = self._digest_columns(run_store, run_store.layers(), view)
+            if found is None:  # no point in the range
+                return timeline.Source(view.series.steps, [])
+            return timeline.timeline_source(found, field, role, ratio)
         found = self._digest_columns(run_store, run_store.layers())
         if found is None:
             raise errors.NotFoundError(

@@ -24,9 +24,8 @@ from tb_gradviz.format import digest, metadata, records
 # would drop steps the user asked TensorBoard to keep.
 ALL_SAMPLES = 10**8
 
-# Tags per `read_tensors` request: 16 stats series of 1000 steps are ~11 MB,
-# far below the data server's 256 MB message limit (that allows ~20 000
-# steps per series).
+# Tags per `read_tensors` request: 16 stats series of 1000 steps are ~11 MB, far below
+# the data server's 256 MB message limit (that allows ~20 000 steps per series).
 _READ_BATCH_TAGS = 16
 
 
@@ -201,11 +200,13 @@ class RunStore:
             )
         return catalog.weight_updates(found)
 
+    def digest_listing(self):
+        """`{tag: provider.TensorTimeSeries}` of the run's series under the digest's plugin."""
+        return self._list(digest.PLUGIN_NAME, run=self.run).get(self.run) or {}
+
     def digests(self):
-        """Returns `{series tag: catalog.Digest}` of the run's digest series, each with its parts
-        (`catalog.digest_series`); none in older runs."""
-        listing = self._list(digest.PLUGIN_NAME, run=self.run).get(self.run) or {}
-        return catalog.digest_series(self.run, listing, self._caches.skip_warning)
+        """`{series tag: catalog.Digest}` of the run's digest series (`catalog.digest_series`)."""
+        return catalog.digest_series(self.run, self.digest_listing(), self._caches.skip_warning)
 
     def read_digest(self, series_tag, found, layout):
         """Returns the `Series` of a digest series, its parts joined in step order.
@@ -240,7 +241,7 @@ class RunStore:
         return series
 
     def budget(self):
-        """Returns the run's cost-budget series (a `catalog.Budget`), or None (none)."""
+        """The run's cost-budget series (a `catalog.Budget`), or None."""
         return self._fields_series(metadata.KIND_BUDGET)
 
     def loss_scale(self):
@@ -250,8 +251,7 @@ class RunStore:
 
     def _fields_series(self, kind):
         """The run's first digest-plugin series of `kind` whose metadata lists its `fields`."""
-        listing = self._list(digest.PLUGIN_NAME, run=self.run).get(self.run) or {}
-        for tag, time_series in sorted(listing.items()):
+        for tag, time_series in sorted(self.digest_listing().items()):
             content = self._content(tag, time_series)
             if content is not None and content["kind"] == kind:
                 return catalog.Budget(tag, content["fields"], time_series)

@@ -1,0 +1,192 @@
+"""A long run's depth x time view from the digest's coarser levels (`format/digest_levels`).
+
+`/timeline` draws at most `width` columns. Over a range of more than
+`FINE_EVENTS` events it reads the coarsest level of the run's digest series
+that still has `width` points in the range (the finest level when none has),
+and the digest itself only where no point of that level covers an event: the
+events after its last span (a span not finished yet), and those of a writer
+that ended before finishing a span. Each point of the view is then a span of
+events, pooled as the level pools them, and its flags are the rules judged
+over the pooled values (`health.verdicts`). A run without levels, with
+several digest series, or with fewer events in the range is read from its
+digest whole, as before (`overview` returns None). Numpy only.
+"""
+
+from typing import NamedTuple
+
+import numpy as np
+
+from tb_gradviz.board import catalog, columns
+from tb_gradviz.format import digest, digest_levels, digest_parts, metadata, rule_columns
+
+# Over fewer events than this the digest itself is read: it costs little, and every step shows.
+FINE_EVENTS = 4096
+
+
+class Overview(NamedTuple):
+    """What a view of a range is built from: one point per span of events."""
+
+    series: rule_columns.DigestSeries  # the points, by their last step
+    first_steps: np.ndarray  # [points] the first step of each point's span
+    events: np.ndarray  # [points] the events of each span (1: an event of the digest itself)
+    level: int  # the events a point of the level read pools
+    key: tuple  # what it is of: the level, the range and the digest's parts read
+
+
+def level_series(listing, run, skip_warning):
+    """`{series tag: {events: catalog.Digest}}`: the levels of each digest series of a run.
+
+    Args:
+      listing: the run's series under the digest's plugin (`store.RunStore.digest_listing`).
+      run: the run's name, for the warnings.
+      skip_warning: a `catalog.SkipWarning`.
+    """
+    found = {}
+    for tag in sorted(listing):
+        content = catalog.parse_content(listing[tag], run, tag, skip_warning)
+        if content is None or content["kind"] != metadata.KIND_DIGEST_LEVEL:
+            continue
+        events = content["level"]["events"]
+        series = digest_parts.series_tag(content)
+        rows, parts = found.setdefault(series, {}).setdefault(events, (content["rows"], []))
+        parts.append((content["part"]["first_step"], tag, listing[tag], content["part"]))
+    return {
+        series: {
+            events: catalog.Digest(
+                rows,
+                tuple((tag, ts) for _, tag, ts, _ in sorted(parts, key=lambda p: p[:2])),
+                sum(part["max_events"] for *_, part in parts),
+            )
+            for events, (rows, parts) in levels.items()
+        }
+        for series, levels in found.items()
+    }
+
+
+def versions(listing):
+    """The `(max_step, max_wall_time)` of each level part listed: a view read from the levels
+    is current while they and the digest's parts are."""
+    return tuple(
+        (tag, (ts.max_step, ts.max_wall_time))
+        for tag, ts in sorted(listing.items())
+        if tag.startswith(f"{digest.TAG_PREFIX}/level/")
+    )
+
+
+def overview(run_store, skip_warning, width, start=None, end=None):
+    """The `Overview` of a run's range, or None to read its digest whole.
+
+    Args:
+      run_store: the run's `store.RunStore`.
+      skip_warning: a `catalog.SkipWarning`.
+      width: the most columns the view draws.
+      start, end: the first and last step of the range (None: the run's first, its last).
+    """
+    fine = run_store.digests()
+    if len(fine) != 1:
+        return None
+    ((series_tag, listed),) = fine.items()
+    levels = level_series(run_store.digest_listing(), run_store.run, skip_warning)
+    levels = levels.get(series_tag)
+    if not levels:
+        return None
+    chosen = None
+    for events in sorted(levels, reverse=True):
+        found = levels[events]
+        key = digest_levels.level_tag(found.rows, events)
+        series = run_store.read_digest(key, found, digest_levels.LevelLayout(found.rows))
+        inside = _inside(series.steps, start, end)
+        chosen = (events, series, inside)
+        if inside.sum() >= width:
+            break
+    events, series, inside = chosen
+    counts, first, previous = digest_levels.span_steps(series.values)
+    if counts.sum() < FINE_EVENTS:
+        return None  # a short run: read whole, every step shown
+    if inside.sum() >= width:
+        gaps = _uncovered(series.steps, first, previous, start, end)
+    else:  # a short window: the digest itself over it
+        events, inside = 1, np.zeros(len(series.steps), bool)
+        gaps = _uncovered(series.steps[:0], first, previous, start, end)
+    parts = _parts_over(listed, gaps)
+    steps, first_steps, spans = series.steps[inside], first[inside], counts[inside]
+    values = series.values[inside, len(digest_levels.SPAN_FIELDS) :]
+    if parts:
+        found = listed._replace(parts=parts, capacity=None)
+        key = f"{series_tag}#" + ",".join(tag for tag, _ in parts)
+        read = run_store.read_digest(key, found, columns.digest_layout(listed.rows))
+        kept = np.zeros(len(read.steps), bool)
+        for low, high in gaps:
+            kept |= (read.steps > low) & (read.steps < high)
+        steps = np.concatenate([steps, read.steps[kept]])
+        first_steps = np.concatenate([first_steps, read.steps[kept]])
+        spans = np.concatenate([spans, np.ones(int(kept.sum()), np.int64)])
+        values = np.concatenate([values, read.values[kept]])
+    order = np.argsort(steps, kind="stable")
+    points = rule_columns.DigestSeries(listed.rows, steps[order], values[order])
+    if hasattr(listed, "update_weights"):
+        points = points._replace(update_weights=listed.update_weights)
+    key = (events, start, end, tuple(tag for tag, _ in parts))
+    return Overview(points, first_steps[order], spans[order], events, key)
+
+
+def _inside(steps, start, end):
+    low = -np.inf if start is None else start
+    high = np.inf if end is None else end
+    return (steps >= low) & (steps <= high)
+
+
+def _uncovered(steps, first, previous, start, end):
+    """`[(low, high)]`: the open step ranges of the range where no span is known to cover every
+    event (a writer's events before its first span, between writers, after the last span)."""
+    low = -np.inf if start is None else start - 1
+    high = np.inf if end is None else end + 1
+    if not len(steps):
+        return [(low, high)]
+    gaps = [(low, min(first[0], high))]
+    for i in np.flatnonzero(previous[1:] != steps[:-1]) + 1:
+        gaps.append((steps[i - 1], first[i]))
+    gaps.append((steps[-1], high))
+    clipped = [(max(a, low), min(b, high)) for a, b in gaps]
+    return [(a, b) for a, b in clipped if a < b - 1]
+
+
+def _parts_over(listed, gaps):
+    """The digest's parts (`((tag, time series), ...)`) that may hold a step in `gaps`."""
+    firsts = [
+        metadata.parse_plugin_metadata(ts.plugin_content).get("part", {}).get("first_step")
+        for _, ts in listed.parts
+    ]
+    if None in firsts:  # a digest written whole: one part, read whole
+        return listed.parts if gaps else ()
+    chosen = []
+    for i, (tag, time_series) in enumerate(listed.parts):
+        last = time_series.max_step if i + 1 == len(firsts) else firsts[i + 1] - 1
+        if any(firsts[i] < high and last > low for low, high in gaps):
+            chosen.append((tag, time_series))
+    return tuple(chosen)
+
+
+def loss_scale_at(loss_scale, steps):
+    """The loss-scale record's events at `steps` and the one before the first: the optimizer's
+    columns (`rule_columns.optimizer_columns`) then count each point's steps over its span."""
+    if loss_scale is None or not len(steps):
+        return loss_scale
+    record_steps = np.asarray(loss_scale.steps, np.int64)
+    kept = np.isin(record_steps, steps)
+    before = int(np.searchsorted(record_steps, steps[0])) - 1
+    if before >= 0:
+        kept[before] = True
+    values = np.asarray(loss_scale.values).reshape(len(record_steps), -1)
+    return loss_scale._replace(steps=record_steps[kept], values=values[kept])
+
+
+def spanned(body, view, start=None, end=None):
+    """`body` (`timeline.timeline_body` of the view's points) with each column's first step that
+    of its first span, `steps` the events shown, and `level`."""
+    inside = _inside(view.series.steps, start, end)
+    first_of = dict(zip(view.series.steps.tolist(), view.first_steps.tolist()))
+    body["columns"]["first_step"] = [first_of[s] for s in body["columns"]["first_step"]]
+    body["steps"] = int(view.events[inside].sum())
+    body["level"] = view.level
+    return body
