@@ -5,6 +5,10 @@ Each log event is judged once (`Judge.judge`), by the rules `/onset` and
 `rule_columns.build` gives both sides: the flags (`health.verdicts`) at the
 event's step, and, when asked, the warnings (`leading.verdicts`) over the
 events of the last `leading.HISTORY` steps, which the judge keeps in memory.
+The warnings' series are kept as they come (`history.History`, a column
+per event); the columns of every event held are built anew only where those
+series are not the events held (another digest layout among them, a missing
+value the columns take from the step before): the same verdicts either way.
 Its `Judgement` serves the full-records keeper (an onset keeps its full
 records, `full_records.Keeper`) and `stop_on=` (`capture/stop_on.py`)
 alike, so what stops a fit at step `s` is what `/onset` and `check` name
@@ -15,11 +19,12 @@ Numpy only.
 
 import collections
 import functools
+import itertools
 from typing import NamedTuple
 
 import numpy as np
 
-from tb_gradviz.format import digest, health, leading, metadata, rule_columns
+from tb_gradviz.format import digest, health, history, leading, metadata, rule_columns
 
 
 class Judgement(NamedTuple):
@@ -67,6 +72,8 @@ class Judge:
         self._events = collections.deque()
         self._layers = {}  # layer -> `rule_columns.LayerInfo`, from the events' metadata
         self._before = (0.0, 0.0)  # loss-scale `(batches, applied)` before the first event held
+        self._version = 0  # counts the changes of `_layers`
+        self._history = history.History()
 
     def judge(self, step, event_records):
         """Judges one event's records at `step`.
@@ -88,11 +95,45 @@ class Judge:
         if not (given or digests):
             return Judgement(step, digests, [])
         self._hold(step, event_records, (given or digests)[0])
+        return Judgement(step, digests, self._raised(step))
+
+    def _raised(self, step):
+        """The flags and warnings raised at the last event held (at `step`)."""
+        last = self._events[-1]
+        if self.warnings and self._history.current(
+            (last.content, self._version), len(self._events)
+        ):
+            before = self._before_last()
+            if before is not None:
+                # The last event's columns alone hold its step's values (none is missing).
+                raised = _flags(step, self._columns([last], before))
+                layers = self._history.layout.layers
+                for warning, at, index, tensor in self._history.warnings():
+                    raised.append(_entry(warning, "warning", at, layers[index]["layer"], tensor))
+                return raised
         columns = self._columns()
         raised = _flags(step, columns)
         if self.warnings:
             raised += _warnings(columns)
-        return Judgement(step, digests, raised)
+        return raised
+
+    def _before_last(self):
+        """The loss-scale `(batches, applied)` before the last event held, as the columns of
+        every event held count them (the latest event before it with a loss-scale record of
+        its fields, else those before the first held); None where its columns alone would not
+        have its step's values (a loss-scale record held, none in it)."""
+        last = self._events[-1]
+        if last.loss_scale is None:
+            scaled = any(event.loss_scale is not None for event in self._events)
+            return None if scaled else self._before
+        fields = last.loss_scale[0]
+        for event in itertools.islice(reversed(self._events), 1, None):
+            if event.loss_scale is not None and event.loss_scale[0] == fields:
+                if "batches" not in fields or "applied" not in fields:
+                    return self._before
+                values = event.loss_scale[1]
+                return (values[fields.index("batches")], values[fields.index("applied")])
+        return self._before
 
     def _hold(self, step, event_records, digest_record):
         events = self._events
@@ -100,6 +141,7 @@ class Judge:
             # The steps went back (a model trained anew): a new history.
             events.clear()
             self._before = (0.0, 0.0)
+            self._history.clear()
         loss_scale = None
         for _, array, summary_metadata in event_records:
             if summary_metadata is None:
@@ -118,6 +160,26 @@ class Judge:
         kept = leading.HISTORY if self.warnings else 0
         while len(events) > 1 and events[0].step < step - kept:
             self._drop_first()
+        if self.warnings:
+            self._follow()
+
+    def _follow(self):
+        """Writes the last event's column into the history, started anew (from the events held
+        of its digest layout) where its layout or the layers' metadata changed."""
+        events, history_ = self._events, self._history
+        last = events[-1]
+        key = (last.content, self._version)
+        history_.keep_from(events[0].step)
+        if history_.key == key:
+            news = [last]
+        else:
+            layout = history.Layout(last.rows, self._columns([last], self._before).layers)
+            history_.start(key, layout)
+            news = [event for event in events if event.content == last.content]
+        for event in news:
+            vector = _today(event)
+            if vector is not None:
+                history_.append(event.step, vector)
 
     def _add_tensor(self, parsed):
         layer = parsed["layer"]
@@ -126,6 +188,7 @@ class Judge:
             found = self._layers[layer] = rule_columns.LayerInfo(parsed, [])
         if all(content["tensor"] != parsed["tensor"] for content in found.contents):
             found.contents.append(parsed)
+            self._version += 1
 
     def _drop_first(self):
         dropped = self._events.popleft()
@@ -137,20 +200,23 @@ class Judge:
                     values[fields.index("applied")],
                 )
 
-    def _columns(self):
-        """The `rule_columns.Columns` of the events held."""
+    def _columns(self, events=None, before=None):
+        """The `rule_columns.Columns` of `events` (None: those held), with the loss-scale
+        counts `before` the first (None: those before the first held)."""
+        events = self._events if events is None else events
+        before = self._before if before is None else before
         by_rows = {}
-        for event in self._events:
+        for event in events:
             by_rows.setdefault(event.content, []).append(event)
         digests = [
             rule_columns.DigestSeries(
-                events[0].rows,
-                np.array([e.step for e in events], np.int64),
-                np.stack([e.vector for e in events]),
+                alike[0].rows,
+                np.array([e.step for e in alike], np.int64),
+                np.stack([e.vector for e in alike]),
             )
-            for events in by_rows.values()
+            for alike in by_rows.values()
         ]
-        scaled = [e for e in self._events if e.loss_scale is not None]
+        scaled = [e for e in events if e.loss_scale is not None]
         loss_scale = None
         if scaled:
             fields = scaled[-1].loss_scale[0]
@@ -159,9 +225,24 @@ class Judge:
                 fields,
                 np.array([e.step for e in same], np.int64),
                 np.stack([e.loss_scale[1] for e in same]),
-                self._before,
+                before,
             )
         return rule_columns.build(self._layers, digests, loss_scale)
+
+
+@functools.lru_cache(maxsize=64)
+def _length(content):
+    """The length of a digest vector with this metadata content in today's layout."""
+    return digest.row_offsets(_parsed(content)["rows"])[1]
+
+
+def _today(event):
+    """The event's digest vector in today's layout (float64), or None if it is of no layout."""
+    vector = np.asarray(event.vector, np.float64)
+    if len(vector) == _length(event.content):
+        return vector
+    upgraded = digest.upgrade(event.rows, vector[None])
+    return None if upgraded is None else upgraded[0]
 
 
 def _is_digest(record):

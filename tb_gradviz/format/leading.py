@@ -41,6 +41,8 @@ board, which judges every step of a run (`/onset`, `tb-gradviz check`),
 decide alike. Numpy only.
 """
 
+from typing import NamedTuple
+
 import numpy as np
 
 from tb_gradviz.format import origin, records, windows
@@ -169,6 +171,21 @@ def update_series(layer, min_count=None):
     return found
 
 
+class Series(NamedTuple):
+    """The `[series, steps]` arrays the rules judge (`judged_series`): each judged tensor's
+    log10 RMS, log10 max |x| and their difference (`tensor_series`' order, layer after layer),
+    and each weight's update ratio per step, its log10 and the log10 trend `update_growth`
+    reads (`update_series`' order; the trend NaN for weights of fewer than `UPDATE_MIN_COUNT`
+    values)."""
+
+    rms: np.ndarray
+    peak: np.ndarray
+    peak_ratio: np.ndarray
+    per_step: np.ndarray
+    updates: np.ndarray
+    trend: np.ndarray
+
+
 def verdicts(steps, layers, at=None):
     """Every warning of every layer at every step of `[layers, steps]` columns (`health`'s,
     with `updates` as the digest's), all series judged at once.
@@ -194,23 +211,32 @@ def verdicts(steps, layers, at=None):
     # update_growth's series: the same weights, those of fewer than UPDATE_MIN_COUNT values out.
     larger = [u for layer in layers for _, u in update_series(layer, UPDATE_MIN_COUNT)]
     larger = np.array(larger, dtype=np.float64).reshape(-1, count)
-    judged = _judged_series(steps, rms, peak, per_step, larger, at)
-    found = {warning: np.zeros((len(layers), count), bool) for warning in WARNINGS}
+    with np.errstate(invalid="ignore"):
+        series = Series(
+            rms, peak, peak - rms, per_step, log10(per_step), update_trend(steps, larger)
+        )
+    names = [[name for name, _ in found] for found in tensors]
+    weights = [[weight for weight, _ in found] for found in updates]
+    return by_layer(judged_series(steps, series, at), names, weights, count)
+
+
+def by_layer(judged, names, weights, count):
+    """`verdicts`' answer from `judged_series`' rows, given each layer's judged tensors
+    (`names`) and weights (`weights`), in `Series`' order, over `count` steps."""
+    found = {warning: np.zeros((len(names), count), bool) for warning in WARNINGS}
     found["tensors"] = {warning: [] for warning in WARNINGS}
     rows = {"tensors": 0, "updates": 0}
-    for i in range(len(layers)):
+    for i in range(len(names)):
         for warning in WARNINGS:
-            kind, names = (
-                ("updates", [w for w, _ in updates[i]])
-                if warning in UPDATE_WARNINGS
-                else ("tensors", [name for name, _ in tensors[i]])
+            kind, judged_names = (
+                ("updates", weights[i]) if warning in UPDATE_WARNINGS else ("tensors", names[i])
             )
-            raised = judged[warning][rows[kind] : rows[kind] + len(names)]
-            found["tensors"][warning].append(list(zip(names, raised)))
-            if names:
+            raised = judged[warning][rows[kind] : rows[kind] + len(judged_names)]
+            found["tensors"][warning].append(list(zip(judged_names, raised)))
+            if judged_names:
                 found[warning][i] = raised.any(axis=0)
-        rows["tensors"] += len(tensors[i])
-        rows["updates"] += len(updates[i])
+        rows["tensors"] += len(names[i])
+        rows["updates"] += len(weights[i])
     return found
 
 
@@ -236,26 +262,25 @@ def _weight_order(layer, weight):
     return names.index(weight) if weight in names else len(names)
 
 
-def _judged_series(steps, rms, peak, per_step, larger, at):
-    """`{warning: [series, steps] bool}` over the tensors' log10 RMS and max |x| and the
-    weights' per-step update ratios (`larger`: those of `UPDATE_MIN_COUNT` values or more)."""
+def judged_series(steps, series, at=None):
+    """`{warning: [series, steps] bool}` over a `Series` (False where a step is not judged;
+    `at`: the indices of the steps judged, None: all)."""
     steps = np.asarray(steps, dtype=np.int64)
-    updates = log10(per_step)
     growth, spike = np.log10(GROWTH), np.log10(SPIKE)
     record = np.log10(RECORD)
+    rms, peak, updates, trend = series.rms, series.peak, series.updates, series.trend
 
     def past_highs(logs):
         return windows.record_exceeds(steps, logs, record, HISTORY, at)
 
-    trend = update_trend(steps, larger)
     with np.errstate(invalid="ignore"):
         return {
             "rms_growth": windows.median_exceeds(steps, rms, growth, at) & past_highs(rms),
             "max_growth": windows.median_exceeds(steps, peak, growth, at) & past_highs(peak),
             "rms_drift": windows.drift_exceeds(steps, rms, DRIFT, DRIFT_PER_STEP, at),
-            "peak_ratio": windows.median_exceeds(steps, peak - rms, np.log10(PEAK), at),
+            "peak_ratio": windows.median_exceeds(steps, series.peak_ratio, np.log10(PEAK), at),
             "update_spike": windows.median_exceeds(steps, updates, spike, at)
-            & (per_step > SPIKE_FLOOR)
+            & (series.per_step > SPIKE_FLOOR)
             & past_highs(updates),
             "update_growth": windows.drift_exceeds(steps, trend, UPDATE_DRIFT, UPDATE_PER_STEP, at)
             & (10**trend > UPDATE_FLOOR),
