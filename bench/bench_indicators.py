@@ -3,9 +3,9 @@
 At each log event the callback judges what it recorded once
 (`judgement.Judge`): the flags always (the full-records keeper reads them,
 to keep the full records of an onset), and with `stop_on=` the warnings
-too (`format/leading.py`, the leading indicators), over the columns
-(`rule_columns.build`) of the events of the last `leading.WINDOW` steps,
-which the judge keeps in memory. Judging them is what this measures.
+too (`format/leading.py`, the leading indicators), over the events of the
+last `leading.HISTORY` steps, whose series the judge keeps as they come
+(`format/history.py`). Judging them is what this measures.
 
 Per model (ResNet50 `weights=None` at `--image-size`, batch `--batch`, and
 the demo's small CNN, `demos.small_cnn("max")`, at 32 px, batch 64), with
@@ -20,10 +20,12 @@ without is judged after it, outside its time, so that the window holds
 every event as in a fit. The extra is the median over repeats of
 with/without - 1. The judging is also timed where it runs (wall and
 the process's CPU time): the judge with the warnings in the event with
-`stop_on`, split into building the window's columns (`rule_columns.build`),
-its warnings (`judgement._warnings`, of which the rules, `leading.verdicts`,
-are timed apart) and its flags (`judgement._flags`); and the judge of the
-flags alone that the event without `stop_on` runs (`keeper_flags`).
+`stop_on`, split into its warnings (the history's column written,
+`History.append`, and the last event judged over it, `History.warnings`,
+or, where the judge builds the columns of every event held anew,
+`judgement._warnings`), its flags (`judgement._flags`) and the columns
+they read (`rule_columns.build`); and the judge of the flags alone that
+the event without `stop_on` runs (`keeper_flags`).
 Each share is the median over repeats of that time over the event's time
 without `stop_on`.
 
@@ -102,13 +104,15 @@ def measure(args):
     judging.judge = judge
     keeper_judge = Timings(idle.judge)
     idle.judge = keeper_judge
-    warnings_part = Timings(judgement._warnings)
+    anew_part = Timings(judgement._warnings)
     flags_part = Timings(judgement._flags)
-    judgement._warnings, judgement._flags = warnings_part, flags_part
-    rules_part = Timings(leading.verdicts)
-    leading.verdicts = rules_part
+    judgement._warnings, judgement._flags = anew_part, flags_part
+    history = judging._history
+    append_part, rules_part = Timings(history.append), Timings(history.warnings)
+    history.append, history.warnings = append_part, rules_part
     columns_part = Timings(rule_columns.build)
     rule_columns.build = columns_part
+    timed_parts = (judge, anew_part, append_part, rules_part, flags_part, columns_part)
     records = []
     keeper_writes = callback._keeper.writes
 
@@ -134,21 +138,23 @@ def measure(args):
             callback._judge, callback._stop_on = (
                 (judging, stopping) if with_judging else (idle, idle_stop)
             )
-            calls = len(judge.calls)
+            calls = [len(t.calls) for t in timed_parts]
             _, wall, cpu = timed(callback.log_now, step)
             events[with_judging] = (wall, cpu)
             if with_judging:
-                assert len(judge.calls) == calls + 1
+                assert len(judge.calls) == calls[0] + 1
+                # Each part's calls in this event, summed: (wall, CPU).
                 parts = [
-                    t.calls[-1]
-                    for t in (judge, warnings_part, rules_part, flags_part, columns_part)
+                    np.sum(t.calls[n:], axis=0) if len(t.calls) > n else (0.0, 0.0)
+                    for t, n in zip(timed_parts, calls)
                 ]
-                history = len(judging._events)
+                held = len(judging._events)
+                from_history = len(rules_part.calls) > calls[3]
             else:  # outside the timed event: the window holds every event, as in a fit
                 judging.judge(step, records[-1])
                 keeper = keeper_judge.calls[-1]
             step += spacing
-        rows.append((*events[True], *events[False], *np.ravel(parts), *keeper, history))
+        rows.append((*events[True], *events[False], *np.ravel(parts), *keeper, held, from_history))
     callback.on_train_end()
     (
         with_wall,
@@ -157,8 +163,10 @@ def measure(args):
         without_cpu,
         judge_wall,
         judge_cpu,
-        warnings_wall,
-        warnings_cpu,
+        anew_wall,
+        anew_cpu,
+        append_wall,
+        append_cpu,
         rules_wall,
         rules_cpu,
         flags_wall,
@@ -167,8 +175,11 @@ def measure(args):
         columns_cpu,
         keeper_wall,
         keeper_cpu,
-        history,
+        held,
+        from_history,
     ) = (np.array(column) for column in zip(*rows))
+    warnings_wall = anew_wall + append_wall + rules_wall
+    warnings_cpu = anew_cpu + append_cpu + rules_cpu
     digest_rows = len(digest.digest_records(records[-1])[0][1])
 
     def share(part, whole):
@@ -181,7 +192,8 @@ def measure(args):
         "layers": args.layers,
         "n_layers": n_layers,
         "digest_values": digest_rows,
-        "history_events": int(np.median(history)),
+        "history_events": int(np.median(held)),
+        "events_judged_from_history": int(np.sum(from_history)),
         "repeats": args.repeats,
         "event_without_wall_s": float(np.median(without_wall)),
         "event_with_wall_s": float(np.median(with_wall)),
@@ -190,6 +202,7 @@ def measure(args):
         "judge_cpu_s": float(np.median(judge_cpu)),
         "warnings_wall_s": float(np.median(warnings_wall)),
         "warnings_cpu_s": float(np.median(warnings_cpu)),
+        "append_wall_s": float(np.median(append_wall)),
         "rules_wall_s": float(np.median(rules_wall)),
         "rules_cpu_s": float(np.median(rules_cpu)),
         "flags_wall_s": float(np.median(flags_wall)),
@@ -201,6 +214,7 @@ def measure(args):
         "judge_share_cpu": share(judge_cpu, without_cpu),
         "warnings_share_wall": share(warnings_wall, without_wall),
         "warnings_share_cpu": share(warnings_cpu, without_cpu),
+        "append_share_wall": share(append_wall, without_wall),
         "rules_share_wall": share(rules_wall, without_wall),
         "rules_share_cpu": share(rules_cpu, without_cpu),
         "flags_share_wall": share(flags_wall, without_wall),
