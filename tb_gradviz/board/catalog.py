@@ -67,6 +67,8 @@ class Digest(NamedTuple):
     # The most events of all parts together (their `max_events`), or None when a part was
     # written whole.
     capacity: object
+    # What its metadata says of its update rows' weights (`digest.update_weights`).
+    update_weights: dict = {}
 
 
 class Budget(NamedTuple):
@@ -194,15 +196,19 @@ def digest_series(run, time_series_by_tag, skip_warning):
             skip_warning("digest rows of an unknown kind", run, tag, f"row kinds {unknown}")
             continue
         first = digest_parts.first_step(content)
-        rows, parts = found.setdefault(digest_parts.series_tag(content), (content["rows"], []))
+        rows, parts, weights = found.setdefault(
+            digest_parts.series_tag(content), (content["rows"], [], digest.update_weights(content))
+        )
         part = content.get("part", {})
         parts.append(((first is not None, first or 0, tag), tag, time_series, part))
     result = {}
-    for series, (rows, parts) in found.items():
+    for series, (rows, parts, weights) in found.items():
         parts.sort(key=lambda entry: entry[0])
         bounds = [part.get("max_events") for *_, part in parts]
         capacity = None if None in bounds else sum(bounds)
-        result[series] = Digest(rows, tuple((tag, ts) for _, tag, ts, _ in parts), capacity)
+        result[series] = Digest(
+            rows, tuple((tag, ts) for _, tag, ts, _ in parts), capacity, weights
+        )
     return result
 
 

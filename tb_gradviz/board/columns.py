@@ -28,7 +28,11 @@ def read_digests(run_store):
     found = []
     for tag, listed in run_store.digests().items():
         series = run_store.read_digest(tag, listed, digest_layout(listed.rows))
-        found.append(rule_columns.DigestSeries(listed.rows, series.steps, series.values))
+        found.append(
+            rule_columns.DigestSeries(
+                listed.rows, series.steps, series.values, listed.update_weights
+            )
+        )
     return found
 
 

@@ -1,7 +1,8 @@
 """The depth x time body: every chosen layer over every logged step, from the per-event digest.
 
 Rows are the layers of the run's `columns.Columns`, the ones `/onset` and
-`tb-gradviz check` judge, in model order; columns are the logged steps,
+`tb-gradviz check` judge, in model order, but those the in-step digest holds
+only update rows of (no tensors: not chosen layers); columns are the logged steps,
 grouped into at most `width` columns of consecutive steps. Each column
 keeps the smallest and the largest value of its steps (a min/max
 envelope), so a spike at one step out of thousands still shows, and a
@@ -81,6 +82,8 @@ def timeline_source(found, field="rms", role=records.OUTPUT_GRADIENT, ratio=heal
     judged = health.verdicts(layers, ratio) if layers else {}
     rows = []
     for i, layer in enumerate(layers):
+        if not layer["tensors"]:
+            continue  # a layer the in-step digest holds only updates of: not a chosen layer
         values, extra = _field_values(layer, field, role)
         rows.append(
             {

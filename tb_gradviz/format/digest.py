@@ -216,17 +216,63 @@ def digest_records(event_records):
     return [(tag, vector, summary_metadata)]
 
 
-def digest_series(rows):
-    """The tag and metadata of a digest with these `(kind, layer, name)` rows."""
-    return _series_of(tuple(tuple(row) for row in rows))
+def digest_series(rows, update_weights=None):
+    """The tag and metadata of a digest with these `(kind, layer, name)` rows.
+
+    Args:
+      rows: the rows.
+      update_weights: None, or one `(layer_index, layer_class, count)` per
+        `update` row, in their order: what a reader knows of a weight whose
+        layer has no other row (`UPDATE_WEIGHTS_KEY`).
+    """
+    described = None
+    if update_weights is not None:
+        described = tuple((int(i), str(c), int(n)) for i, c, n in update_weights)
+    return _series_of(tuple(tuple(row) for row in rows), described)
+
+
+# The digest metadata's optional list, one entry per `update` row in order, of what the
+# layer and the weight are: `{"layer_index", "layer_class", "count"}` (the in-step digest's
+# update rows name layers the full records may not hold, and a weight's size decides whether
+# the update rules judge it).
+UPDATE_WEIGHTS_KEY = "update_weights"
 
 
 @functools.lru_cache(maxsize=64)
-def _series_of(rows):
+def _series_of(rows, update_weights=None):
     """The tag and metadata of a digest with these rows (the same at every event of a fit)."""
     rows = [list(row) for row in rows]
     content = {"kind": metadata.KIND_DIGEST, "rows": rows}
+    if update_weights is not None:
+        content[UPDATE_WEIGHTS_KEY] = [
+            {"layer_index": i, "layer_class": c, "count": n} for i, c, n in update_weights
+        ]
     return digest_tag(rows), metadata.create_summary_metadata(content, plugin_name=PLUGIN_NAME)
+
+
+def update_weights(content):
+    """`{(layer, weight): {"layer_index", "layer_class", "count"}}` of a parsed digest
+    metadata's `update` rows (`UPDATE_WEIGHTS_KEY`); empty when it has none, or not one well
+    formed entry per update row."""
+    listed = content.get(UPDATE_WEIGHTS_KEY)
+    updates = [(layer, name) for kind, layer, name in content.get("rows", ()) if kind == UPDATE]
+    if not isinstance(listed, list) or len(listed) != len(updates):
+        return {}
+    found = {}
+    for row, entry in zip(updates, listed):
+        if not (
+            isinstance(entry, dict)
+            and _whole(entry.get("layer_index"))
+            and _whole(entry.get("count"))
+            and isinstance(entry.get("layer_class", ""), str)
+        ):
+            return {}
+        found[tuple(row)] = entry
+    return found
+
+
+def _whole(value):
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 def row_offsets(rows, fields=FIELDS):

@@ -7,9 +7,10 @@ the writer puts a series' events into parts (layout 13, docs/FORMAT.md): each
 part is a tag of its own, `gradviz_digest/<12 hex of the rows>/<first step>`,
 holding at most `max_events` events, chosen from the bytes of one event so
 that a part holds at most `PART_BYTES`. Its metadata is the digest's (kind
-`digest`, its `rows`) with `"part": {"first_step", "max_events"}`. A reader
-joins the parts with the same rows into one series in step order, reading
-each part in a request of its own (`board/store.py`).
+`digest`, its `rows`, its `update_weights` when it has them) with
+`"part": {"first_step", "max_events"}`. A reader joins the parts with the
+same rows into one series in step order, reading each part in a request of
+its own (`board/store.py`).
 
 `Parts` assigns the parts on the writer's side; `series_tag` and
 `first_step` tell a reader which series a listed digest tag belongs to and
@@ -59,7 +60,7 @@ class Parts:
 
     def __init__(self):
         self._open = {}  # series tag -> `_Open`
-        self._rows = {}  # tag -> the rows of a digest series, or None for another record
+        self._rows = {}  # tag -> a digest series' metadata content, or None for another record
 
     def place(self, step, record):
         """Returns `record` (`(tag, array, summary_metadata)`) as written: a digest in its part,
@@ -69,35 +70,33 @@ class Parts:
             digest.PLUGIN_NAME
         ):
             return record
-        rows = self._rows.get(tag, False)
-        if rows is False:
-            rows = self._rows[tag] = _digest_rows(summary_metadata.plugin_data.content)
-        if rows is None:
+        described = self._rows.get(tag, False)
+        if described is False:
+            described = self._rows[tag] = _digest_content(summary_metadata.plugin_data.content)
+        if described is None:
             return record
         current = self._open.get(tag)
         if current is None or current.events >= current.max_events:
             max_events = events_per_part(getattr(vector, "nbytes", 0))
-            content = {
-                "kind": metadata.KIND_DIGEST,
-                "rows": rows,
-                "part": {"first_step": int(step), "max_events": max_events},
-            }
+            content = dict(described, part={"first_step": int(step), "max_events": max_events})
             summary = metadata.create_summary_metadata(content, plugin_name=digest.PLUGIN_NAME)
             current = _Open(part_tag(tag, step), summary, max_events, 0)
         self._open[tag] = current._replace(events=current.events + 1)
         return current.tag, vector, current.summary_metadata
 
 
-def _digest_rows(content):
-    """The rows of a digest's metadata, or None for another record (budget, loss scale) or a
-    digest already in a part."""
+def _digest_content(content):
+    """What a part's metadata repeats of a digest's (its kind, its rows, what it says of its
+    update rows' weights), or None for another record (budget, loss scale) or a digest already
+    in a part."""
     try:
         parsed = metadata.parse_plugin_metadata(content)
     except ValueError:
         return None
     if parsed["kind"] != metadata.KIND_DIGEST or "part" in parsed:
         return None
-    return parsed["rows"]
+    kept = ("kind", "rows", digest.UPDATE_WEIGHTS_KEY)
+    return {key: parsed[key] for key in kept if key in parsed}
 
 
 def series_tag(content):

@@ -217,6 +217,17 @@ def _nonfinite(tensor):
     return tensor["nan"] + tensor["pos_inf"] + tensor["neg_inf"]
 
 
+def _step_count(layers):
+    """The steps of `[layers, steps]` columns, read from any layer's tensors or updates (a layer
+    the in-step digest holds only updates of has no tensors)."""
+    for layer in layers:
+        for columns in (*layer["tensors"].values(), *layer.get("updates", {}).values()):
+            for value in columns.values():
+                if isinstance(value, np.ndarray):
+                    return len(value)
+    return 0
+
+
 def verdicts(layers, ratio=DEFAULT_RATIO):
     """Every flag of every layer at every step of `[layers, steps]` columns (see above).
 
@@ -224,7 +235,7 @@ def verdicts(layers, ratio=DEFAULT_RATIO):
       `{"reference": [steps] index (-1: none), "gradient_rms": [layers, steps],
       flag: [layers, steps] bool for each of FLAGS}`.
     """
-    steps = len(next(iter(layers[0]["tensors"].values()))["count"]) if layers else 0
+    steps = _step_count(layers)
     empty = np.zeros(steps, bool)
     gradient_rms = np.array(
         [

@@ -213,6 +213,7 @@ class Judge:
                 alike[0].rows,
                 np.array([e.step for e in alike], np.int64),
                 np.stack([e.vector for e in alike]),
+                digest.update_weights(_parsed(alike[0].content) or {}),
             )
             for alike in by_rows.values()
         ]

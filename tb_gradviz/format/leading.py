@@ -158,11 +158,14 @@ def _values_of(tensor):
 
 def update_series(layer, min_count=None):
     """`[(weight, per-step update ratio)]` of a layer's update rows, `[steps]` each, NaN where
-    the weight's values (its `weight/<name>` tensor, when recorded) are fewer than `min_count`
-    (None: `MIN_COUNT`)."""
+    the weight's values (its `weight/<name>` tensor when recorded, else the count the digest's
+    metadata gives, `weight_counts`) are fewer than `min_count` (None: `MIN_COUNT`)."""
     found = []
+    counts = layer.get("weight_counts", {})
     for weight, update in layer.get("updates", {}).items():
         values = layer["tensors"].get(f"{records.WEIGHT}/{weight}")
+        if values is None and weight in counts:
+            values = {"count": counts[weight]}
         few = False if values is None else _few(values, min_count)
         with np.errstate(invalid="ignore", divide="ignore"):
             interval = np.asarray(update["interval"], dtype=np.float64)

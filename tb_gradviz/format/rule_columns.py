@@ -12,7 +12,15 @@ layer's columns are as `health` describes them, `{"layer", "layer_index",
 "layer_dtype", "layer_class", "tensors", "units", "precision", "formats", "updates"}`
 (`formats`: each tensor's `headroom.cast_format`; `updates`: `{weight:
 {"update_ratio", "interval"}}`), with `"optimizer": {"batches", "skipped"}`
-where the run has a loss-scale record (`format/stalled.py`).
+where the run has a loss-scale record (`format/stalled.py`), and
+`"weight_counts": {weight: values}` where the digest's metadata gives them
+(`digest.update_weights`).
+
+The in-step digest (`digest="step"`) holds an update row for every trainable
+weight of the model, also of layers that have no other row: each such layer
+gets columns of its own, in model order by the `layer_index` the metadata
+gives, with no tensors (`"tensors": {}`): the warnings read its updates, the
+`stalled` flag its update ratios, and the tensor rules pass it over.
 
 Numpy only.
 """
@@ -44,6 +52,9 @@ class DigestSeries(NamedTuple):
     rows: list  # the digest metadata's rows
     steps: np.ndarray  # [events] ints, in order
     values: np.ndarray  # [events, length] vectors
+    # What its metadata says of its update rows' weights (`digest.update_weights`): the
+    # in-step digest's, whose update rows cover layers that have no other row.
+    update_weights: dict = {}
 
 
 class LossScaleSeries(NamedTuple):
@@ -78,6 +89,9 @@ def build(layers, digests, loss_scale=None):
       step, an update row its value at the layer's latest step.
     """
     steps, by_layer = _merged(digests)
+    described = {}
+    for series in digests:
+        described.update(series.update_weights)
     optimizer = None
     if loss_scale is not None:
         optimizer = optimizer_columns(loss_scale, steps)
@@ -90,8 +104,44 @@ def build(layers, digests, loss_scale=None):
                 if optimizer is not None:
                     found["optimizer"] = optimizer
                 columns.append(found)
+    held = {layer["layer"] for layer in columns}
+    for name, rows in by_layer.items():
+        if name not in held:
+            found = _update_columns(name, rows, described)
+            if found is not None:
+                columns.append(found)
+    for layer in columns:
+        counts = {
+            weight: described[(layer["layer"], weight)]["count"]
+            for weight in layer["updates"]
+            if (layer["layer"], weight) in described
+        }
+        if counts:
+            layer["weight_counts"] = counts
     columns.sort(key=lambda layer: (layer["layer_index"], layer["layer"]))
     return Columns(steps, columns)
+
+
+def _update_columns(name, rows, described):
+    """The columns of a layer the digest holds only update rows of (the in-step digest's every
+    trainable layer), or None when it holds other rows or its metadata does not describe it:
+    no tensors, the update rows as they are (each step's update is that step's own)."""
+    if any(kind != digest.UPDATE for kind, _ in rows):
+        return None
+    entries = [described.get((name, weight)) for _, weight in rows]
+    if not entries or None in entries:
+        return None
+    return {
+        "layer": name,
+        "layer_index": entries[0]["layer_index"],
+        "layer_dtype": None,
+        "layer_class": entries[0].get("layer_class") or None,
+        "tensors": {},
+        "units": None,
+        "precision": {},
+        "formats": {},
+        "updates": {weight: dict(fields) for (_, weight), fields in rows.items()},
+    }
 
 
 def _layer_columns(name, layer, rows):
