@@ -50,7 +50,7 @@ def assert_step_digest_equals_probes():
     probe's alone. Returns the in-step layout's rows and the chosen layers' paths."""
     import keras
 
-    from tb_gradviz.capture import in_step_fit, probe, selection
+    from tb_gradviz.capture import in_step, in_step_fit, probe, selection
     from tb_gradviz.format import digest
 
     model = cnn()
@@ -64,10 +64,23 @@ def assert_step_digest_equals_probes():
     taken = step.take(int(keras.ops.convert_to_numpy(model.optimizer.iterations)))
     assert taken is not None
     found_tag, found, _ = in_step_fit.event_records(taken, step.layout)[0]
-    assert found_tag == tag  # the same rows: one series with the probe's digests
-    offsets, _ = digest.row_offsets(step.layout.rows)
+    # The update rows of every trainable weight follow the probe's rows (on a step that gives
+    # them): a probe event's digest gets them too, so both are one series.
+    updates = in_step.update_rows(getattr(step, "weights", ()))
+    rows = step.layout.rows[: len(step.layout.rows) - len(updates)]
+    assert step.layout.rows[len(rows) :] == updates
+    assert digest.digest_tag([list(row) for row in rows]) == tag  # the probe's rows
+    at = int(keras.ops.convert_to_numpy(model.optimizer.iterations))
+    probe_event = in_step_fit.probe_event_records(records, step, at)
+    assert digest.digest_records(probe_event[:-1])[0][0] == tag
+    assert (probe_event[-1][0] if updates else tag) == found_tag
+    # Learning rate 0: each update is 0, over the one optimizer step applied (0 / 0 for the
+    # weights that are all zero, the biases).
+    ratio, interval = found[len(expected) :].reshape(-1, 2).T
+    assert np.all(interval == 1) and np.all(np.nan_to_num(ratio) == 0)
+    offsets, _ = digest.row_offsets(rows)
     compared = 0
-    for (kind, layer, name), offset in zip(step.layout.rows, offsets):
+    for (kind, layer, name), offset in zip(rows, offsets):
         fields = digest.FIELDS[kind]
         got = found[offset : offset + len(fields)]
         want = expected[offset : offset + len(fields)]
@@ -80,7 +93,60 @@ def assert_step_digest_equals_probes():
                 assert g == w, (kind, layer, name, field)
             compared += 1
     assert compared == len(expected)
-    return step.layout.rows, [c.path for c in chosen]
+    return rows, [c.path for c in chosen]
+
+
+# Every trainable weight of `cnn()`, in model order: the in-step digest's update rows.
+CNN_WEIGHTS = [
+    ("conv", "kernel"),
+    ("conv", "bias"),
+    ("bn", "gamma"),
+    ("bn", "beta"),
+    ("conv2", "kernel"),
+    ("conv2", "bias"),
+    ("dense", "kernel"),
+    ("dense", "bias"),
+]
+
+
+def assert_step_updates_are_the_weights_moves():
+    """Fits `cnn(0.1)` one step with the in-step digest of its pooling layer only, and asserts
+    its update rows are those of every trainable weight, chosen layer or not: each ratio
+    `|w_after - w_before| / |w_after|` of host copies taken around the step (to float32
+    rounding), over one optimizer step, and the metadata gives each weight's layer and size."""
+    import keras
+
+    from tb_gradviz.capture import in_step_fit, selection
+    from tb_gradviz.format import digest, metadata
+
+    model = cnn(0.1)
+    x, y = data(2 * BATCH)
+    model.fit(x[:BATCH], y[:BATCH], batch_size=BATCH, verbose=0, shuffle=False)
+    chosen = selection.select_layers(model, ["pool"])
+    step = in_step_fit.install(model, chosen, lambda: True)
+    by_name = {f"{layer}/{name}": (layer, name) for layer, name in CNN_WEIGHTS}
+    variables = {by_name[v.path]: v for v in model.trainable_weights}
+    before = {k: keras.ops.convert_to_numpy(v).astype(np.float64) for k, v in variables.items()}
+    model.fit(x[BATCH:], y[BATCH:], batch_size=BATCH, verbose=0, shuffle=False)
+    taken = step.take(int(keras.ops.convert_to_numpy(model.optimizer.iterations)))
+    _, vector, summary_metadata = in_step_fit.event_records(taken, step.layout)[0]
+    content = metadata.parse_plugin_metadata(summary_metadata.plugin_data.content)
+    decoded = digest.decode_digest(content["rows"], vector)
+    updates = [(layer, name) for kind, layer, name in content["rows"] if kind == digest.UPDATE]
+    assert updates == CNN_WEIGHTS
+    for layer, name in updates:
+        after = keras.ops.convert_to_numpy(variables[(layer, name)]).astype(np.float64)
+        moved = np.linalg.norm(after - before[(layer, name)]) / np.linalg.norm(after)
+        row = decoded[(digest.UPDATE, layer, name)]
+        assert row["update_ratio"][0] == pytest.approx(moved, rel=1e-6), (layer, name)
+        assert row["interval"][0] == 1
+    described = digest.update_weights(content)
+    assert described[("conv", "kernel")] == {
+        "layer_index": 0,
+        "layer_class": "Conv2D",
+        "count": 3 * 3 * 3 * 4,
+    }
+    assert described[("dense", "bias")]["count"] == 3
 
 
 def fitted_twice(log_dir, steps_per_execution=1):
@@ -110,3 +176,24 @@ def fitted_twice(log_dir, steps_per_execution=1):
         histories.append(history.history)
         states.append(weights_and_state(model))
     return histories, states
+
+
+def assert_every_event_updates_every_weight(log_dir):
+    """Asserts that each event `fitted_twice` wrote, the probe's and the step's alike, is in one
+    digest series whose update rows give every weight of `cnn()` its update over the one
+    optimizer step before the event (a learning rate of 0.1: each kernel moved)."""
+    import eventdata
+
+    from tb_gradviz.format import digest
+
+    accumulator = eventdata.load(str(log_dir))
+    (tag,) = eventdata.digest_tags(accumulator)
+    rows = eventdata.content(accumulator, tag)["rows"]
+    vectors = np.stack([vector for _, vector in eventdata.values(accumulator, tag)])
+    decoded = digest.decode_digest(rows, vectors)
+    assert [(layer, name) for kind, layer, name in rows if kind == digest.UPDATE] == CNN_WEIGHTS
+    for layer, name in CNN_WEIGHTS:
+        update = decoded[(digest.UPDATE, layer, name)]
+        assert np.all(update["interval"] == 1), (layer, name)
+        if name == "kernel":
+            assert np.all(update["update_ratio"] > 0), (layer, name)

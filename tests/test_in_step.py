@@ -64,6 +64,11 @@ def test_training_is_the_same_bit_for_bit_with_the_in_step_digest(tmp_path, step
     sources = {e.step for e in accumulator.Tensors(in_step.SOURCE_TAG)}
     probe_events = [0, 2, 5, 9]
     assert sources == {s for i, s in enumerate(steps) if i not in probe_events}
+    in_step_runs.assert_every_event_updates_every_weight(tmp_path / "run")
+
+
+def test_the_update_rows_give_every_weights_move_over_the_step_chosen_layer_or_not():
+    in_step_runs.assert_step_updates_are_the_weights_moves()
 
 
 def test_training_under_mixed_float16_with_its_loss_scale_is_the_same_bit_for_bit(tmp_path):

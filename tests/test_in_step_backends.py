@@ -44,6 +44,13 @@ def test_training_is_the_same_bit_for_bit_with_the_in_step_digest(tmp_path, step
     assert steps == list(range(steps_per_execution, 13, steps_per_execution))
     sources = {e.step for e in accumulator.Tensors(in_step.SOURCE_TAG)}
     assert sources == {s for i, s in enumerate(steps) if i not in (0, 2, 5, 9)}
+    if BACKEND == "torch":
+        in_step_runs.assert_every_event_updates_every_weight(tmp_path / "run")
+
+
+@pytest.mark.skipif(BACKEND != "torch", reason="the update rows of the PyTorch step")
+def test_the_update_rows_give_every_weights_move_over_the_step_chosen_layer_or_not():
+    in_step_runs.assert_step_updates_are_the_weights_moves()
 
 
 @jax_only

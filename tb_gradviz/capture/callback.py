@@ -270,9 +270,9 @@ class GradVizCallback(keras.callbacks.Callback):
             self.log_now()
 
     def _in_step_due(self):
-        """Whether the train function's next call ends at an event written from its step."""
-        due = self._budget.due_after(self.model.steps_per_execution)
-        return due and not full_records_module.scheduled(self._in_step_events, self._full_first)
+        """Whether the train function's next call ends at a log event: the step computes its
+        statistics, and every weight's update, which a probe event's digest takes too."""
+        return self._budget.due_after(self.model.steps_per_execution)
 
     def _log_in_step(self):
         """Writes a due log event from the train step's statistics; False leaves it to the probe
@@ -282,8 +282,10 @@ class GradVizCallback(keras.callbacks.Callback):
         full = full_records_module.scheduled(self._in_step_events, self._full_first)
         self._in_step_events += 1
         step = self._step()
+        if full:
+            return False  # the probe's event, whose digest takes the step's updates
         taken = self._in_step.take(step)
-        if full or taken is None:
+        if taken is None:
             return False
         self._budget.log_started()
         written = in_step_fit.event_records(taken, self._in_step.layout)
@@ -351,6 +353,8 @@ class GradVizCallback(keras.callbacks.Callback):
             return
         self._budget.log_started()
         written, skipped = self._capture.run(x, y, sample_weight)
+        if self._in_step is not None:
+            written = in_step_fit.probe_event_records(written, self._in_step, self._step())
         host_weights = self._capture.take_host_weights()
         probe.warn_skipped(skipped)
         step = self._step() if step is None else step

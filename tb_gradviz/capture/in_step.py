@@ -91,21 +91,43 @@ def source_records():
     return [(SOURCE_TAG, np.array([1.0]), summary_metadata)]
 
 
+def update_segments(norms, applied):
+    """The digest's `update` rows (`[weights, 2]`: `update_ratio`, `interval`) of one step.
+
+    Args:
+      norms: `[weights, 2]`, per weight `|w_after|` and `|w_after - w_before|`
+        over the step, or None when the step gave none (all NaN).
+      applied: the optimizer steps the step applied (1; 0 when a
+        `LossScaleOptimizer` skipped it: then every update is 0, and so is
+        its ratio).
+    """
+    if norms is None:
+        return None
+    norms = np.asarray(norms, np.float64).reshape(-1, 2)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = norms[:, 1] / norms[:, 0]  # NaN when both are 0, inf when only the weight is
+    return np.column_stack([ratio, np.full(len(norms), float(applied))])
+
+
 class DigestLayout:
     """Which statistics a step computes, and the digest rows they fill.
 
     Built while the step is traced, from the chosen layers' `probe.LayerPlan`s
     and, per plan tensor, the item (a distinct graph tensor) whose statistics
     it reads: an input gradient that is another chosen layer's output
-    gradient is summarised once.
+    gradient is summarised once. The `update` rows of every trainable weight
+    (`weights.step_weights`) follow the other rows, as the probe's digest puts
+    its update rows after the others (`digest.digest_records`).
 
     Args:
       plans: the `LayerPlan`s, in model order.
       items: per plan tensor, in plan order, the index of its summarised item.
+      updates: the `weights.StepWeight`s whose update the step gives.
     """
 
-    def __init__(self, plans, items):
+    def __init__(self, plans, items, updates=()):
         self.plans = list(plans)
+        self.updates = list(updates)
         self.items = np.asarray(list(items), np.int64)
         rows, scaled, first_items, channels = [], [], [], []
         # Where each row's values are in the pool `digest_vector` builds: the tensor rows'
@@ -131,19 +153,20 @@ class DigestLayout:
                 gather += [at, at + 1]
                 first_items.append(self.items[first])
                 channels.append(plan.tensors[0].shape[plan.units_axis])
-        self.rows = tuple(rows)
+        self.rows = tuple(rows) + update_rows(self.updates)
         self._scaled = np.asarray(scaled, bool)
         self._first_items = np.asarray(first_items, np.int64)
         self._channels = np.asarray(channels, np.float64)
         self._gather = np.asarray(gather, np.int64)
 
-    def digest_vector(self, rows, scale):
+    def digest_vector(self, rows, scale, norms=None, applied=1):
         """The digest vector (`digest.FIELDS` per row, float32) of one step's statistics.
 
         Args:
           rows: `[items, ROW]`: per item, `COUNT_FIELDS`, `VALUE_FIELDS`, then
             its dead channels (counted for a plan's first activation only).
           scale: the loss scale the gradients were taken at, or None.
+          norms, applied: the step's update norms (`update_segments`).
         """
         rows = np.asarray(rows, np.float64).reshape(-1, ROW)
         per_tensor = rows[self.items]
@@ -151,12 +174,13 @@ class DigestLayout:
         tensor_rows, precision_rows = _segments(per_tensor, divisor)
         units = np.column_stack([self._channels, rows[self._first_items, ROW - 1]])
         pool = np.concatenate([tensor_rows.ravel(), precision_rows.ravel(), units.ravel()])
-        return pool[self._gather].astype(np.float32)
+        vector = pool[self._gather]
+        return with_updates(vector, self.updates, norms, applied).astype(np.float32)
 
-    def digest_record(self, rows, scale):
+    def digest_record(self, rows, scale, norms=None, applied=1):
         """The `(tag, vector, metadata)` digest record of one step (as `digest.digest_records`)."""
-        tag, summary_metadata = digest.digest_series(self.rows)
-        return tag, self.digest_vector(rows, scale), summary_metadata
+        tag, summary_metadata = update_series(self.rows, self.updates)
+        return tag, self.digest_vector(rows, scale, norms, applied), summary_metadata
 
     def nonfinite(self, rows):
         """The `layer/tensor` names of the plan tensors holding a NaN or an Inf."""
@@ -164,6 +188,27 @@ class DigestLayout:
         nonfinite = rows[self.items, len(BELOW) + 1 : len(COUNT_FIELDS)].sum(axis=1) > 0
         names = [f"{plan.chosen.path}/{t.name}" for plan in self.plans for t in plan.tensors]
         return [name for name, found in zip(names, nonfinite) if found]
+
+
+def update_rows(updates):
+    """The digest's `update` rows of `weights.StepWeight`s."""
+    return tuple((digest.UPDATE, w.layer, w.name) for w in updates)
+
+
+def update_series(rows, updates):
+    """The tag and metadata of a digest with these rows, whose update rows are those of
+    `updates` (`weights.StepWeight`s): the metadata describes their layers and sizes."""
+    described = [(w.layer_index, w.layer_class, w.count) for w in updates] if updates else None
+    return digest.digest_series(rows, described)
+
+
+def with_updates(vector, updates, norms, applied=1):
+    """`vector` (a digest's other rows) followed by the update rows of `updates`, from the step's
+    `norms` (`update_segments`; NaN without them)."""
+    segments = update_segments(norms, applied)
+    if segments is None:
+        segments = np.full((len(updates), len(digest.UPDATE_FIELDS)), np.nan)
+    return np.concatenate([np.asarray(vector, np.float64), segments.ravel()])
 
 
 def _segments(per_tensor, divisor):

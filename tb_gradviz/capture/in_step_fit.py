@@ -159,18 +159,20 @@ def probe_event_records(event_records, step, at):
 
     Args:
       event_records: the probe's records (without a digest).
-      step: the installed `TrainStep`, or None (the probe's digest is left to the writer).
+      step: the installed `TrainStep`; one that gives no updates (no `weights`) leaves the
+        probe's digest to the writer.
       at: the optimizer's iterations now.
     """
-    if step is None:
+    weights = getattr(step, "weights", None)
+    if not weights:
         return event_records
     found = digest.digest_records(event_records)
     if not found:
         return event_records
     ((_, vector, summary_metadata),) = found
     content = metadata.parse_plugin_metadata(summary_metadata.plugin_data.content)
-    rows = tuple(tuple(row) for row in content["rows"]) + in_step.update_rows(step.weights)
+    rows = tuple(tuple(row) for row in content["rows"]) + in_step.update_rows(weights)
     norms, applied = _updates(step.take(at))
-    tag, described = in_step.update_series(rows, step.weights)
-    vector = in_step.with_updates(vector, step.weights, norms, applied).astype(np.float32)
+    tag, described = in_step.update_series(rows, weights)
+    vector = in_step.with_updates(vector, weights, norms, applied).astype(np.float32)
     return [*event_records, (tag, vector, described)]

@@ -126,3 +126,37 @@ def row_along(values, units_axis):
         others = tuple(a for a in range(values.ndim) if a != units_axis)
         row[-1] = np.count_nonzero(~np.any(values != 0, axis=others))
     return row
+
+
+@numba.njit(nogil=True, cache=True, fastmath=_SUM)
+def _update_squares(after, before):
+    weight = 0.0
+    update = 0.0
+    for i in range(after.size):
+        a = np.float64(after[i])
+        d = a - np.float64(before[i])
+        weight += a * a
+        update += d * d
+    return weight, update
+
+
+def update_norms(afters, befores):
+    """`[weights, 2]` float64: per weight `|w_after|` and `|w_after - w_before|`, summed in
+    float64 in one pass over both (float16 and bfloat16 widened to float32, exactly).
+
+    Args:
+      afters, befores: the weights after and before the step's update, as numpy
+        arrays, pairwise of one shape.
+    """
+    norms = np.zeros((len(afters), 2))
+    for k, (after, before) in enumerate(zip(afters, befores)):
+        after, before = (_flat32(a) for a in (after, before))
+        norms[k] = _update_squares(after, before)
+    return np.sqrt(norms)
+
+
+def _flat32(values):
+    values = np.ascontiguousarray(values).reshape(-1)
+    if values.dtype not in (np.float32, np.float64):
+        values = values.astype(np.float32)
+    return values

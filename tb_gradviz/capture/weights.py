@@ -6,13 +6,16 @@ gradients, and summarises the weights and their gradients like any other
 tensor (`probe.layer_plan` plans them). What is the same on every backend
 lives here, in `keras.ops`: which layer records which weight
 (`chosen_weights`), and the update size since the previous log event
-(`Updates`).
+(`Updates`). `step_weights` lists every trainable weight of the model, whose
+update the in-step digest (`digest="step"`) gives from the step itself.
 """
+
+from typing import NamedTuple
 
 import keras
 import numpy as np
 
-from tb_gradviz.capture import assemble
+from tb_gradviz.capture import assemble, selection
 from tb_gradviz.format import events, records, summaries
 
 
@@ -25,24 +28,67 @@ def chosen_weights(chosen):
     layer (`kernel`, or `query/kernel` for a layer that holds layers), made
     unique within the layer. A frozen layer (`trainable=False`) has none.
     """
-    by_depth = sorted(chosen, key=lambda c: c.path.count("/"), reverse=True)
+    owner = _owners(chosen)
+    return {c.path: _named(c, owner) for c in chosen}
+
+
+def _owners(*groups):
+    """`{id(variable): path}`: each trainable weight's layer, the deepest of the first group
+    that holds it, then of the next."""
     owner = {}
-    for c in by_depth:
-        for variable in c.layer.trainable_weights:
-            owner.setdefault(id(variable), c.path)
-    result = {}
-    for c in chosen:
-        own = [v for v in c.layer.trainable_weights if owner[id(v)] == c.path]
-        names, seen = [], set()
-        for v in own:
-            name = _relative_name(v, c.layer)
-            unique, k = name, 1
-            while unique in seen:
-                unique, k = f"{name}_{k}", k + 1
-            seen.add(unique)
-            names.append(unique)
-        result[c.path] = list(zip(names, own))
-    return result
+    for group in groups:
+        for c in sorted(group, key=lambda c: c.path.count("/"), reverse=True):
+            for variable in c.layer.trainable_weights:
+                owner.setdefault(id(variable), c.path)
+    return owner
+
+
+def _named(c, owner):
+    """`[(name, variable)]` of the weights `owner` gives to the layer `c`, named uniquely."""
+    own = [v for v in c.layer.trainable_weights if owner.get(id(v)) == c.path]
+    names, seen = [], set()
+    for v in own:
+        name = _relative_name(v, c.layer)
+        unique, k = name, 1
+        while unique in seen:
+            unique, k = f"{name}_{k}", k + 1
+        seen.add(unique)
+        names.append(unique)
+    return list(zip(names, own))
+
+
+class StepWeight(NamedTuple):
+    """A trainable weight whose update the in-step digest gives (`step_weights`)."""
+
+    layer: str  # its layer's path
+    name: str  # as `chosen_weights` names it
+    variable: object
+    layer_index: int
+    layer_class: str
+    count: int  # its values
+
+
+def step_weights(model, chosen):
+    """Every floating trainable weight of `model`, each under one layer, in model order.
+
+    A weight's layer is the deepest chosen layer that holds it (as
+    `chosen_weights` gives it), else the deepest layer of the model that
+    holds it: every layer with trainable weights, chosen or not. A weight no
+    layer below the model holds (a subclassed model's own) is left out.
+    """
+    walked = [
+        selection.ChosenLayer(path, layer, i)
+        for i, (path, layer) in enumerate(selection.walk_layers(model))
+    ]
+    trainable = {id(v) for v in model.trainable_weights}
+    owner = _owners(list(chosen), walked)
+    found = []
+    for c in walked:
+        for name, v in _named(c, owner):
+            if id(v) in trainable and keras.backend.is_float_dtype(v.dtype):
+                count = int(np.prod(v.shape, dtype=np.int64))
+                found.append(StepWeight(c.path, name, v, c.index, type(c.layer).__name__, count))
+    return found
 
 
 def compute_dtype(layer, variable):

@@ -13,6 +13,11 @@ whose gradient is the gradient through this layer only, and the loss's
 gradient w.r.t. each output is asked of the same tape, in the one backward
 pass that gives the weight gradients. Neither changes a value: training is
 the same bit for bit (tests/test_in_step.py).
+
+Every trainable weight of the model (`weights.step_weights`) is read just
+before `apply_gradients` and again after it, and the step returns each
+weight's `|w_after|` and `|w_after - w_before|`: the digest's update rows,
+with no copy of the weights kept past the step.
 """
 
 import keras
@@ -22,6 +27,7 @@ from keras.src.losses import loss as loss_module
 from keras.src.trainers.data_adapters import data_adapter_utils
 
 from tb_gradviz.capture import assemble, in_step, in_step_kernel, probe
+from tb_gradviz.capture import weights as weights_module
 from tb_gradviz.capture.backends.tensorflow import _sole_inputs_of_outputs
 
 # The chosen layers whose tensors one call of the host kernel takes: each call from the graph
@@ -39,9 +45,11 @@ class TrainStep:
 
     Attributes:
       layout: the `in_step.DigestLayout`, known once the step is traced.
-      stash: what the last in-step call returned, as numpy: `counts`,
-        `values`, `dead`, `scale`, `step` (the optimizer's iterations after
-        it); None before one.
+      stash: what the last in-step call returned, as numpy: `rows`,
+        `scale`, `step` (the optimizer's iterations after it), `updates`
+        (`update_norms` of `weights`) and `applied` (the optimizer steps it
+        applied); None before one.
+      weights: the `weights.StepWeight`s whose update each call gives.
     """
 
     def __init__(self, model, chosen, plain):
@@ -53,6 +61,8 @@ class TrainStep:
         self.stash = None
         self.skipped = []
         self.due = None
+        # Every trainable weight, whose update each in-step call gives.
+        self.weights = weights_module.step_weights(model, self.chosen)
 
     def take(self, step):
         """The statistics of the in-step call that ended at optimizer step `step` (and lets go
@@ -115,6 +125,12 @@ class TrainStep:
         sources = [t for _, rec in called for t in rec.inputs + rec.outputs]
         weights = list(model.trainable_weights)
         gradients = tape.gradient(loss, weights + sources)
+        # The weights as the update finds them: each read keeps its values (an update writes
+        # into a copy while the read holds the buffer), and is let go with the step.
+        updated = [w.variable for w in self.weights] if model.optimizer is not None else []
+        before = [tf.identity(v.value) for v in updated]
+        if updated:
+            iterations = tf.identity(model.optimizer.iterations)
         if weights:
             model.optimizer.apply_gradients(zip(gradients[: len(weights)], weights))
         source_gradients = [
@@ -124,6 +140,10 @@ class TrainStep:
         statistics["scale"] = tf.constant(1.0) if scale is None else scale
         if model.optimizer is not None:
             statistics["step"] = tf.identity(model.optimizer.iterations)
+        if updated:
+            after = [tf.identity(v.value) for v in updated]
+            statistics["updates"] = update_norms(after, before, self.on_host)
+            statistics["applied"] = statistics["step"] - iterations
         logs = model.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
         return logs, statistics
 
@@ -159,7 +179,7 @@ class TrainStep:
             plans.append(plan)
         for position, producer in same_as_output.items():
             items[position] = item_of_output_gradient[id(producer)]
-        self.layout = in_step.DigestLayout(plans, items)
+        self.layout = in_step.DigestLayout(plans, items, self.weights)
         if not self.on_host:
             return tf.stack([tensor_statistics(t, axis, False) for t, axis in summarised])
         groups = {}
@@ -174,6 +194,28 @@ class TrainStep:
         if self.model.jit_compile or not assemble.numba_available():
             return False
         return all(d.device_type == "CPU" for d in tf.config.list_logical_devices())
+
+
+def update_norms(after, before, on_host):
+    """`[weights, 2]` float64: per weight `|w_after|` and `|w_after - w_before|` (numba's one
+    pass over both on a CPU, `in_step_kernel.update_norms`; else TensorFlow's ops, in float32)."""
+    if not after:
+        return tf.zeros([0, 2], tf.float64)
+    if on_host:
+        count = len(after)
+
+        def norms(*values):
+            return in_step_kernel.update_norms(values[:count], values[count:])
+
+        found = tf.numpy_function(norms, after + before, tf.float64, stateful=False)
+        return tf.ensure_shape(found, [count, 2])
+    rows = []
+    for a, b in zip(after, before):
+        if a.dtype in (tf.float16, tf.bfloat16):
+            a, b = tf.cast(a, tf.float32), tf.cast(b, tf.float32)  # exact
+        a, b = tf.reshape(a, [-1]), tf.reshape(b, [-1])
+        rows.append(tf.stack([tf.norm(a), tf.norm(a - b)]))
+    return tf.cast(tf.stack(rows), tf.float64)
 
 
 def probe_scale(model):

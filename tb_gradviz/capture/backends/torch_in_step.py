@@ -11,12 +11,19 @@ the view's one consumer) or output. Each activation is summarised when the
 layer returns it, each gradient when its hook receives it, by the numba
 kernel (`in_step_kernel`); no tensor is kept past its statistics. A view and a
 hook that returns nothing change no value: training is the same bit for bit.
+
+The optimizer's `apply` is wrapped for the step too (`_updates_measured`):
+every trainable weight (`weights.step_weights`) is copied just before the
+update and compared with itself after it, for the digest's update rows.
 """
+
+import contextlib
 
 import numpy as np
 import torch
 
 from tb_gradviz.capture import in_step, in_step_kernel, probe
+from tb_gradviz.capture import weights as weights_module
 
 
 def _is_float(t):
@@ -42,6 +49,7 @@ class TrainStep:
         self.stash = None
         self.skipped = []
         self.due = None
+        self.weights = weights_module.step_weights(model, self.chosen)
 
     def take(self, step):
         """As `tf_in_step.TrainStep.take`."""
@@ -89,7 +97,11 @@ class TrainStep:
             return wrap_input, wrap_output
 
         scale = probe.loss_scale(self.model)
-        with probe.recording_calls(self.chosen, _is_float, wraps) as recordings:
+        updates = {}
+        with (
+            probe.recording_calls(self.chosen, _is_float, wraps) as recordings,
+            _updates_measured(self.model.optimizer, self.weights, updates),
+        ):
             logs = self.plain(data)
         plans, table = [], []
         for c in self.chosen:
@@ -109,13 +121,47 @@ class TrainStep:
             for kind, t in forward:
                 table.append(rows.get((kind, id(t)), _unreached(t)))
         self.skipped = [c.path for c in self.chosen if not recordings[c.path].outputs]
-        self.layout = in_step.DigestLayout(plans, range(len(table)))
+        self.layout = in_step.DigestLayout(plans, range(len(table)), self.weights)
         self.stash = {
             "rows": np.stack(table) if table else np.zeros((0, in_step.ROW)),
             "scale": 1.0 if scale is None else scale,
             "step": int(self.model.optimizer.iterations.numpy()),
+            **updates,
         }
         return logs
+
+
+@contextlib.contextmanager
+def _updates_measured(optimizer, weights, found):
+    """Within it, the optimizer's `apply` (the update `train_step` applies) also puts each
+    weight's `|w_after|` and `|w_after - w_before|` in `found["updates"]`, and the optimizer
+    steps it applied in `found["applied"]`: a copy of each weight is taken just before the
+    update, and let go once its norms are known."""
+    if optimizer is None or not weights:
+        yield
+        return
+    apply = optimizer.apply
+
+    def measured(*args, **kwargs):
+        iterations = int(optimizer.iterations.numpy())
+        before = [w.variable.value.detach().clone() for w in weights]
+        result = apply(*args, **kwargs)
+        after = [w.variable.value.detach() for w in weights]
+        found["updates"] = in_step_kernel.update_norms(
+            [_host(a) for a in after], [_host(b) for b in before]
+        )
+        found["applied"] = int(optimizer.iterations.numpy()) - iterations
+        return result
+
+    optimizer.apply = measured  # the instance's, over the class's method
+    try:
+        yield
+    finally:
+        del optimizer.apply
+
+
+def _host(t):
+    return (t.float() if t.dtype in (torch.float16, torch.bfloat16) else t).cpu().numpy()
 
 
 def _hook(rows, key):
