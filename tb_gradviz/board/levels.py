@@ -73,42 +73,40 @@ def versions(listing):
     )
 
 
-def overview(run_store, skip_warning, width, start=None, end=None):
+def overview(run_store, fine, listing, skip_warning, width, start=None, end=None):
     """The `Overview` of a run's range, or None to read its digest whole.
 
     Args:
       run_store: the run's `store.RunStore`.
+      fine: its digest series (`store.RunStore.digests`).
+      listing: its series under the digest's plugin (`store.RunStore.digest_listing`).
       skip_warning: a `catalog.SkipWarning`.
       width: the most columns the view draws.
       start, end: the first and last step of the range (None: the run's first, its last).
     """
-    fine = run_store.digests()
     if len(fine) != 1:
         return None
     ((series_tag, listed),) = fine.items()
-    levels = level_series(run_store.digest_listing(), run_store.run, skip_warning)
-    levels = levels.get(series_tag)
+    levels = level_series(listing, run_store.run, skip_warning).get(series_tag)
     if not levels:
         return None
-    chosen = None
-    for events in sorted(levels, reverse=True):
-        found = levels[events]
-        key = digest_levels.level_tag(found.rows, events)
-        series = run_store.read_digest(key, found, digest_levels.LevelLayout(found.rows))
-        inside = _inside(series.steps, start, end)
-        chosen = (events, series, inside)
-        if inside.sum() >= width:
+    order = sorted(levels, reverse=True)
+    # The coarsest level (a few points) says how many events the range holds: a finer level
+    # than needed is never read, nor those between.
+    covered = _read_level(run_store, levels, order[0], start, end)[2]
+    wide = [events for events in order if covered // events >= width]
+    for events in order[order.index(wide[0] if wide else order[-1]) :]:
+        series, inside, covered = _read_level(run_store, levels, events, start, end)
+        if inside.stop - inside.start >= width:
             break
-    events, series, inside = chosen
     counts, first, previous = digest_levels.span_steps(series.values)
     if counts.sum() < FINE_EVENTS:
         return None  # a short run: read whole, every step shown
-    if inside.sum() >= width:
-        gaps = _uncovered(series.steps, first, previous, start, end)
-    else:  # a short window: the digest itself over it
-        events, inside = 1, np.zeros(len(series.steps), bool)
-        gaps = _uncovered(series.steps[:0], first, previous, start, end)
-    parts = _parts_over(listed, gaps)
+    if inside.stop - inside.start < width:  # a short window: the digest itself over it
+        events, inside = 1, slice(0, 0)
+    gaps = _uncovered(series.steps[inside], first[inside], previous[inside], start, end)
+    parts = _parts_over(series_tag, listed, gaps)
+    # Views of the level's rows: the one copy is the joined points' (or none).
     steps, first_steps, spans = series.steps[inside], first[inside], counts[inside]
     values = series.values[inside, len(digest_levels.SPAN_FIELDS) :]
     if parts:
@@ -121,19 +119,30 @@ def overview(run_store, skip_warning, width, start=None, end=None):
         steps = np.concatenate([steps, read.steps[kept]])
         first_steps = np.concatenate([first_steps, read.steps[kept]])
         spans = np.concatenate([spans, np.ones(int(kept.sum()), np.int64)])
-        values = np.concatenate([values, read.values[kept]])
-    order = np.argsort(steps, kind="stable")
-    points = rule_columns.DigestSeries(listed.rows, steps[order], values[order])
+        values = np.concatenate([values, read.values[kept].astype(values.dtype)])
+        if np.any(steps[1:] < steps[:-1]):
+            order = np.argsort(steps, kind="stable")
+            steps, first_steps, spans, values = (
+                a[order] for a in (steps, first_steps, spans, values)
+            )
+    points = rule_columns.DigestSeries(listed.rows, steps, values)
     if hasattr(listed, "update_weights"):
         points = points._replace(update_weights=listed.update_weights)
     key = (events, start, end, tuple(tag for tag, _ in parts))
-    return Overview(points, first_steps[order], spans[order], events, key)
+    return Overview(points, first_steps, spans, events, key)
 
 
-def _inside(steps, start, end):
-    low = -np.inf if start is None else start
-    high = np.inf if end is None else end
-    return (steps >= low) & (steps <= high)
+def _read_level(run_store, levels, events, start, end):
+    """`(Series, rows in the range (a slice), events those rows pool)` of one level."""
+    found = levels[events]
+    key = digest_levels.level_tag(found.rows, events)
+    series = run_store.read_digest(key, found, digest_levels.LevelLayout(found.rows))
+    low = 0 if start is None else int(np.searchsorted(series.steps, start, side="left"))
+    high = len(series.steps)
+    if end is not None:
+        high = int(np.searchsorted(series.steps, end, side="right"))
+    inside = slice(low, max(low, high))
+    return series, inside, int(series.values[inside, 0].sum())
 
 
 def _uncovered(steps, first, previous, start, end):
@@ -151,14 +160,15 @@ def _uncovered(steps, first, previous, start, end):
     return [(a, b) for a, b in clipped if a < b - 1]
 
 
-def _parts_over(listed, gaps):
-    """The digest's parts (`((tag, time series), ...)`) that may hold a step in `gaps`."""
-    firsts = [
-        metadata.parse_plugin_metadata(ts.plugin_content).get("part", {}).get("first_step")
-        for _, ts in listed.parts
-    ]
-    if None in firsts:  # a digest written whole: one part, read whole
-        return listed.parts if gaps else ()
+def _parts_over(series_tag, listed, gaps):
+    """The digest's parts (`((tag, time series), ...)`) that may hold a step in `gaps`. A part's
+    tag is its series' and its first step (`digest_parts.part_tag`); a digest written whole
+    (before layout 13) is one part under the series' tag, read whole."""
+    if not gaps:
+        return ()
+    firsts = [None if tag == series_tag else int(tag.rpartition("/")[2]) for tag, _ in listed.parts]
+    if None in firsts:
+        return listed.parts
     chosen = []
     for i, (tag, time_series) in enumerate(listed.parts):
         last = time_series.max_step if i + 1 == len(firsts) else firsts[i + 1] - 1
@@ -184,7 +194,9 @@ def loss_scale_at(loss_scale, steps):
 def spanned(body, view, start=None, end=None):
     """`body` (`timeline.timeline_body` of the view's points) with each column's first step that
     of its first span, `steps` the events shown, and `level`."""
-    inside = _inside(view.series.steps, start, end)
+    low = -np.inf if start is None else start
+    high = np.inf if end is None else end
+    inside = (view.series.steps >= low) & (view.series.steps <= high)
     first_of = dict(zip(view.series.steps.tolist(), view.first_steps.tolist()))
     body["columns"]["first_step"] = [first_of[s] for s in body["columns"]["first_step"]]
     body["steps"] = int(view.events[inside].sum())

@@ -25,7 +25,8 @@ def joined(parts, layout, capacity=None, left_out=None):
         None when some part does not say: the array is then grown as needed.
       left_out: as `series.decode_series` takes it.
     """
-    values = np.empty((capacity or 0,) + tuple(layout.shape))
+    # float64 as every decoded series, unless the layout keeps its written float32 (a level).
+    values = np.empty((capacity or 0,) + tuple(layout.shape), getattr(layout, "dtype", np.float64))
     steps, wall_times, kept, filled = [], [], [], 0
     for points in parts:
         if filled + len(points) > len(values):
@@ -65,6 +66,6 @@ def joined(parts, layout, capacity=None, left_out=None):
 
 def _grown(values, filled, needed):
     """`values` with room for `needed` rows (at least twice its rows), its first `filled` kept."""
-    grown = np.empty((max(needed, 2 * len(values)),) + values.shape[1:])
+    grown = np.empty((max(needed, 2 * len(values)),) + values.shape[1:], values.dtype)
     grown[:filled] = values[:filled]
     return grown

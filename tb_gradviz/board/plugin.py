@@ -14,6 +14,7 @@ from tensorboard import errors
 from tensorboard.plugins import base_plugin
 
 from tb_gradviz.board import (
+    catalog,
     columns,
     kept,
     layer_impls,
@@ -216,14 +217,15 @@ class GradVizPlugin(layer_impls.LayerImpls, base_plugin.TBPlugin):
                 f"start must be at most end; received start={start}, end={end}"
             )
         run_store = self._store(ctx, experiment, run)
-        found = run_store.digests()
+        listing = run_store.digest_listing()
+        found = catalog.digest_series(run, listing, self._caches.skip_warning)
         budget = run_store.budget()
         key = (experiment, run, field, role, width, ratio, start, end)
         current = (
             tuple(
                 (tag, tuple(series.version(ts) for _, ts in d.parts)) for tag, d in found.items()
             ),
-            levels.versions(run_store.digest_listing()),
+            levels.versions(listing),
             None if budget is None else series.version(budget.time_series),
         )
         body = self._caches.bodies.get(key, current)
@@ -235,7 +237,7 @@ class GradVizPlugin(layer_impls.LayerImpls, base_plugin.TBPlugin):
             body = self._caches.bodies.get(key, current)
             if body is None:
                 skip_warning = self._caches.skip_warning
-                view = levels.overview(run_store, skip_warning, width, start, end)
+                view = levels.overview(run_store, found, listing, skip_warning, width, start, end)
                 source_key = ("timeline_source", experiment, run, field, role, ratio)
                 if view is not None:
                     source_key += view.key

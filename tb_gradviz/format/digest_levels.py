@@ -73,7 +73,8 @@ def _split(step):
 def span_steps(values):
     """`(events, first_step, previous_step)` `[n]` int arrays of `[n, len(SPAN_FIELDS) + ...]`
     level vectors; previous_step -1 where the span begins its writer's first event."""
-    values = np.asarray(values, np.float64).reshape(-1, np.shape(values)[-1])
+    values = np.asarray(values).reshape(-1, np.shape(values)[-1])[:, : len(SPAN_FIELDS)]
+    values = values.astype(np.float64)
     first = values[:, 1].astype(np.int64) * _LOW + values[:, 2].astype(np.int64)
     previous = np.where(
         values[:, 3] < 0, -1, values[:, 3].astype(np.int64) * _LOW + values[:, 4].astype(np.int64)
@@ -239,6 +240,9 @@ def _described(summary_metadata):
 class LevelLayout:
     """The `layout.Layout`-like reading of a level with these rows: its length, and its counts
     (the span's events, the pooled digest's) checked as the digest's are."""
+
+    # Read as written: a level is a reader's largest series, and float32 loses nothing of it.
+    dtype = np.float32
 
     def __init__(self, rows):
         inner = digest.DigestLayout(rows)
