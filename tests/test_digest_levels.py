@@ -57,6 +57,31 @@ def write_varied(logdir, steps, first_step=1, log=None):
             records_of_step += events.precision_records(
                 layer, records.OUTPUT_GRADIENT, summaries.precision_vector(values), content
             )
+            records_of_step += events.units_records(
+                layer,
+                records.units_vector(rng.random(8) < 0.1),
+                {"layer_index": index, "tensor": records.OUTPUT_GRADIENT, "channel_axis": -1},
+            )
+        # A weight of layer a, and its update record at most events (an update row, NaN without).
+        weight = records.weight_tensor_name(records.WEIGHT, "kernel")
+        kernel = rng.normal(size=32)
+        records_of_step += events.tensor_records(
+            "a",
+            weight,
+            summaries.linear_histogram(kernel),
+            summaries.stats_vector(kernel),
+            {
+                "layer_index": 0,
+                "role": records.WEIGHT,
+                "index": 1,
+                "weight": "kernel",
+                "shape": [32],
+            },
+        )
+        if step % 5:
+            update = summaries.update_vector(10.0, rng.random(), rng.integers(1, 4))
+            content = {"layer_index": 0, "weight": "kernel", "tensor": weight}
+            records_of_step += events.update_records("a", "kernel", update, content)
         log.write(step, records_of_step)
     return log
 
@@ -66,6 +91,7 @@ def test_each_level_equals_the_pooled_digests_of_its_span(tmp_path):
     found = written(tmp_path)
     fine = [point for tag, points in found.items() if "/level/" not in tag for point in points]
     rows = next(content for *_, content in fine if content)["rows"]
+    assert {kind for kind, _, _ in rows} == set(digest.ROW_KINDS)
     steps = np.array([step for step, _, _ in fine])
     vectors = np.stack([vector for _, vector, _ in fine]).astype(np.float64)
     decoded = digest.decode_digest(rows, vectors)

@@ -13,14 +13,15 @@ A level's value is a float32 vector: `SPAN_FIELDS` (the span: how many events,
 its first step, the step of the writer's event before it), then one digest of
 the series' rows (`digest.FIELDS`) pooled over the span (`Pool`):
 
-* counts (a `tensor` row's `count`, `zeros`, `nan`, `pos_inf`, `neg_inf`; a
+* counts (`digest.COUNT_FIELDS`: a `tensor` row's `count`, `zeros`, `nan`,
+  `pos_inf`, `neg_inf`; a `units` row's `channels` and `dead_channels`; a
   `precision` row's counts) are summed, so a count raised at any event of the
   span is raised in the level; a precision row's `mxfp8_e4m3_to_zero` is NaN
   when any event of the span does not know it;
 * `rms` is that of all the span's finite values together,
   sqrt(sum finite * rms**2 / sum finite), finite = count - nan - pos_inf - neg_inf;
-* `max_abs`, a `units` row's `channels` and `dead_channels` and an `update`
-  row's `update_ratio` and `interval` are the span's largest (NaN ignored).
+* `max_abs` and an `update` row's `update_ratio` and `interval` are the span's
+  largest (NaN ignored).
 
 Its tag is `gradviz_digest/level/<events>/<12 hex of the rows>`, written in
 parts as the digest is (`digest_parts`): `.../<first step>`. Numpy only.
