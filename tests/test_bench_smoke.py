@@ -250,3 +250,10 @@ def test_in_step_bench_pairs_fits_with_and_without_the_in_step_digest(tmp_path):
     (row,) = run_smoke(tmp_path, "bench_in_step.py", "--layers", "all")
     assert row["chosen"] > 5 and row["in_step_events"] > 0
     assert row["ratio_median"] > 0 and row["cpu_ratio_median"] > 0
+
+
+def test_in_step_updates_bench_times_the_step_with_and_without_the_update_rows(tmp_path):
+    pytest.importorskip("tensorflow")
+    (row,) = run_smoke(tmp_path, "bench_in_step_updates.py", "--layers", "all")
+    assert row["update_rows"] == {"step": row["weights"], "no_updates": 0} and row["weights"] > 0
+    assert row["updates_ratio"] > 0 and row["cpu_updates_ratio"] > 0
