@@ -20,6 +20,7 @@ from tb_gradviz.board import catalog, columns
 from tb_gradviz.format import digest, digest_levels, digest_parts, metadata, rule_columns
 
 # Over fewer events than this the digest itself is read: it costs little, and every step shows.
+# A level of this many events has a point once a writer has written this many.
 FINE_EVENTS = 4096
 
 
@@ -88,8 +89,8 @@ def overview(run_store, fine, listing, skip_warning, width, start=None, end=None
         return None
     ((series_tag, listed),) = fine.items()
     levels = level_series(listing, run_store.run, skip_warning).get(series_tag)
-    if not levels:
-        return None
+    if not levels or max(levels) < FINE_EVENTS:
+        return None  # no level pools that many events: a short run, read whole
     order = sorted(levels, reverse=True)
     # The coarsest level (a few points) says how many events the range holds: a finer level
     # than needed is never read, nor those between.
