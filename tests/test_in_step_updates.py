@@ -141,3 +141,20 @@ def test_a_step_the_loss_scale_optimizer_skipped_has_an_update_of_0_over_0_steps
         kernel = digest.decode_digest(rows, vectors)[(digest.UPDATE, layer, "kernel")]
         assert list(kernel["interval"]) == [1, 1, 0, 1, 1, 1]
         assert kernel["update_ratio"][2] == 0 and np.all(np.delete(kernel["update_ratio"], 2) > 0)
+
+
+def test_the_update_norms_on_either_path_are_those_of_the_weights_and_their_moves():
+    import tensorflow as tf
+
+    from tb_gradviz.capture.backends import tf_in_step
+
+    rng = np.random.RandomState(0)
+    before = [rng.normal(size=(3, 4)).astype("float32"), np.zeros(5, "float16")]
+    after = [b + (0.01 * rng.normal(size=b.shape)).astype(b.dtype) for b in before]
+    wide = [(a.astype(np.float64), b.astype(np.float64)) for a, b in zip(after, before)]
+    want = [[np.linalg.norm(a), np.linalg.norm(a - b)] for a, b in wide]
+    for on_host in (True, False):
+        found = tf_in_step.update_norms(
+            [tf.constant(a) for a in after], [tf.constant(b) for b in before], on_host
+        ).numpy()
+        np.testing.assert_allclose(found, want, rtol=1e-6)
