@@ -114,7 +114,9 @@ class GradVizCallback(keras.callbacks.Callback):
       digest: where each log event's digest is computed. "probe" (the
         default): from the probe pass's records. "step": on TensorFlow and
         PyTorch (a CPU), by the train step itself, from that step's batch, in the backward pass
-        that computes the weight gradients (`in_step_fit`, docs/probe.md);
+        that computes the weight gradients (`in_step_fit`, docs/probe.md),
+        with the update ratio of every trainable weight of the model over
+        that step, which the update warnings read without `weights=True`;
         the probe still runs at the events whose full records are kept
         (`full_records`) and at `log_now()`. Needs `every_n_batches`; not
         yet with `weights=True`. Elsewhere (another backend, a
