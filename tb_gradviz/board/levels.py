@@ -107,7 +107,7 @@ def overview(run_store, fine, listing, skip_warning, width, start=None, end=None
         events, inside = 1, slice(0, 0)
     gaps = _uncovered(series.steps[inside], first[inside], previous[inside], start, end)
     parts = _parts_over(series_tag, listed, gaps)
-    # Views of the level's rows: the one copy is the joined points' (or none).
+    # Views of the level's rows: the one copy is the joined points' (or the columns' decoding).
     steps, first_steps, spans = series.steps[inside], first[inside], counts[inside]
     values = series.values[inside, len(digest_levels.SPAN_FIELDS) :]
     if parts:
@@ -120,7 +120,8 @@ def overview(run_store, fine, listing, skip_warning, width, start=None, end=None
         steps = np.concatenate([steps, read.steps[kept]])
         first_steps = np.concatenate([first_steps, read.steps[kept]])
         spans = np.concatenate([spans, np.ones(int(kept.sum()), np.int64)])
-        values = np.concatenate([values, read.values[kept].astype(values.dtype)])
+        # float64 at once: the columns are decoded as float64, which then copies nothing.
+        values = np.concatenate([values, read.values[kept]], dtype=np.float64)
         if np.any(steps[1:] < steps[:-1]):
             order = np.argsort(steps, kind="stable")
             steps, first_steps, spans, values = (
