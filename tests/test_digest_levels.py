@@ -87,7 +87,7 @@ def write_varied(logdir, steps, first_step=1, log=None):
 
 
 def test_each_level_equals_the_pooled_digests_of_its_span(tmp_path):
-    write_varied(tmp_path, 70).close()
+    write_varied(tmp_path, 140).close()
     found = written(tmp_path)
     fine = [point for tag, points in found.items() if "/level/" not in tag for point in points]
     rows = next(content for *_, content in fine if content)["rows"]
@@ -95,28 +95,41 @@ def test_each_level_equals_the_pooled_digests_of_its_span(tmp_path):
     steps = np.array([step for step, _, _ in fine])
     vectors = np.stack([vector for _, vector, _ in fine]).astype(np.float64)
     decoded = digest.decode_digest(rows, vectors)
-    level = [point for tag, points in found.items() if "/level/16/" in tag for point in points]
-    assert [step for step, _, _ in level] == [16, 32, 48, 64]  # 70 events: 6 left for the digest
-    assert level[0][2]["level"] == {"events": 16} and level[0][2]["rows"] == rows
-    for i, (_, vector, _) in enumerate(level):
-        span = slice(16 * i, 16 * (i + 1))
-        events_, first, previous = digest_levels.span_steps(vector[None])
-        assert (events_[0], first[0], previous[0]) == (16, steps[span][0], 16 * i or -1)
-        pooled = digest.decode_digest(rows, vector[len(digest_levels.SPAN_FIELDS) :][None])
-        for row, fields in decoded.items():
-            got = {name: value[0] for name, value in pooled[row].items()}
-            for name, column in fields.items():
-                values = column[span]
-                if name in digest.COUNT_FIELDS[row[0]]:
-                    expected = values.sum()  # NaN when an event does not know the count
-                    assert got[name] == expected or (np.isnan(expected) and np.isnan(got[name]))
-                elif name == "rms":
-                    t = fields
-                    finite = (t["count"] - t["nan"] - t["pos_inf"] - t["neg_inf"])[span]
-                    expected = np.sqrt(np.sum(finite * values**2) / finite.sum())
-                    assert got[name] == pytest.approx(expected, rel=2e-7)
-                else:
-                    assert got[name] == np.float32(np.nanmax(values))
+    # 140 events: 8 spans of 16 and 2 of 64 (pooled from those of 16), 12 events in none.
+    for pooled_events, ends in ((16, list(range(16, 129, 16))), (64, [64, 128])):
+        level = [
+            p for tag, points in found.items() if f"/level/{pooled_events}/" in tag for p in points
+        ]
+        assert [step for step, _, _ in level] == ends
+        assert level[0][2]["level"] == {"events": pooled_events} and level[0][2]["rows"] == rows
+        for i, (_, vector, _) in enumerate(level):
+            span = slice(pooled_events * i, pooled_events * (i + 1))
+            events_, first, previous = digest_levels.span_steps(vector[None])
+            assert (events_[0], first[0], previous[0]) == (
+                pooled_events,
+                steps[span][0],
+                pooled_events * i or -1,
+            )
+            pooled = digest.decode_digest(rows, vector[len(digest_levels.SPAN_FIELDS) :][None])
+            for row, fields in decoded.items():
+                got = {name: value[0] for name, value in pooled[row].items()}
+                for name, column in fields.items():
+                    values = column[span]
+                    if name in digest.COUNT_FIELDS[row[0]]:
+                        expected = values.sum()  # NaN when an event does not know the count
+                        assert got[name] == expected or np.isnan(expected) and np.isnan(got[name])
+                    elif name == "rms":
+                        t = fields
+                        finite = (t["count"] - t["nan"] - t["pos_inf"] - t["neg_inf"])[span]
+                        expected = np.sqrt(np.sum(finite * values**2) / finite.sum())
+                        assert got[name] == pytest.approx(expected, rel=2e-7)
+                    else:
+                        assert got[name] == np.float32(np.nanmax(values))
+
+
+def test_levels_that_are_not_multiples_of_each_other_are_refused():
+    with pytest.raises(ValueError, match=r"each a multiple of the one before; received \(16, 24\)"):
+        digest_levels.Levels((16, 24))
 
 
 def test_a_new_writer_begins_its_own_spans_and_says_which_event_came_before(tmp_path):

@@ -86,15 +86,14 @@ def span_steps(values):
 class _Fields(NamedTuple):
     """Where each kind of pooled field is in a digest of some rows."""
 
-    summed: np.ndarray
-    largest: np.ndarray
+    summed: np.ndarray  # counts (the others are the largest, but rms)
     rms: np.ndarray  # each tensor row's rms
     counts: np.ndarray  # [tensor rows, 4]: its count, nan, pos_inf, neg_inf
 
 
 def _fields(rows):
     offsets, _ = digest.row_offsets(rows)
-    summed, largest, rms, counts = [], [], [], []
+    summed, rms, counts = [], [], []
     tensor = digest.TENSOR_FIELDS
     for (kind, _, _), offset in zip(rows, offsets):
         names = digest.FIELDS[kind]
@@ -103,16 +102,12 @@ def _fields(rows):
                 rms.append(offset + i)
             elif name in digest.COUNT_FIELDS[kind]:
                 summed.append(offset + i)
-            else:
-                largest.append(offset + i)
         if kind == digest.TENSOR:
             counts.append(
                 [offset + tensor.index(f) for f in ("count", "nan", "pos_inf", "neg_inf")]
             )
     as_array = lambda found: np.array(found, np.int64)  # noqa: E731
-    return _Fields(
-        as_array(summed), as_array(largest), as_array(rms), as_array(counts).reshape(-1, 4)
-    )
+    return _Fields(as_array(summed), as_array(rms), as_array(counts).reshape(-1, 4))
 
 
 class Pool:
@@ -123,36 +118,49 @@ class Pool:
         self.events = 0
         self.first_step = None
         self.previous_step = None
-        self._values = None
-        self._squares = self._finite = None
+        self._sum = self._max = self._squares = self._finite = None
 
     def add(self, step, vector, previous_step=None):
         """Adds one event's digest (today's layout) at `step`; `previous_step` is the step of the
         writer's event before it (None: none), kept when it begins the span."""
         vector = np.asarray(vector, np.float64)
-        f = self._fields
-        count, nan, pos_inf, neg_inf = (vector[f.counts[:, i]] for i in range(4))
-        finite = count - nan - pos_inf - neg_inf
+        counts = vector[self._fields.counts]
+        finite = counts[:, 0] - counts[:, 1:].sum(axis=1)
         some = finite > 0
-        squares = np.where(some, finite * np.where(some, vector[f.rms], 0.0) ** 2, 0.0)
-        if self._values is None:
+        finite = np.where(some, finite, 0.0)
+        squares = finite * np.where(some, vector[self._fields.rms], 0.0) ** 2
+        if self._sum is None:
             self.first_step, self.previous_step = int(step), previous_step
-            self._values = np.full(len(vector), np.nan)
-            self._values[f.summed] = vector[f.summed]
-            self._values[f.largest] = vector[f.largest]
-            self._squares, self._finite = squares, np.where(some, finite, 0.0)
+            self._sum, self._max = vector.copy(), vector.copy()
+            self._squares, self._finite = squares, finite
         else:
-            self._values[f.summed] += vector[f.summed]
-            self._values[f.largest] = np.fmax(self._values[f.largest], vector[f.largest])
+            # Every field summed and every field's largest: `vector` takes each from one.
+            np.add(self._sum, vector, out=self._sum)
+            np.fmax(self._max, vector, out=self._max)
             self._squares += squares
-            self._finite += np.where(some, finite, 0.0)
+            self._finite += finite
         self.events += 1
+
+    def merge(self, other):
+        """Adds a finished `Pool` of the same rows, of the events right after this one's."""
+        if self._sum is None:
+            self.first_step, self.previous_step = other.first_step, other.previous_step
+            self._sum, self._max = other._sum.copy(), other._max.copy()
+            self._squares, self._finite = other._squares.copy(), other._finite.copy()
+        else:
+            np.add(self._sum, other._sum, out=self._sum)
+            np.fmax(self._max, other._max, out=self._max)
+            self._squares += other._squares
+            self._finite += other._finite
+        self.events += other.events
 
     def vector(self):
         """The level's float32 vector: `SPAN_FIELDS`, then the pooled digest."""
-        values = self._values.copy()
+        f = self._fields
+        values = self._max.copy()
+        values[f.summed] = self._sum[f.summed]
         with np.errstate(invalid="ignore", divide="ignore"):
-            values[self._fields.rms] = np.where(
+            values[f.rms] = np.where(
                 self._finite > 0, np.sqrt(self._squares / np.maximum(self._finite, 1e-300)), np.nan
             )
         span = [self.events, *_split(self.first_step), *_split(self.previous_step)]
@@ -184,7 +192,15 @@ class Levels:
     writer ends is not written, and a reader reads those events from the digest itself."""
 
     def __init__(self, levels=LEVELS):
-        self._levels = tuple(levels)
+        levels = tuple(int(events) for events in levels)
+        # Each level pools whole spans of the one before it: an event is added once, to the
+        # finest, and each finished span to the next.
+        if not levels or levels[0] < 1 or any(b % a or b <= a for a, b in zip(levels, levels[1:])):
+            raise ValueError(
+                "levels must be increasing event counts, each a multiple of the one before; "
+                f"received {levels}"
+            )
+        self._levels = levels
         self._series = {}  # digest tag -> `_Series`, or None for another record
 
     def add(self, step, record):
@@ -196,15 +212,20 @@ class Levels:
             found = self._series[tag] = _described(summary_metadata)
         if found is None:
             return []
-        finished = []
+        finished, done = [], None
         for events in self._levels:
             pool = found.pools.get(events)
             if pool is None:
                 pool = found.pools[events] = Pool(found.described["rows"], found.fields)
-            pool.add(step, vector, found.last_step)
-            if pool.events >= events:
-                del found.pools[events]
-                finished.append(self._placed(found, events, pool))
+            if done is None:
+                pool.add(step, vector, found.last_step)
+            else:
+                pool.merge(done)
+            if pool.events < events:
+                break
+            del found.pools[events]
+            finished.append(self._placed(found, events, pool))
+            done = pool
         self._series[tag] = found._replace(last_step=int(step))
         return finished
 
