@@ -43,24 +43,39 @@ def weights_and_state(model):
     return [keras.ops.convert_to_numpy(v) for v in model.variables + model.optimizer.variables]
 
 
-def assert_step_digest_equals_probes():
-    """Fits `cnn()` (learning rate 0: the weights the probe sees are those of the step) once
+def transformer():
+    """The demo's small transformer (`divergence_cases.transformer_case`: embeddings,
+    multi-head attention, layer norms, GELU feed-forward blocks), at learning rate 0, with one
+    batch of its data, and the layers it calls."""
+    from tb_gradviz import demos, divergence_cases
+
+    model, x, y, batch = divergence_cases.transformer_case(1, 0, 0.0, activation="gelu")
+    return model, (x[:batch], y[:batch]), demos._called
+
+
+def assert_step_digest_equals_probes(case=None):
+    """Fits a model (learning rate 0: the weights the probe sees are those of the step) once
     with the in-step digest installed and asserts its digest equals the probe's on the same
     batch: the same tag, exact counts, RMS and max |x| to float32 rounding, the block part the
-    probe's alone. Returns the in-step layout's rows and the chosen layers' paths."""
+    probe's alone. Returns the in-step layout's rows and the chosen layers' paths.
+
+    Args:
+      case: `(model, (x, y), layers)`, a compiled model at learning rate 0, the one batch it
+        is fitted on and the layers to choose; None for `cnn()` and every layer.
+    """
     import keras
 
     from tb_gradviz.capture import in_step, in_step_fit, probe, selection
     from tb_gradviz.format import digest
 
-    model = cnn()
-    x, y = data()
-    model.fit(x, y, batch_size=BATCH, verbose=0, shuffle=False)  # makes the train function
-    chosen = selection.select_layers(model, lambda layer: True)
+    model, (x, y), layers = case or (cnn(), data(), lambda layer: True)
+    batch = len(x)
+    model.fit(x, y, batch_size=batch, verbose=0, shuffle=False)  # makes the train function
+    chosen = selection.select_layers(model, layers)
     step = in_step_fit.install(model, chosen, lambda: True)
     records, _ = probe.new_capture(model, chosen).run(x, y)
     ((tag, expected, _),) = digest.digest_records(records)
-    model.fit(x, y, batch_size=BATCH, verbose=0, shuffle=False)
+    model.fit(x, y, batch_size=batch, verbose=0, shuffle=False)
     taken = step.take(int(keras.ops.convert_to_numpy(model.optimizer.iterations)))
     assert taken is not None
     found_tag, found, _ = in_step_fit.event_records(taken, step.layout)[0]

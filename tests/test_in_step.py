@@ -27,6 +27,11 @@ def test_the_in_step_digest_equals_the_probes_on_the_same_batch_and_weights():
     assert {row[1] for row in rows} == set(chosen)
 
 
+def test_a_transformers_in_step_digest_equals_the_probes_on_the_same_batch_and_weights():
+    rows, chosen = in_step_runs.assert_step_digest_equals_probes(in_step_runs.transformer())
+    assert {row[1] for row in rows} == set(chosen) and "attn0/query" in chosen
+
+
 def test_a_tensors_statistics_on_either_path_count_nonfinite_values_and_dead_channels():
     import tensorflow as tf
 
