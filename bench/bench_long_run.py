@@ -15,7 +15,9 @@ README says for a long run (the default loader, the Rust data server, and
 `--samples_per_plugin=gradviz_digest=0,gradviz=200,histograms=200`): the
 peak and settled RSS of TensorBoard and its data server, and /timeline
 through HTTP (gzip accepted, as a browser asks) cold, warm and for another
-field. `--logdir` keeps the written run for another invocation.
+field. `--logdir` keeps the written run for another invocation. `--precision` gives each tensor
+its precision record (a real run's digest rows), `--no-levels` writes the digest without its
+coarser levels (before layout 15), `--plain` starts `tensorboard --logdir` with no other flag.
 
     python bench/bench_long_run.py --layers 176 --steps 10000 --json bench/results/long_run.json
     python bench/bench_long_run.py --parts tensorboard --logdir /tmp/long_run \
