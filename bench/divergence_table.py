@@ -149,9 +149,28 @@ def healthy_table(rows):
     summary = (
         f"Healthy runs: {logged:,} logged steps; {onsets} warning onsets "
         f"(**{rate(onsets)} per {PER_STEPS:,} logged steps**), {raised} warning-raised steps "
-        f"({rate(raised)} per {PER_STEPS:,})."
+        f"({rate(raised)} per {PER_STEPS:,}). {per_seed(rows)}"
     )
     return lines, summary
+
+
+def per_seed(rows):
+    """The healthy runs' warning onsets per seed (all of that seed's healthy runs together),
+    and their spread over seeds, per `PER_STEPS` logged steps."""
+    seeds = {}
+    for row in rows:
+        found = seeds.setdefault(row["seed"], [0, 0])
+        found[0] += sum(o["class"] == "warning" for o in row["onsets"])
+        found[1] += row["logged_steps"]
+    rates = sorted(PER_STEPS * n / steps for n, steps in seeds.values() if steps)
+    if not rates:
+        return ""
+    cells = ", ".join(f"{seed}: {n} in {steps:,}" for seed, (n, steps) in sorted(seeds.items()))
+    middle = rates[(len(rates) - 1) // 2]
+    return (
+        f"Per seed (onsets in logged steps): {cells}; per {PER_STEPS:,} steps over the "
+        f"{len(rates)} seeds: min {rates[0]:.1f}, median {middle:.1f}, max {rates[-1]:.1f}."
+    )
 
 
 def markdown(rows, commands=()):
