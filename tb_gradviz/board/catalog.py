@@ -6,6 +6,7 @@ plugins do (`_MetadataVersionChecker`); the rest of the run is served.
 Imports neither TensorFlow nor Keras.
 """
 
+import functools
 import logging
 import threading
 from typing import NamedTuple
@@ -216,12 +217,19 @@ def parse_content(time_series, run, tag, skip_warning):
     """Returns a series' tb_gradviz metadata as a dict, or None (warning once) if unreadable.
 
     Newer, foreign or malformed metadata under our plugin name skips that
-    series only; the rest of the run is served.
+    series only; the rest of the run is served. The dict is shared by every
+    listing of the same metadata (a digest part's repeats every row, and each
+    request lists the run again): callers read it, never change it.
     """
     try:
-        return metadata.parse_plugin_metadata(time_series.plugin_content)
+        return _parsed(time_series.plugin_content)
     except metadata.NewerVersionError as e:
         skip_warning("a newer metadata version (upgrade tb_gradviz to read them)", run, tag, e)
     except (ValueError, TypeError) as e:
         skip_warning("metadata tb_gradviz cannot read", run, tag, e)
     return None
+
+
+@functools.lru_cache(maxsize=8192)
+def _parsed(content):
+    return metadata.parse_plugin_metadata(content)

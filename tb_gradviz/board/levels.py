@@ -22,6 +22,8 @@ from tb_gradviz.format import digest, digest_levels, digest_parts, metadata, rul
 # Over fewer events than this the digest itself is read: it costs little, and every step shows.
 # A level of this many events has a point once a writer has written this many.
 FINE_EVENTS = 4096
+# Where the levels' tags begin (`digest_levels.level_tag`).
+LEVEL_PREFIX = f"{digest.TAG_PREFIX}/level/"
 
 
 class Overview(NamedTuple):
@@ -43,7 +45,8 @@ def level_series(listing, run, skip_warning):
       skip_warning: a `catalog.SkipWarning`.
     """
     found = {}
-    for tag in sorted(listing):
+    # Only the levels' metadata is parsed: each digest part's repeats every row.
+    for tag in sorted(t for t in listing if t.startswith(LEVEL_PREFIX)):
         content = catalog.parse_content(listing[tag], run, tag, skip_warning)
         if content is None or content["kind"] != metadata.KIND_DIGEST_LEVEL:
             continue
@@ -70,7 +73,7 @@ def versions(listing):
     return tuple(
         (tag, (ts.max_step, ts.max_wall_time))
         for tag, ts in sorted(listing.items())
-        if tag.startswith(f"{digest.TAG_PREFIX}/level/")
+        if tag.startswith(LEVEL_PREFIX)
     )
 
 
