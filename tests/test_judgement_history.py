@@ -2,8 +2,18 @@
 the columns of every event held built anew (`leading.verdicts`), event after event."""
 
 import numpy as np
+import pytest
 
-from tb_gradviz.format import digest, events, judgement, leading, metadata, records, summaries
+from tb_gradviz.format import (
+    digest,
+    events,
+    judgement,
+    leading,
+    metadata,
+    records,
+    summaries,
+    windows,
+)
 
 # (layer, layer index, {tensor: (role, values)}, {weight: values}): "tiny" holds fewer than
 # MIN_COUNT values, "bias" fewer than UPDATE_MIN_COUNT.
@@ -160,3 +170,25 @@ def test_the_history_s_warnings_are_those_of_the_columns_built_anew_with_resets_
     # Most events were judged from the history, the others (another layout or a missing value
     # held, a loss-scale record held but not in the event) from their columns built anew.
     assert count / 2 < len(from_history) < count * 0.9
+
+
+@pytest.mark.parametrize("finite, raised", [(2, False), (3, True)])
+def test_a_window_of_fewer_than_3_values_is_not_judged_whether_its_step_is_judged_alone_or_not(
+    monkeypatch, finite, raised
+):
+    # The callback judges its last event alone (its window counted directly), the board every
+    # step (running counts): a window of 2 values judges nothing either way, one of 3 does.
+    steps = np.arange(120)
+    logs = np.full((1, 120), np.nan)
+    logs[0, 119 - np.arange(1, finite + 1) * 10] = 0.0
+    logs[0, 119] = 2.0
+    rules = (
+        lambda at: windows.median_exceeds(steps, logs, 1.0, at),
+        lambda at: windows.drift_exceeds(steps, logs, 1.0, 0.005, at),
+    )
+    for rule in rules:
+        alone = rule([119])
+        assert alone[0, 119] == raised
+        monkeypatch.setattr(windows, "FEW", -1)
+        np.testing.assert_array_equal(alone, rule(None) & (steps == 119))
+        monkeypatch.undo()

@@ -92,6 +92,10 @@ def _spread(judged, begins):
 
 def _enough(logs, judged, begins):
     """`[series, len(judged)]`: whether each window holds `MIN_POINTS` finite values."""
+    if 0 < len(judged) <= FEW:
+        # A step or a few: their windows counted directly, not every step's running count.
+        where, inside = _spread(judged, begins)
+        return np.count_nonzero(np.isfinite(logs[:, where]) & inside[None], axis=2) >= MIN_POINTS
     finite = np.cumsum(np.isfinite(logs), axis=1)
     finite = np.concatenate([np.zeros((len(logs), 1), finite.dtype), finite], axis=1)
     return finite[:, judged] - finite[:, begins] >= MIN_POINTS
