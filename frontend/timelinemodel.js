@@ -144,7 +144,9 @@ export function timelineView(body, other = null) {
   const zoomed = (body.start ?? null) !== null || (body.end ?? null) !== null;
   const range = zoomed ? ` from step ${body.columns.first_step[0]} to ${body.columns.last_step.at(-1)}` : '';
   const status = `${body.layers.length} layers, ${body.steps} logged steps${range}`
-    + (columns < body.steps ? ` in ${columns} columns` : '') + (other ? `, minus ${other.run}` : '') + '.'
+    + (columns < body.steps ? ` in ${columns} columns` : '')
+    + (body.level > 1 ? ` (read from the digest's level of ${body.level} events pooled a point)` : '')
+    + (other ? `, minus ${other.run}` : '') + '.'
     + (zoomed ? ' Zoomed in: "Whole run" or Escape goes back.' : '') + budgetText(body.budget);
   return {matrix, status};
 }

@@ -123,3 +123,12 @@ test('a body of a step range says the steps it shows and the way back', () => {
     '1 layers, 3 logged steps from step 10 to 12. Zoomed in: "Whole run" or Escape goes back.');
   assert.equal(timelinemodel.timelineView({...body, start: null, end: null}).status, '1 layers, 3 logged steps.');
 });
+
+test('a body read from the digest\'s level says how many events a point pools', () => {
+  const body = {run: 'r', field: 'rms', steps: 48, start: null, end: null, level: 16,
+    columns: {first_step: [1, 17], last_step: [16, 48]},
+    layers: [{layer: 'a', rms: {min: [1, 1], max: [1, 2]}, flags: {}}]};
+  assert.equal(timelinemodel.timelineView(body).status,
+    '1 layers, 48 logged steps in 2 columns (read from the digest\'s level of 16 events pooled a point).');
+  assert.equal(timelinemodel.timelineView({...body, level: 1}).status, '1 layers, 48 logged steps in 2 columns.');
+});
