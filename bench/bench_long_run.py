@@ -245,6 +245,10 @@ def serve_tensorboard(root, steps, full_every, plain=False):
         body = json.loads(gzip.decompress(cold_body), parse_constant=float)
         warm = [_gzipped_get(url)[0] for _ in range(3)]
         other_field = _gzipped_get(url + "&field=zero_share")[0]
+        # A zoom of 1,000 steps in the middle, another, then the first again.
+        middle = steps // 2
+        zooms = [f"{url}&start={a}&end={a + 999}" for a in (middle, middle + 3000, middle)]
+        zoom_s = [_gzipped_get(zoom)[0] for zoom in zooms]
         return {
             "loader": "rust data server (default)",
             "samples_per_plugin": "" if plain else README_SAMPLES,
@@ -255,6 +259,9 @@ def serve_tensorboard(root, steps, full_every, plain=False):
             "timeline_cold_s": cold,
             "timeline_warm_s": common.median(warm),
             "timeline_other_field_s": other_field,
+            "zoom_first_s": zoom_s[0],
+            "zoom_another_s": zoom_s[1],
+            "zoom_first_again_s": zoom_s[2],
             "timeline_gzip_bytes": len(cold_body),
             "rss_after_timeline_mb": rss_mb(),
             "peak_rss_mb": sampler.peak_kb / 1024,

@@ -16,7 +16,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from tb_gradviz.board import catalog, columns
+from tb_gradviz.board import catalog
 from tb_gradviz.format import digest, digest_levels, digest_parts, metadata, rule_columns
 
 # Over fewer events than this the digest itself is read: it costs little, and every step shows.
@@ -116,7 +116,7 @@ def overview(run_store, fine, listing, skip_warning, width, start=None, end=None
     if parts:
         found = listed._replace(parts=parts, capacity=None)
         key = f"{series_tag}#" + ",".join(tag for tag, _ in parts)
-        read = run_store.read_digest(key, found, columns.digest_layout(listed.rows))
+        read = run_store.read_digest(key, found, _WrittenDigest(listed.rows))
         kept = np.zeros(len(read.steps), bool)
         for low, high in gaps:
             kept |= (read.steps > low) & (read.steps < high)
@@ -135,6 +135,13 @@ def overview(run_store, fine, listing, skip_warning, width, start=None, end=None
         points = points._replace(update_weights=listed.update_weights)
     key = (events, start, end, tuple(tag for tag, _ in parts))
     return Overview(points, first_steps, spans, events, key)
+
+
+class _WrittenDigest(digest.DigestLayout):
+    """The digest's parts over a range, kept as written (float32): half the bytes of a part
+    read for a window, and the columns are decoded from the rows kept of it."""
+
+    dtype = np.float32
 
 
 def _read_level(run_store, levels, events, start, end):
