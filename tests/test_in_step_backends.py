@@ -29,6 +29,11 @@ def test_the_in_step_digest_equals_the_probes_on_the_same_batch_and_weights():
     in_step_runs.assert_step_digest_equals_probes()
 
 
+def test_a_transformers_in_step_digest_equals_the_probes_on_the_same_batch_and_weights():
+    rows, chosen = in_step_runs.assert_step_digest_equals_probes(in_step_runs.transformer())
+    assert {row[1] for row in rows} == set(chosen) and "attn0/query" in chosen
+
+
 STEPS_PER_EXECUTION = [1, 2] if BACKEND == "jax" else [1]
 
 
@@ -44,11 +49,9 @@ def test_training_is_the_same_bit_for_bit_with_the_in_step_digest(tmp_path, step
     assert steps == list(range(steps_per_execution, 13, steps_per_execution))
     sources = {e.step for e in accumulator.Tensors(in_step.SOURCE_TAG)}
     assert sources == {s for i, s in enumerate(steps) if i not in (0, 2, 5, 9)}
-    if BACKEND == "torch":
-        in_step_runs.assert_every_event_updates_every_weight(tmp_path / "run")
+    in_step_runs.assert_every_event_updates_every_weight(tmp_path / "run")
 
 
-@pytest.mark.skipif(BACKEND != "torch", reason="the update rows of the PyTorch step")
 def test_the_update_rows_give_every_weights_move_over_the_step_chosen_layer_or_not():
     in_step_runs.assert_step_updates_are_the_weights_moves()
 
@@ -102,7 +105,7 @@ def test_on_jax_the_device_programs_rows_equal_the_host_kernels():
     import jax.numpy as jnp
 
     from tb_gradviz.capture import in_step_kernel
-    from tb_gradviz.capture.backends import jax_in_step
+    from tb_gradviz.capture.backends import jax_in_step_device
 
     rng = np.random.RandomState(0)
     values = rng.normal(size=(4, 3, 5)).astype("float32")
@@ -113,13 +116,19 @@ def test_on_jax_the_device_programs_rows_equal_the_host_kernels():
     with np.errstate(over="ignore"):
         tensors = [values, values.astype("float16"), np.abs(values[..., 2:])]
     axes = [2, None, 2]
-    found = jax_in_step.device_rows([jnp.asarray(t) for t in tensors], axes)
+    found = jax_in_step_device.rows([jnp.asarray(t) for t in tensors], axes)
     for row, t, axis in zip(found, tensors, axes):
         expected = in_step_kernel.row_along(t, axis)
         counts = len(in_step.COUNT_FIELDS)
         np.testing.assert_array_equal(row[:counts], expected[:counts])
         np.testing.assert_allclose(row[counts:], expected[counts:], rtol=1e-12)
     assert found[0][-1] == 1  # the channel zero everywhere
+    after = [rng.normal(size=(3, 4)).astype("float32"), np.ones(5, "float16")]
+    before = [after[0] + np.float32(0.01), np.zeros(5, "float16")]
+    norms = jax_in_step_device.update_norms(
+        [jnp.asarray(a) for a in after], [jnp.asarray(b) for b in before]
+    )
+    np.testing.assert_allclose(norms, in_step_kernel.update_norms(after, before), rtol=1e-12)
 
 
 class OwnStep(keras.Model):

@@ -19,18 +19,23 @@ next to the logs and the state; their statistics (`in_step.ROW` per tensor)
 are computed as soon as it returns, on a CPU by numba's kernel on the host
 threads (`in_step_kernel`, one pass per tensor, the arrays read in place),
 on an accelerator by a second jitted program where the tensors are
-(`device_rows`); no tensor is kept past its statistics.
-"""
+(`jax_in_step_device`); no tensor is kept past its statistics.
 
-import functools
+Every trainable weight's update (`weights.step_weights`): the step's
+trainable values are not donated, so that after it `|w_after|` and
+`|w_after - w_before|` are read from both (the same kernel or program).
+"""
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.extend import core as jax_core
 from keras.src import backend as keras_backend
 from keras.src.trainers.data_adapters import data_adapter_utils
 
 from tb_gradviz.capture import in_step, in_step_kernel, probe, threads
+from tb_gradviz.capture import weights as weights_module
+from tb_gradviz.capture.backends import jax_in_step_device
 
 
 def _is_float(t):
@@ -61,6 +66,8 @@ class TrainStep:
         self._called = []
         self._zero_specs = []
         self._units_axes = []
+        # Every trainable weight, whose update each in-step call gives.
+        self.weights = weights_module.step_weights(model, self.chosen)
 
     def take(self, step):
         """As `tf_in_step.TrainStep.take`."""
@@ -102,19 +109,18 @@ class TrainStep:
             data = following
         if self._step is None:
             self._plan(state, data)
-        logs, state, tensors, scale = self._step(state, data)
-        rows = self._rows(tensors)
-        optimizer_variables = state[2]
-        iterations = next(
-            v
-            for ref, v in zip(model.optimizer.variables, optimizer_variables)
-            if ref is model.optimizer.iterations
-        )
+        before = state[0]
+        logs, state, tensors, scale, iterations = self._step(before, tuple(state[1:]), data)
         self.stash = {
-            "rows": rows,
+            "rows": self._rows(tensors),
             "scale": float(scale) if self._scaled else 1.0,
-            "step": int(iterations),
+            "step": int(iterations[1]),
         }
+        if self.weights:
+            after = [state[0][i] for i in self._weight_indices]
+            before = [before[i] for i in self._weight_indices]
+            self.stash["updates"] = self._update_norms(after, before)
+            self.stash["applied"] = int(iterations[1]) - int(iterations[0])
         return logs, state
 
     def _keras_train_step(self, state, data):
@@ -122,59 +128,53 @@ class TrainStep:
             self._keras_step = self._jit(self.model.train_step)
         return self._keras_step(state, data)
 
-    def _jit(self, step):
+    def _jit(self, step, donated=0):
         """`step` compiled as Keras' `make_train_function` compiles `train_step`."""
         model = self.model
         if model.run_eagerly or not model.jit_compile:
             return step
-        return jax.jit(step, donate_argnums=0)
+        return jax.jit(step, donate_argnums=donated)
 
     def _plan(self, state, data):
-        """Finds which chosen layers run and their tensors' shapes; builds the step."""
+        """Finds which chosen layers run, their tensors' shapes, and which input gradients are
+        another layer's output gradient; builds the step."""
         model = self.model
         trainable, non_trainable, optimizer_variables, metrics = state
         x, y, sample_weight = data_adapter_utils.unpack_x_y_sample_weight(data)
-
-        def forward(trainable, non_trainable, optimizer_variables, metrics, x, y, sample_weight):
-            with probe.recording_calls(
-                self.chosen, _is_float, lambda path: (_same, None)
-            ) as recordings:
-                model.compute_loss_and_updates(
-                    trainable,
-                    non_trainable,
-                    metrics,
-                    x,
-                    y,
-                    sample_weight,
-                    training=True,
-                    optimizer_variables=optimizer_variables,
-                )
-            return {
-                c.path: (
-                    [(t.shape, t.dtype) for t in recordings[c.path].inputs],
-                    [(t.shape, t.dtype) for t in recordings[c.path].outputs],
-                )
-                for c in self.chosen
-            }
-
         found = []
+
+        def shapes(trainable, non_trainable, optimizer_variables, metrics, x, y, sample_weight):
+            function = self._differentiated(
+                (non_trainable, optimizer_variables, metrics), (x, y, sample_weight), None
+            )
+            _, (_, recordings) = function(trainable, None)
+            found.append(
+                {
+                    path: (
+                        [(t.shape, t.dtype) for t in r.inputs],
+                        [(t.shape, t.dtype) for t in r.outputs],
+                    )
+                    for path, r in recordings.items()
+                }
+            )
+            return 0
+
         jax.eval_shape(
-            lambda *args: found.append(forward(*args)) or 0,
-            trainable,
-            non_trainable,
-            optimizer_variables,
-            metrics,
-            x,
-            y,
-            sample_weight,
+            shapes, trainable, non_trainable, optimizer_variables, metrics, x, y, sample_weight
         )
         (specs,) = found
-        one = jnp.ones((), jnp.float32)
-        self._scaled = model.optimizer is not None and model.optimizer.scale_loss(one) is not one
+        self._scaled = False
+        if model.optimizer is not None:
+            # The variables hold no values while fit runs: the state's stand in for them.
+            mapping = list(zip(model.optimizer.variables, optimizer_variables))
+            with keras_backend.StatelessScope(state_mapping=mapping):
+                one = jnp.ones((), jnp.float32)
+                self._scaled = model.optimizer.scale_loss(one) is not one
         self._called = [c for c in self.chosen if specs[c.path][1]]
         self.skipped = [c.path for c in self.chosen if not specs[c.path][1]]
         self._zero_specs = [specs[c.path][0] + specs[c.path][1] for c in self._called]
-        plans = []
+        plans, tensor_of_zero = [], []  # per zero, the index of its gradient's plan tensor
+        units_axes, is_input = [], []
         for c in self._called:
             inputs, outputs = specs[c.path]
             recording = probe.Recording(inputs=list(inputs), outputs=list(outputs))
@@ -182,33 +182,68 @@ class TrainStep:
                 c, recording, lambda s: (list(s[0]), jnp.dtype(s[1]).name), self._scaled
             )
             plans.append(plan)
+            base = len(units_axes) + len(outputs)
+            tensor_of_zero += range(base, base + len(inputs) + len(outputs))
+            is_input += [True] * len(inputs) + [False] * len(outputs)
             for t in plan.tensors:
                 first = t.role == "activation" and t.index == 0
-                self._units_axes.append(plan.units_axis if first else None)
-        self.layout = in_step.DigestLayout(plans, range(len(self._units_axes)))
+                units_axes.append(plan.units_axis if first else None)
+        same = _same_gradients(
+            self._differentiated(
+                (non_trainable, optimizer_variables, metrics), (x, y, sample_weight), self._called
+            ),
+            trainable,
+            self._zero_specs,
+            is_input,
+        )
+        # The plan tensors the step returns, and the item each plan tensor reads.
+        duplicate = {tensor_of_zero[k]: tensor_of_zero[j] for k, j in same.items()}
+        self._kept = [i not in duplicate for i in range(len(units_axes))]
+        item_of = np.cumsum(self._kept) - 1
+        items = [item_of[duplicate.get(i, i)] for i in range(len(units_axes))]
+        self._units_axes = [a for a, kept in zip(units_axes, self._kept) if kept]
+        self.layout = in_step.DigestLayout(plans, items, self.weights)
         self._on_host = jax.default_backend() == "cpu"
-        self._step = self._jit(self.in_step_train_step)
+        position = {id(v): i for i, v in enumerate(model.trainable_variables)}
+        self._weight_indices = [position[id(w.variable)] for w in self.weights]
+        self._iterations_at = next(
+            (i for i, v in enumerate(model.optimizer.variables) if v is model.optimizer.iterations),
+            None,
+        )
 
-    def in_step_train_step(self, state, data):
-        """Keras' JAX `train_step`, returning `(logs, state, tensors, loss scale)`: the tensors
-        in the layout's order (per layer: activations, input gradients, output gradients)."""
-        model = self.model
-        trainable, non_trainable, optimizer_variables, metrics = state
-        x, y, sample_weight = data_adapter_utils.unpack_x_y_sample_weight(data)
-        zeros = [[jnp.zeros(shape, dtype) for shape, dtype in specs] for specs in self._zero_specs]
+        def step(trainable, rest, data):
+            # The weights before the update are not donated: their update is read after it.
+            return self.in_step_train_step((trainable, *rest), data)
 
-        def loss_and_updates(trainable, zeros):
-            by_path = {c.path: iter(z) for c, z in zip(self._called, zeros)}
+        self._step = self._jit(step, donated=1)
 
-            def wraps(path):
-                # The layer's inputs are wrapped first, then its outputs: its zeros' order.
-                def minus_zero(t):
-                    return t - next(by_path[path])
+    def _differentiated(self, state, data, called):
+        """`(trainable, zeros) -> (scaled loss, (aux, recordings))`: Keras'
+        `compute_loss_and_updates` with each of `called`'s floating inputs and outputs `t`
+        handed on as `t - zero` (None: handed on as they are, and every chosen layer recorded).
 
-                return minus_zero, minus_zero
+        Args:
+          state: `(non_trainable, optimizer_variables, metrics)`.
+          data: `(x, y, sample_weight)`.
+        """
+        non_trainable, optimizer_variables, metrics = state
+        x, y, sample_weight = data
 
-            with probe.recording_calls(self._called, _is_float, wraps) as recordings:
-                loss, aux = model.compute_loss_and_updates(
+        def function(trainable, zeros):
+            if called is None:
+                chosen, wraps = self.chosen, lambda path: (_same, None)
+            else:
+                chosen, by_path = called, {c.path: iter(z) for c, z in zip(called, zeros)}
+
+                def wraps(path):
+                    # The layer's inputs are wrapped first, then its outputs: its zeros' order.
+                    def minus_zero(t):
+                        return t - next(by_path[path])
+
+                    return minus_zero, minus_zero
+
+            with probe.recording_calls(chosen, _is_float, wraps) as recordings:
+                loss, aux = self.model.compute_loss_and_updates(
                     trainable,
                     non_trainable,
                     metrics,
@@ -218,6 +253,26 @@ class TrainStep:
                     training=True,
                     optimizer_variables=optimizer_variables,
                 )
+            return loss, (aux, recordings)
+
+        return function
+
+    def in_step_train_step(self, state, data):
+        """Keras' JAX `train_step`, returning `(logs, state, tensors, loss scale, iterations)`:
+        the tensors the layout's items read, in its order (per layer: activations, input
+        gradients, output gradients; an input gradient that is another layer's output gradient
+        left out), and the optimizer's iterations before and after the step."""
+        model = self.model
+        trainable, non_trainable, optimizer_variables, metrics = state
+        iterations = [optimizer_variables[self._iterations_at]]
+        x, y, sample_weight = data_adapter_utils.unpack_x_y_sample_weight(data)
+        zeros = [[jnp.zeros(shape, dtype) for shape, dtype in specs] for specs in self._zero_specs]
+        function = self._differentiated(
+            (non_trainable, optimizer_variables, metrics), (x, y, sample_weight), self._called
+        )
+
+        def loss_and_updates(trainable, zeros):
+            loss, (aux, recordings) = function(trainable, zeros)
             return loss, (aux, [recordings[c.path].outputs for c in self._called])
 
         grad_fn = jax.value_and_grad(loss_and_updates, argnums=(0, 1), has_aux=True)
@@ -242,7 +297,10 @@ class TrainStep:
             # d(t - zero)/d(zero) is -1: the gradients negated back, exactly.
             gradients = [-g for g in grads_of_zeros]
             tensors += [*layer_activations, *gradients[:inputs], *gradients[inputs:]]
-        return logs, (trainable, non_trainable, optimizer_variables, metrics), tensors, scale
+        tensors = [t for t, kept in zip(tensors, self._kept) if kept]
+        iterations.append(optimizer_variables[self._iterations_at])
+        state = (trainable, non_trainable, optimizer_variables, metrics)
+        return logs, state, tensors, scale, iterations
 
     def _rows(self, tensors):
         """`[tensors, in_step.ROW]` float64: each tensor's statistics, where it is."""
@@ -251,36 +309,50 @@ class TrainStep:
         if self._on_host:
             items = [(np.asarray(t), axis) for t, axis in zip(tensors, self._units_axes)]
             return np.stack(threads.in_threads(in_step_kernel.row_along, items))
-        return device_rows(tensors, self._units_axes)
+        return jax_in_step_device.rows(tensors, self._units_axes)
+
+    def _update_norms(self, after, before):
+        """`[weights, 2]` float64: per weight `|w_after|` and `|w_after - w_before|`."""
+        if self._on_host:
+            host = [np.asarray(a) for a in after], [np.asarray(b) for b in before]
+            return in_step_kernel.update_norms(*host)
+        return jax_in_step_device.update_norms(after, before)
 
 
-def device_rows(tensors, units_axes):
-    """`[tensors, in_step.ROW]` float64 rows computed by one jitted program where the tensors
-    are (`in_step.ROW`'s fields, as `in_step_kernel.row_along` computes them)."""
-    with jax.enable_x64(True):  # float64 sums of squares, as the kernel's
-        rows = _device_rows(list(tensors), tuple(units_axes))
-        return np.asarray(jax.device_get(rows), np.float64)
+def _same_gradients(function, trainable, zero_specs, is_input):
+    """`{input zero: output zero}` for each layer input `t - zero_k` whose `t` is another layer's
+    `y - zero_j` and is used nowhere else: the gradient w.r.t. both zeros is then the same values
+    (what the one consumer hands back is all the gradient the output gets), summarised once.
+    Read from the jaxpr of `function` (`TrainStep._differentiated`); a use inside a nested
+    jaxpr counts as a use of its own, so a doubt keeps both.
 
-
-@functools.partial(jax.jit, static_argnums=1)
-def _device_rows(tensors, units_axes):
-    return jnp.stack([_device_row(t, axis) for t, axis in zip(tensors, units_axes)])
-
-
-def _device_row(x, units_axis):
-    x = x.astype(jnp.float32)  # float16 and bfloat16 exactly, float64 rounded: the kernel's
-    finite = jnp.isfinite(x)
-    magnitudes = jnp.where(finite, jnp.abs(x), jnp.inf)
-
-    def count(mask, axis=None):
-        return jnp.sum(mask, axis=axis, dtype=jnp.int64).astype(jnp.float64)
-
-    below = [count(magnitudes < t) for t in in_step.THRESHOLDS]
-    nonfinite = [count(jnp.isnan(x)), count(x == jnp.inf), count(x == -jnp.inf)]
-    squares = jnp.sum(jnp.where(finite, jnp.square(x.astype(jnp.float64)), 0.0))
-    largest = jnp.max(jnp.where(finite, jnp.abs(x), 0.0), initial=0.0).astype(jnp.float64)
-    dead = jnp.zeros((), jnp.float64)
-    if units_axis is not None:
-        others = tuple(a for a in range(x.ndim) if a != units_axis)
-        dead = count(~jnp.any(x != 0, axis=others))
-    return jnp.stack([jnp.float64(x.size), *below, *nonfinite, squares, largest, dead])
+    Args:
+      function: `(trainable, zeros) -> (loss, ...)`.
+      trainable: the trainable variables' values.
+      zero_specs: per called layer, the `(shape, dtype)` of each zero (inputs', then outputs').
+      is_input: per zero, in that order, whether it is subtracted from an input.
+    """
+    zeros = [[jax.ShapeDtypeStruct(shape, dtype) for shape, dtype in specs] for specs in zero_specs]
+    jaxpr = jax.make_jaxpr(lambda w, z: function(w, z)[0])(trainable, zeros).jaxpr
+    zero_vars = jaxpr.invars[len(jax.tree_util.tree_leaves(trainable)) :]
+    zero_of = {v: k for k, v in enumerate(zero_vars)}
+    uses, made_by, subtracted_from = {}, {}, {}
+    for eqn in jaxpr.eqns:
+        for v in eqn.invars:
+            if not isinstance(v, jax_core.Literal):
+                uses[v] = uses.get(v, 0) + 1
+        operands = eqn.invars
+        if eqn.primitive.name == "sub" and not isinstance(operands[1], jax_core.Literal):
+            k = zero_of.get(operands[1])
+            if k is not None:
+                made_by[eqn.outvars[0]] = k
+                subtracted_from[k] = operands[0]
+    for v in jaxpr.outvars:
+        if not isinstance(v, jax_core.Literal):
+            uses[v] = uses.get(v, 0) + 1
+    same = {}
+    for k, t in subtracted_from.items():
+        j = made_by.get(t)
+        if is_input[k] and j is not None and not is_input[j] and uses.get(t) == 1:
+            same[k] = j
+    return same
