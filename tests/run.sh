@@ -29,9 +29,11 @@ python3 -m ruff check .
 CROSS_BACKEND=(tests/test_backends.py tests/test_weights.py tests/test_device_statistics.py
   tests/test_precision_capture.py tests/test_device_blocks.py tests/test_judgement.py tests/test_in_step_backends.py
   tests/test_device_programs.py)
-KERAS_BACKEND=jax python3 -m pytest -q -p no:cacheprovider "${CROSS_BACKEND[@]}"
-KERAS_BACKEND=torch python3 -m pytest -q -p no:cacheprovider "${CROSS_BACKEND[@]}"
-# The whole suite on two pytest workers (pytest-xdist), each test file whole on one of them
-# (its module fixtures built once): on 2 cores shared with other work they get twice the share
-# of one process.
-KERAS_BACKEND=tensorflow exec python3 -m pytest -q -n 2 --dist loadfile --durations=15
+# Every run on two pytest workers (pytest-xdist), each test file whole on one of them (its
+# module fixtures built once): one process leaves a core idle while it compiles or runs Python.
+# Files in tests/conftest.py's order (the longest first), which --no-loadscope-reorder keeps.
+XDIST=(-n 2 --dist loadfile --no-loadscope-reorder)
+KERAS_BACKEND=jax python3 -m pytest -q -p no:cacheprovider "${XDIST[@]}" "${CROSS_BACKEND[@]}"
+KERAS_BACKEND=torch python3 -m pytest -q -p no:cacheprovider "${XDIST[@]}" "${CROSS_BACKEND[@]}"
+# Then the whole suite.
+KERAS_BACKEND=tensorflow exec python3 -m pytest -q "${XDIST[@]}" --durations=15
