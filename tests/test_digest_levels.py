@@ -214,6 +214,15 @@ def test_the_overview_of_a_long_run_equals_the_pooled_digest(served, field):
     assert len(fine_row["flags"]["exploding"]) == 1
 
 
+def test_a_range_with_enough_spans_is_read_from_the_level_up_to_its_last_whole_span(served):
+    body = get(served, run="levels", width="100", start="1000", end="3000")
+    # Spans of 16 from step 1: those ending from 1008 to 2992 (125); 2993-3000 are in the next.
+    assert body["level"] == 16 and body["steps"] == 125 * 16
+    assert body["columns"]["first_step"][0] == 993 and body["columns"]["last_step"][-1] == 2992
+    everything = get(served, run="levels", width="10000")
+    assert everything["level"] == 1 and everything["steps"] == STEPS  # no level is wide enough
+
+
 def test_a_short_window_of_a_long_run_reads_the_digest_itself(served):
     query = {"width": "200", "start": "2000", "end": "2300"}
     body = get(served, run="levels", **query)

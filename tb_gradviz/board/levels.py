@@ -108,7 +108,15 @@ def overview(run_store, fine, listing, skip_warning, width, start=None, end=None
         return None  # a short run: read whole, every step shown
     if inside.stop - inside.start < width:  # a short window: the digest itself over it
         events, inside = 1, slice(0, 0)
+    # Events after the last span shown but before `end` belong to the next span, which ends
+    # after the range, when it goes on from it: they are not read from the digest.
+    after = inside.stop
+    continued = (
+        after < len(series.steps) and after > 0 and previous[after] == series.steps[after - 1]
+    )
     gaps = _uncovered(series.steps[inside], first[inside], previous[inside], start, end)
+    if continued and gaps and gaps[-1][0] == series.steps[after - 1]:
+        gaps.pop()
     parts = _parts_over(series_tag, listed, gaps)
     # Views of the level's rows: the one copy is the joined points' (or the columns' decoding).
     steps, first_steps, spans = series.steps[inside], first[inside], counts[inside]
