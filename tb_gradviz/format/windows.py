@@ -90,12 +90,20 @@ def _spread(judged, begins):
     return np.minimum(where, judged[:, None] - 1), inside
 
 
+def _each_window(values, judged, begins, reduce):
+    """`[series, len(judged)]`: `reduce(window, axis=1)` of each window `[begins, judged)` of
+    `values`, read in place (a window is a run of steps: a view, no copy)."""
+    out = np.empty((len(values), len(judged)))
+    for i, (begin, end) in enumerate(zip(begins, judged)):
+        out[:, i] = reduce(values[:, begin:end], axis=1)
+    return out
+
+
 def _enough(logs, judged, begins):
     """`[series, len(judged)]`: whether each window holds `MIN_POINTS` finite values."""
     if 0 < len(judged) <= FEW:
         # A step or a few: their windows counted directly, not every step's running count.
-        where, inside = _spread(judged, begins)
-        return np.count_nonzero(np.isfinite(logs[:, where]) & inside[None], axis=2) >= MIN_POINTS
+        return _each_window(np.isfinite(logs), judged, begins, np.count_nonzero) >= MIN_POINTS
     finite = np.cumsum(np.isfinite(logs), axis=1)
     finite = np.concatenate([np.zeros((len(logs), 1), finite.dtype), finite], axis=1)
     return finite[:, judged] - finite[:, begins] >= MIN_POINTS
@@ -107,9 +115,8 @@ def _window_min(values, judged, begins):
     level at a time: `O(series x steps x log WINDOW)`, exact (a minimum rounds nothing)."""
     if len(judged) <= FEW:
         # A step or a few (the callback judges its last event): their windows read directly.
-        where, inside = _spread(judged, begins)
         with _quiet():
-            return np.nanmin(np.where(inside[None], values[:, where], np.nan), axis=2)
+            return _each_window(values, judged, begins, np.nanmin)
     lengths = judged - begins
     levels = np.floor(np.log2(np.maximum(lengths, 1))).astype(np.int64)
     out = np.full((len(values), len(judged)), np.nan)
@@ -247,7 +254,11 @@ def record_exceeds(steps, logs, threshold, span, at=None):
     for first in range(0, len(logs), chunk):
         part = logs[first : first + chunk]
         with np.errstate(invalid="ignore"):
-            highest = -_window_min(-part, judged, history)
+            if len(judged) <= FEW:
+                with _quiet():
+                    highest = _each_window(part, judged, history, np.nanmax)
+            else:
+                highest = -_window_min(-part, judged, history)
             out[first : first + chunk, judged] = part[:, judged] - highest > threshold
     return out
 
