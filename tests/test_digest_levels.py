@@ -10,7 +10,15 @@ from tensorboard.compat.proto import event_pb2
 from test_plugin import PREFIX, make_app
 
 from tb_gradviz.board import levels
-from tb_gradviz.format import digest, digest_levels, events, metadata, records, summaries
+from tb_gradviz.format import (
+    digest,
+    digest_levels,
+    events,
+    metadata,
+    records,
+    rule_columns,
+    summaries,
+)
 
 WHOLE = {"gradviz": 0, "histograms": 0, "gradviz_digest": 0}
 # A run long enough to be read from its levels (`levels.FINE_EVENTS`), with a tail no level covers.
@@ -251,3 +259,17 @@ def test_onset_reads_the_digest_whatever_the_levels(served):
         return body
 
     assert onset("levels") == onset("fine")
+
+
+def test_the_optimizers_columns_of_a_level_count_the_steps_of_each_span():
+    # Eight events, one train step each; the optimizer skipped the steps of events 3 and 6.
+    batches = np.arange(1, 9, dtype=float)
+    applied = batches - (batches >= 3) - (batches >= 6)
+    series = rule_columns.LossScaleSeries(
+        ("batches", "applied"), np.arange(1, 9), np.column_stack([batches, applied])
+    )
+    # Points of spans of 4 events, at their last steps, 4 and 8; and from step 5 on only.
+    for steps, first, ran, skipped in (([4, 8], 1, [4, 4], [1, 1]), ([8], 5, [4], [1])):
+        kept = levels.loss_scale_at(series, np.array(steps), first)
+        found = rule_columns.optimizer_columns(kept, np.array(steps))
+        assert found["batches"].tolist() == ran and found["skipped"].tolist() == skipped

@@ -197,14 +197,15 @@ def _parts_over(series_tag, listed, gaps):
     return tuple(chosen)
 
 
-def loss_scale_at(loss_scale, steps):
-    """The loss-scale record's events at `steps` and the one before the first: the optimizer's
-    columns (`rule_columns.optimizer_columns`) then count each point's steps over its span."""
+def loss_scale_at(loss_scale, steps, first_step):
+    """The loss-scale record's events at `steps` (the points' last steps) and the one before
+    `first_step` (the first point's first): the optimizer's columns
+    (`rule_columns.optimizer_columns`) then count each point's steps over its span."""
     if loss_scale is None or not len(steps):
         return loss_scale
     record_steps = np.asarray(loss_scale.steps, np.int64)
     kept = np.isin(record_steps, steps)
-    before = int(np.searchsorted(record_steps, steps[0])) - 1
+    before = int(np.searchsorted(record_steps, first_step)) - 1
     if before >= 0:
         kept[before] = True
     values = np.asarray(loss_scale.values).reshape(len(record_steps), -1)

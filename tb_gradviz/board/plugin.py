@@ -130,7 +130,8 @@ class GradVizPlugin(layer_impls.LayerImpls, base_plugin.TBPlugin):
             digests = columns.read_digests(run_store)
         else:
             digests = [view.series]
-            loss_scale_series = levels.loss_scale_at(loss_scale_series, view.series.steps)
+            first = view.first_steps[0] if len(view.first_steps) else None
+            loss_scale_series = levels.loss_scale_at(loss_scale_series, view.series.steps, first)
         found = columns.digest_columns(layers, digests, loss_scale_series)
         if not (len(found.steps) and found.layers):
             return None
