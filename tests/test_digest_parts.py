@@ -60,6 +60,8 @@ def rewrite(source, target, in_parts):
         written, summary_metadata = tag, accumulator.SummaryMetadata(tag)
         if summary_metadata.plugin_data.plugin_name == digest.PLUGIN_NAME:
             content = metadata.parse_plugin_metadata(summary_metadata.plugin_data.content)
+            if content["kind"] == metadata.KIND_DIGEST_LEVEL:
+                continue  # the writer pools the digests it is given into levels again
             written = digest.digest_tag(content["rows"])
             summary_metadata = metadata.create_summary_metadata(
                 {"kind": metadata.KIND_DIGEST, "rows": content["rows"]}, digest.PLUGIN_NAME

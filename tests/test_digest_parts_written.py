@@ -14,16 +14,12 @@ import numpy as np
 import pytest
 import synthetic
 import tbserver
-from eventdata import load, plugin_over, tensor_tags, values
+from eventdata import digest_tags, load, plugin_over, tensor_tags, values
 from tensorboard import context
 from tensorboard.data import provider
 
 from tb_gradviz.board import parts as parts_module
 from tb_gradviz.format import digest, digest_parts, events, metadata, records, summaries
-
-
-def digest_tags(accumulator):
-    return [tag for tag in tensor_tags(accumulator) if tag.startswith(digest.TAG_PREFIX + "/")]
 
 
 def served(root, route, **query):
@@ -111,7 +107,7 @@ def test_other_records_of_the_digest_plugin_are_not_put_in_parts(tmp_path, monke
     for step in (1, 2):
         log.write(step, [(f"{digest.TAG_PREFIX}/budget", np.array([0.5]), budget)])
     log.close()
-    assert digest_tags(load(tmp_path)) == [f"{digest.TAG_PREFIX}/budget"]
+    assert tensor_tags(load(tmp_path)) == [f"{digest.TAG_PREFIX}/budget"]
 
 
 def test_an_earlier_writers_whole_digest_and_later_parts_are_read_as_one_series(
