@@ -29,8 +29,12 @@ the event without `stop_on` runs (`keeper_flags`).
 Each share is the median over repeats of that time over the event's time
 without `stop_on`.
 
+With `--weights`, `weights=True`: each weight's gradient is judged too,
+and its update ratio (the update rules), from the second event on.
+
 Examples:
   python bench/bench_indicators.py --model resnet50 --layers all --repeats 7
+  python bench/bench_indicators.py --model resnet50 --layers all --repeats 7 --weights
   python bench/bench_indicators.py --model cnn --layers all --repeats 15
   python bench/bench_indicators.py --model resnet50 --layers all --history 10 --repeats 7
 """
@@ -94,7 +98,11 @@ def measure(args):
     model.train_on_batch(x, y)
     layers, n_layers = layer_spec(model, args.layers)
     callback = tb_gradviz.GradVizCallback(
-        tempfile.mkdtemp(), probe_data=(x, y), layers=layers, stop_on=lambda raised: False
+        tempfile.mkdtemp(),
+        probe_data=(x, y),
+        layers=layers,
+        stop_on=lambda raised: False,
+        weights=args.weights,
     )
     callback.set_model(model)
     judging, stopping = callback._judge, callback._stop_on  # flags and warnings (stop_on=)
@@ -190,6 +198,7 @@ def measure(args):
         "image_size": args.image_size if args.model == "resnet50" else 32,
         "batch": args.batch,
         "layers": args.layers,
+        "weights": args.weights,
         "n_layers": n_layers,
         "digest_values": digest_rows,
         "history_events": int(np.median(held)),
@@ -238,6 +247,9 @@ def main():
         help="events the judge holds: 200 (every_n_batches=1) or 20 (every 10 steps)",
     )
     p.add_argument("--repeats", type=int, default=7)
+    p.add_argument(
+        "--weights", action="store_true", help="weights=True: their gradients and update ratios"
+    )
     args = p.parse_args()
     if args.batch is None:
         args.batch = 16 if args.model == "resnet50" else 64
