@@ -49,6 +49,7 @@ _FLOAT32 = blocks.Element(23, -126, float(np.finfo(np.float32).max), 127)
 _E4M3 = blocks.ELEMENTS["fp8_e4m3"]
 _SIZES = sorted({spec.block_size for spec in blocks.FORMATS.values()})  # [16, 32]
 _WIDE = max(_SIZES)
+_NVFP4_SIZE = blocks.FORMATS["nvfp4"].block_size
 # The counts each format returns, per row of the group (int32 counts, float64 sums).
 COUNTS = ("to_zero", "subnormal", "saturated", "wide_blocks", "nonfinite_blocks")
 SUMS = ("squared_error", "squared_sum")
@@ -80,20 +81,48 @@ def group_blocks(rows, width):
         zeros = ops.zeros([n_rows], "int32")
         empty = dict.fromkeys(COUNTS, zeros) | dict.fromkeys(SUMS, ops.zeros([n_rows], "float64"))
         return {name: dict(empty) for name in blocks.FORMATS}
-    bits_width = device_precision.width(stacked.dtype)
-    if bits_width == 64:
-        values = _round(ops.cast(stacked, "float64"), _FLOAT32, saturate=False)
-    else:
-        values = device_precision.widened(stacked, device_precision.float_bits(stacked, 32), 32)
+    values = block_values(stacked)
     lines = n // width if width else 0
     padded = -(-width // _WIDE) * _WIDE
     values = ops.reshape(values, [n_rows, lines, width])
     if padded != width:  # zeros: they never set a scale and quantize to zero
         values = ops.pad(values, [[0, 0], [0, 0], [0, padded - width]])
-    magnitude = ops.abs(values)
-    finite = ops.less(magnitude, np.inf)
-    magnitude = ops.where(finite, magnitude, 0.0)
-    per_block = {size: _Blocks(magnitude, finite, n_rows, size) for size in _SIZES}
+    values = ops.reshape(values, [n_rows, lines * padded])
+    return row_counts(values, finite_amax(values))
+
+
+def block_values(raw):
+    """`raw` (`[R, m]`, float16, bfloat16, float32 or float64) as the record reads it: float64,
+    exactly, float32 subnormals included; float64 first rounded to float32 as the definition
+    casts it."""
+    if device_precision.width(raw.dtype) == 64:
+        return _round(ops.cast(raw, "float64"), _FLOAT32, saturate=False)
+    return device_precision.widened(raw, device_precision.float_bits(raw, 32), 32)
+
+
+def finite_amax(values):
+    """`[R]`: the largest magnitude of each row's blocks of NVFP4's size that hold only finite
+    values (`block_values`, `[R, m]` with m a multiple of that size): NVFP4's tensor amax. Rows
+    of one tensor combine by their maximum."""
+    b = _Blocks(*_magnitudes(values), _NVFP4_SIZE)
+    return ops.max(ops.where(b.finite, b.amax, 0.0), axis=1)
+
+
+def row_counts(values, tensor_amax):
+    """The block record of each row of `values`, every format.
+
+    Args:
+      values: `[R, m]` float64 (`block_values`), each row whole blocks of
+        every size (m a multiple of 32, lines padded with zeros to whole blocks):
+        zeros never set a scale and quantize to zero, so padding counts nothing.
+      tensor_amax: `[R]`, `finite_amax` of the tensor each row belongs to.
+
+    Returns:
+      `{format: {count: [R] tensor}}`, as `group_blocks`; rows of one tensor
+      combine by their sum.
+    """
+    magnitude, finite = _magnitudes(values)
+    per_block = {size: _Blocks(magnitude, finite, size) for size in _SIZES}
     result = {}
     for name, spec in blocks.FORMATS.items():
         element = blocks.ELEMENTS[spec.element]
@@ -102,17 +131,24 @@ def group_blocks(rows, width):
             scale = _mx_scale(b.amax, element)
             scaled, decode = b.magnitude / scale, scale
         else:
-            scaled, decode = _nvfp4_scaled(b, element)
+            scaled, decode = _nvfp4_scaled(b, tensor_amax[:, None], element)
         result[name] = b.counts(scaled, decode, element)
     return result
+
+
+def _magnitudes(values):
+    magnitude = ops.abs(values)
+    finite = ops.less(magnitude, np.inf)
+    return ops.where(finite, magnitude, 0.0), finite
 
 
 class _Blocks:
     """A group's magnitudes as `[R, blocks, size]`, with each block's extrema and finiteness."""
 
-    def __init__(self, magnitude, finite, n_rows, size):
-        self.magnitude = ops.reshape(magnitude, [n_rows, -1, size])
-        finite = ops.reshape(finite, [n_rows, -1, size])
+    def __init__(self, magnitude, finite, size):
+        rows = magnitude.shape[0]
+        self.magnitude = ops.reshape(magnitude, [rows, -1, size])
+        finite = ops.reshape(finite, [rows, -1, size])
         self.finite = ops.all(finite, axis=2)  # [R, B]
         self.amax = ops.max(self.magnitude, axis=2)
         positive = ops.greater(self.magnitude, 0.0)
@@ -153,11 +189,9 @@ def _mx_scale(amax, element):
     return _power_of_two(exponent)[:, :, None]
 
 
-def _nvfp4_scaled(b, element):
+def _nvfp4_scaled(b, tensor_amax, element):
     """`(scaled, decode)` of NVFP4: each value's magnitude in the element's units, and the
-    factor that decodes an element (block scale over tensor scale)."""
-    amax = ops.where(b.finite, b.amax, 0.0)
-    tensor_amax = ops.max(amax, axis=1, keepdims=True)  # [R, 1]
+    factor that decodes an element (block scale over tensor scale); `tensor_amax` is `[R, 1]`."""
     quotient = _round(_divide(_E4M3.largest * element.largest, _nonzero(tensor_amax)), _FLOAT32)
     tensor_scale = ops.where(
         ops.greater(tensor_amax, 0.0), ops.minimum(quotient, _FLOAT32.largest), 1.0
@@ -215,12 +249,15 @@ def _count(mask, axis):
     return ops.cast(ops.sum(ops.cast(mask, "int32"), axis=axis), "int32")
 
 
-def flat_counts(counts, width):
-    """`group_blocks`' result as flat `{"block/<format>/<count>": [R]}`, with `block_width` (`[R]`:
-    `width`, so that each tensor's row of a group says how its blocks were cut)."""
+def flat_counts(counts, width=None):
+    """`group_blocks`' result as flat `{"block/<format>/<count>": [R]}`, with a `width`
+    `block_width` (`[R]`: `width`, so that each tensor's row of a group says how its blocks were
+    cut)."""
     result = {
         f"block/{name}/{key}": value for name, part in counts.items() for key, value in part.items()
     }
+    if width is None:
+        return result
     some = next(iter(result.values()))
     result["block_width"] = ops.zeros_like(some, "int32") + width
     return result

@@ -49,7 +49,7 @@ _INCLUSIVE = np.array(
 _TOP_BITS = np.array([precision.largest(f) for f in precision.FORMATS]).view(np.int64)
 _FRACTION = (1 << 52) - 1  # float64's significand field
 # The bit pattern of +Inf, per width of the compared bits: finite magnitudes are below it.
-_INF_BITS = {32: 0x7F800000, 64: 0x7FF0000000000000}
+INF_BITS = {32: 0x7F800000, 64: 0x7FF0000000000000}
 _BITS_DTYPE = {32: "int32", 64: "int64"}
 
 
@@ -100,7 +100,7 @@ def widened(values, bits, bits_width):
 
 def finite_amax_bits(bits, bits_width, axis):
     """The bits of the largest finite magnitude along `axis` (0 when none is finite)."""
-    finite = ops.less(bits, _constant(_INF_BITS[bits_width], _BITS_DTYPE[bits_width]))
+    finite = ops.less(bits, _constant(INF_BITS[bits_width], _BITS_DTYPE[bits_width]))
     return ops.max(ops.where(finite, bits, ops.zeros_like(bits)), axis=axis)
 
 
@@ -171,7 +171,7 @@ def _keys(bound_bits, bits_width):
     subnormal = floor + ops.where(exact, int64(0), int64(1))
     keys = ops.where(
         ops.greater_equal(exponent, int64(128)),
-        int64(_INF_BITS[32]),
+        int64(INF_BITS[32]),
         ops.where(ops.greater_equal(exponent, int64(-126)), normal, subnormal),
     )
     return ops.cast(keys, "int32")
