@@ -1,13 +1,20 @@
-"""Device statistics compile once per distinct group (`device_statistics.GroupPrograms`): the
-tensors of layers of one shape run one compiled program, traced once, and a second event traces
-nothing. Run under JAX (jitted) and TensorFlow (XLA); PyTorch runs its statistics eagerly."""
+"""Device statistics compile once per distinct chunk (`device_programs.GroupPrograms`): tensors of
+any shapes are packed into chunks of a few shapes, which run a few compiled programs, each traced
+once, and a second event traces nothing. Run under JAX (jitted) and TensorFlow (XLA); PyTorch
+runs its statistics eagerly."""
 
 import numpy as np
 import pytest
 
 keras = pytest.importorskip("keras")
 
-from tb_gradviz.capture import assemble, device_statistics, kernels  # noqa: E402
+from tb_gradviz.capture import (  # noqa: E402
+    assemble,
+    device_packing,
+    device_programs,
+    device_statistics,
+    kernels,
+)
 from tb_gradviz.format import records  # noqa: E402
 
 BACKEND = keras.backend.backend()
@@ -16,9 +23,10 @@ SUMMED = [records.STATS_FIELDS.index(f) for f in ("mean", "std", "sum")]
 EXACT = np.setdiff1d(np.arange(records.STATS_LENGTH), SUMMED)
 
 
-def compile_and_run():
-    """`(compile, run)`: the backend's compiler as its pass uses it, and a call of a
-    `GroupPrograms` that returns numpy."""
+def programs_and_run():
+    """`(programs, run)`: `GroupPrograms` as the backend's pass builds them (on the CPU), and a
+    call of them as the pass makes it, which returns numpy."""
+    mode = device_statistics.mode_for("cpu")
     if BACKEND == "jax":
         import jax
 
@@ -28,15 +36,21 @@ def compile_and_run():
                     programs(groups, [False] * len(tensors), tensors, np.float64(1.0), widths)
                 )
 
-        return jax.jit, run
+        return device_programs.GroupPrograms(jax.jit, mode), run
     import tensorflow as tf
 
-    def run(programs, groups, tensors, widths):
-        divisor = tf.constant(1.0, tf.float64)
-        results = programs(groups, [False] * len(tensors), tensors, divisor, widths)
-        return [{k: v.numpy() for k, v in r.items()} for r in results]
+    from tb_gradviz.capture.backends import tf_statistics
 
-    return (lambda f: tf.function(f, jit_compile=True, autograph=False)), run
+    def run(programs, groups, tensors, widths):
+        @tf.function(autograph=False)  # the pass's own function: the packing is in its graph
+        def statistics(tensors):
+            divisor = tf.constant(1.0, tf.float64)
+            return programs(groups, [False] * len(tensors), tensors, divisor, widths)
+
+        return [{k: v.numpy() for k, v in r.items()} for r in statistics(tensors)]
+
+    programs = device_programs.GroupPrograms(tf_statistics._compile, mode, compile_packing=False)
+    return programs, run
 
 
 def layer_tensors(shapes, seed):
@@ -50,24 +64,7 @@ def layer_tensors(shapes, seed):
     return arrays
 
 
-def test_layers_of_one_shape_run_one_program_traced_once():
-    # Three layers' tensors of one shape, each a group of its own (a group stacks at most
-    # CHUNK_VALUES values), and one small tensor of another shape.
-    big = (device_statistics.CHUNK_VALUES // 512, 512)
-    arrays = layer_tensors([big, big, big, (6, 64)], seed=1)
-    widths = [a.shape[-1] for a in arrays]
-    keys = [(a.size, "float32", False, w) for a, w in zip(arrays, widths)]
-    groups = device_statistics.chunks(keys)
-    assert len(groups) == 4
-    compile, run = compile_and_run()
-    mode = device_statistics.mode_for("cpu")
-    programs = device_statistics.GroupPrograms(compile, mode)
-    tensors = [keras.ops.convert_to_tensor(a) for a in arrays]
-    results = run(programs, groups, tensors, widths)
-    assert programs.traces == 2 and len(programs.programs) == 2
-    run(programs, groups, tensors, widths)  # the next event
-    assert programs.traces == 2
-
+def assert_host_kernel(arrays, results, groups):
     rows = device_statistics.tensor_rows(groups, results, [a.size for a in arrays])
     for array, row in zip(arrays, rows):
         histogram, stats, precision = assemble.summary_of_row(row)
@@ -78,17 +75,35 @@ def test_layers_of_one_shape_run_one_program_traced_once():
         np.testing.assert_allclose(precision, want[2], rtol=1e-9, atol=0)
 
 
-def test_without_the_block_part_one_program_per_rows_and_length():
-    arrays = layer_tensors([(4, 96)] * 3 + [(2, 96)], seed=2)
+def test_layers_of_many_shapes_run_a_few_programs_traced_once(monkeypatch):
+    # Chunks of 4 rows: tensors of 9 shapes (lines of 3, 10, 100 and 130 values padded to whole
+    # blocks) fill chunks of one shape, and a tensor longer than a chunk one of its own.
+    monkeypatch.setattr(device_statistics, "CHUNK_VALUES", 4 * device_packing.ROW_VALUES)
+    shapes = [(8, 8, 3), (4, 4, 64), (6, 10), (2, 100), (5, 4000), (3, 7, 7, 32), (64,), (1, 3)]
+    arrays = layer_tensors(shapes + [(4, 4, 64), (2, 100), (70, 130)], seed=1)
+    widths = [a.shape[-1] for a in arrays]
+    keys = [(a.size, "float32", False, w) for a, w in zip(arrays, widths)]
+    groups = device_statistics.chunks(keys)
+    programs, run = programs_and_run()
+    tensors = [keras.ops.convert_to_tensor(a) for a in arrays]
+    results = run(programs, groups, tensors, widths)
+    assert programs.traces == len(programs.programs) == 2, sorted(programs.programs)
+    traced = (programs.traces, programs.pack_traces)
+    run(programs, groups, tensors, widths)  # the next event
+    assert (programs.traces, programs.pack_traces) == traced
+    assert_host_kernel(arrays, results, groups)
+
+
+def test_without_the_block_part_the_same_program_for_every_shape():
+    arrays = layer_tensors([(4, 96)] * 3 + [(2, 96), (5, 7)], seed=2)
     keys = [(a.size, "float32", False, None) for a in arrays]
     groups = device_statistics.chunks(keys)
-    assert [len(g) for g in groups] == [3, 1]
-    compile, run = compile_and_run()
-    programs = device_statistics.GroupPrograms(compile, device_statistics.mode_for("cpu"))
+    assert [len(g) for g in groups] == [3, 1, 1]
+    programs, run = programs_and_run()
     tensors = [keras.ops.convert_to_tensor(a) for a in arrays]
     first = run(programs, groups, tensors, None)
     again = run(programs, groups, tensors, None)
-    assert programs.traces == 2
+    assert programs.traces == 1
     for a, b in zip(first, again):
         assert sorted(a) == sorted(b) and "block_width" not in a
         for name in a:

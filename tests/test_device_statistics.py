@@ -23,7 +23,7 @@ import eventdata  # noqa: E402
 from test_precision_record import edge_values, recorded, reference  # noqa: E402
 from values import awkward_rows  # noqa: E402
 
-from tb_gradviz.capture import assemble, device_statistics  # noqa: E402
+from tb_gradviz.capture import assemble, device_packing, device_statistics  # noqa: E402
 from tb_gradviz.format import records, summaries  # noqa: E402
 
 BACKEND = keras.backend.backend()
@@ -507,14 +507,36 @@ def test_working_memory_of_resnet50_with_all_layers_is_a_small_multiple_of_its_l
     ]
     sizes = [int(np.prod(t.shape)) * t.dtype.itemsize for t in tensors]
     groups = device_statistics.chunks([(int(np.prod(t.shape)), t.dtype, False) for t in tensors])
-    statistics = jax.jit(
-        functools.partial(
-            device_statistics.chunk_statistics, groups, [False] * len(tensors), mode="stepped"
-        )
+    # As the pass runs them (`device_programs.GroupPrograms`): each chunk packed into a buffer,
+    # then summarised by its compiled program; one chunk at a time.
+    order = [i for group in groups for i in group]
+    chunked = device_packing.layout(
+        [int(np.prod(tensors[i].shape)) for i in order],
+        [str(tensors[i].dtype) for i in order],
+        [False] * len(order),
+        None,
+        device_statistics.CHUNK_VALUES,
     )
-    with jax.enable_x64(True):
-        compiled = statistics.lower(tensors, np.float64(1.0)).compile()
-    temp = compiled.memory_analysis().temp_size_in_bytes
+    held = {}
+    for chunk in chunked:
+        if chunk.key in held:
+            continue
+        program = jax.jit(
+            functools.partial(
+                device_statistics.packed_statistics,
+                slots=chunk.slots,
+                mode="stepped",
+                precision=True,
+                blocks=False,
+            )
+        )
+        buffer = jax.ShapeDtypeStruct((chunk.rows, device_packing.ROW_VALUES), chunk.dtype)
+        data = {k: jax.ShapeDtypeStruct(v.shape, v.dtype) for k, v in chunk.data.items()}
+        with jax.enable_x64(True):
+            compiled = program.lower(buffer, data, np.float64(1.0)).compile()
+        temp = compiled.memory_analysis().temp_size_in_bytes
+        held[chunk.key] = chunk.rows * device_packing.ROW_VALUES * 4 + temp
+    temp = max(held.values())
     largest_group = max(sum(sizes[i] for i in group) for group in groups)
     assert len(tensors) > 900 and len(groups) > 5  # 177 layers with their weights
     assert temp <= 4 * largest_group, (temp, largest_group, sum(sizes))

@@ -1,4 +1,4 @@
-"""The statistics of captured tensors on their device: grouped rows, comparison counts, two reads.
+"""The statistics of captured tensors on their device: packed chunks, comparison counts, two reads.
 
 One implementation for every backend, written in `keras.ops`: JAX runs it
 jitted, TensorFlow inside an XLA-compiled `tf.function` (`tf_statistics`),
@@ -6,16 +6,24 @@ PyTorch eagerly. Only sums and counts leave the device; `assemble` turns
 them into records with `summaries.summary_from_sums`, as it does the host
 kernel's.
 
-- Tensors of one number of elements, dtype and divisor are stacked into the
-  rows of a `[R, n]` group (`chunks`), so that one launch summarises many.
-  A group holds at most `CHUNK_VALUES` values (one tensor at least).
-- Each group is read twice. The first read takes the extrema, the sums and
+- Tensors are named in groups (`chunks`: one number of elements, dtype and
+  divisor, at most `CHUNK_VALUES` values), and each group's results come back
+  as `[R, ...]` rows. The work itself runs on chunks (`device_packing`): the
+  tensors of one dtype packed, zero-padded, into `[rows, ROW_VALUES]` buffers
+  of a few shapes, where each tensor has a slot and each row says (as data)
+  which slot it holds, which of its values are padding and whether the
+  divisor divides it (`packed_statistics`). A chunk's program depends on its
+  dtype, rows and slots only, so an event of any depth compiles a few
+  (`device_programs.GroupPrograms`). Each row's sums and counts are combined
+  into its slot's by a one-hot comparison (`device_packing.to_slots`).
+- Each chunk is read twice. The first read takes the extrema, the sums and
   every count of `device_counts.FIRST_PASS_COUNTS`; the second, which needs
-  the row's extrema and mean, the squared deviations and
-  `device_counts.SECOND_PASS_COUNTS`.
+  each tensor's extrema and mean, the squared deviations,
+  `device_counts.SECOND_PASS_COUNTS` and the block record (`device_blocks`,
+  which needs NVFP4's tensor amax from the first).
 - The precision record's counts compare each value's magnitude bits with
   integer keys (`device_precision`): the boundaries as they are in the first
-  read, scaled by each row's `2**-k` (from the first read's largest finite
+  read, scaled by each tensor's `2**-k` (from the first read's largest finite
   magnitude) in the second. They see the values as captured, not divided.
 - Every count is the reduction of a comparison (`device_counts`:
   `sum(values >= threshold)`, `sum(bucket == j)`): no scatter, no sort, no
@@ -27,18 +35,18 @@ kernel's.
   and sign read from the bits, so counts and extrema equal
   `summaries.stats_vector`'s and `linear_histogram`'s exactly, and the sums
   differ from numpy's only in the order of float64 additions.
-- How a group is walked depends on what compiles it (`MODES`). XLA on an
+- How a chunk is walked depends on what compiles it (`MODES`). XLA on an
   accelerator fuses each comparison into its reduction, so a pass is one
-  read of the group (`"fused"`). XLA on the CPU materialises the input of
+  read of the chunk (`"fused"`). XLA on the CPU materialises the input of
   every reduction (`T` values per value for `T` thresholds), so there each
-  pass walks the group in a loop of `STEP_VALUES` values (`"stepped"`),
-  which bounds the working memory whatever the group's size. Without a
+  pass walks the chunk in a loop of whole rows, `STEP_VALUES` values at most
+  (`"stepped"`), which bounds the working memory whatever the chunk's size. Without a
   compiler (PyTorch), a pass compares `EAGER_THRESHOLDS` thresholds at a
   time (`"eager"`).
 
 A new per-tensor count (one number, or one per threshold) is one
 `device_counts.Count` in `FIRST_PASS_COUNTS` (it sees the values) or
-`SECOND_PASS_COUNTS` (it also sees each row's extrema, mean and precision
+`SECOND_PASS_COUNTS` (it also sees each tensor's extrema, mean and precision
 keys); its result comes back under its name in every tensor's row
 (`tensor_rows`).
 """
@@ -46,7 +54,7 @@ keys); its result comes back under its name in every tensor's row
 import keras
 import numpy as np
 
-from tb_gradviz.capture import device_blocks, device_counts, device_precision
+from tb_gradviz.capture import device_blocks, device_counts, device_packing, device_precision
 from tb_gradviz.format import records
 
 ops = keras.ops
@@ -103,73 +111,125 @@ def group_statistics(
     Raises:
       ValueError: `mode` is not one of `MODES`.
     """
+    scaled = [divisor is not None] * len(rows)
+    divisor = 1.0 if divisor is None else divisor
+    widths = None if width is None else [width] * len(rows)
+    (result,) = chunk_statistics(
+        [list(range(len(rows)))], scaled, rows, divisor, mode, precision, widths, buckets
+    )
+    return result
+
+
+def packed_statistics(
+    buffer, data, divisor, slots, mode, precision, blocks, buckets=records.HISTOGRAM_BUCKETS
+):
+    """The sums and counts of the tensors packed in a chunk, per slot (`device_packing`).
+
+    Args:
+      buffer: the chunk, `[rows, ROW_VALUES]` values of one dtype.
+      data: `device_packing.Chunk.data`, as tensors.
+      divisor: the float64 scalar that divides the rows whose `scaled` is 1.
+      slots: the number of slots.
+      mode, precision: as for `group_statistics`.
+      blocks: whether to count the block record.
+      buckets: the number of linear histogram buckets.
+
+    Returns:
+      `group_statistics`' dict with a row per slot, without `block_width`.
+    """
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}. Received: mode={mode!r}")
-    n = rows[0].shape[0]
-    step = max(1, STEP_VALUES // len(rows)) if mode == "stepped" else n
+    n_rows, row_values = buffer.shape
+    # Stepped: the most whole rows within STEP_VALUES values, a power of two (which divides
+    # the chunk's rows).
+    step = _floor_power_of_two(STEP_VALUES // row_values) if mode == "stepped" else n_rows
+    step = min(step, n_rows)
     thresholds_at_once = EAGER_THRESHOLDS if mode == "eager" else None
-    # Stepped, each step stacks its slice of every row: never a copy of the whole group.
-    stacked = None if mode == "stepped" else ops.stack(rows)
-    bits_width = device_precision.width(rows[0].dtype)
+    bits_width = device_precision.width(buffer.dtype)
+    inf_bits = ops.convert_to_tensor(
+        np.array(device_precision.INF_BITS[bits_width], "int64" if bits_width == 64 else "int32")
+    )
+    divisor = ops.cast(divisor, "float64")
     first_counts, second_counts = (
         tuple(c for c in counts if precision or c.name not in device_counts.PRECISION_COUNTS)
         for counts in (device_counts.FIRST_PASS_COUNTS, device_counts.SECOND_PASS_COUNTS)
     )
+    slot_ids = ops.arange(slots, dtype="int32")
 
     def rows_of(start, length):
-        if stacked is not None:
-            block = stacked
-        else:
-            block = ops.stack([ops.slice(t, [start], [length]) for t in rows])
-        signed = device_precision.float_bits(block, bits_width)
-        bits = ops.expand_dims(device_precision.magnitude_bits(signed, bits_width), 1)
-        v = ops.expand_dims(device_precision.widened(block, signed, bits_width), 1)
-        if divisor is not None:
-            v = device_precision.divide(v, divisor, like=v)
-        finite = ops.isfinite(v)
-        signed = ops.expand_dims(signed, 1)
-        return device_counts.Rows(
-            v, finite, ops.where(finite, v, 0.0), bits, bits_width, signed, buckets
+        raw = ops.slice(buffer, [start, 0], [length, row_values])
+        row = {k: ops.slice(v, [start], [length])[:, None] for k, v in data.items()}
+        position = row["first"] + ops.arange(row_values, dtype="int32")[None, :]
+        valid = ops.logical_and(
+            ops.less(position, row["length"]), ops.less(position % row["line"], row["width"])
         )
+        signed = device_precision.float_bits(raw, bits_width)
+        bits = device_precision.magnitude_bits(signed, bits_width)
+        bits = ops.where(valid, bits, inf_bits)  # padding: above every key, not finite
+        v = device_precision.widened(raw, signed, bits_width)
+        row_divisor = ops.where(ops.equal(row["scaled"], 1), divisor, ops.cast(1.0, "float64"))
+        v = device_precision.divide(v, row_divisor, like=v)
+        finite = ops.logical_and(ops.isfinite(v), valid)
+        rows = device_counts.Rows(
+            v[:, None],
+            finite[:, None],
+            ops.where(finite, v, 0.0)[:, None],
+            bits[:, None],
+            bits_width,
+            signed[:, None],
+            buckets,
+        )
+        return rows, ops.equal(row["slot"], slot_ids[None, :]), raw  # one-hot [r, slots]
 
-    def first_pass(rows):
+    def first_pass(read):
+        rows, one_hot, raw = read
         v, finite = rows.values, rows.finite
-        result = {  # [R, 1] each
-            "low": ops.min(ops.where(finite, v, np.inf), axis=2),
-            "high": ops.max(ops.where(finite, v, -np.inf), axis=2),
-            "total": ops.sum(rows.finite_values, axis=2),
-            "raw_sum": ops.sum(v, axis=2),
-            "raw_abs_sum": ops.sum(ops.abs(v), axis=2),
+        result = {  # [r] each
+            "low": ops.min(ops.where(finite, v, np.inf), axis=2)[:, 0],
+            "high": ops.max(ops.where(finite, v, -np.inf), axis=2)[:, 0],
+            "total": ops.sum(rows.finite_values, axis=2)[:, 0],
+            "raw_sum": ops.sum(v, axis=2)[:, 0],
+            "raw_abs_sum": ops.sum(ops.abs(v), axis=2)[:, 0],
         }
         if precision:
-            result["amax_bits"] = device_precision.finite_amax_bits(rows.bits, bits_width, axis=2)
+            result["amax_bits"] = device_precision.finite_amax_bits(rows.bits, bits_width, axis=2)[
+                :, 0
+            ]
+        if blocks:
+            result["block_amax"] = device_blocks.finite_amax(device_blocks.block_values(raw))
         result.update(device_counts.count_all(rows, first_counts, thresholds_at_once))
-        return result
+        return device_packing.to_slots(result, one_hot)
 
-    result = _walk(rows_of, first_pass, n, step)
-    finite_count = n - (result["nans"] + result["pos_inf"] + result["neg_inf"])
-    mean = result["total"][:, 0] / ops.cast(ops.maximum(finite_count, 1), "float64")
+    result = _walk(rows_of, first_pass, n_rows, step)
+    finite_count = result["nonpositive"] + result["positive"]
+    mean = result["total"] / ops.cast(ops.maximum(finite_count, 1), "float64")
     if precision:
-        exponents = device_precision.scale_exponents(result.pop("amax_bits")[:, 0], bits_width)
+        exponents = device_precision.scale_exponents(result.pop("amax_bits"), bits_width)
         scaled_keys = device_precision.scaled_keys(exponents, bits_width)
+    block_amax = result.pop("block_amax", None)
 
-    def second_pass(rows):
-        rows.low, rows.high = result["low"][:, :, None], result["high"][:, :, None]
-        rows.mean = mean[:, None, None]
+    def second_pass(read):
+        rows, one_hot, raw = read
+
+        def of_slot(x):
+            return device_packing.from_slots(x, one_hot)
+
+        rows.low = of_slot(result["low"])[:, None, None]
+        rows.high = of_slot(result["high"])[:, None, None]
+        rows.mean = of_slot(mean)[:, None, None]
         if precision:
-            rows.scaled_keys = scaled_keys
+            rows.scaled_keys = of_slot(scaled_keys)
         squares = ops.where(rows.finite, ops.square(rows.values - rows.mean), 0.0)
-        second = {"squares": ops.sum(squares, axis=2)}
+        second = {"squares": ops.sum(squares, axis=2)[:, 0]}
         second.update(device_counts.count_all(rows, second_counts, thresholds_at_once))
-        return second
+        if blocks:
+            counts = device_blocks.row_counts(device_blocks.block_values(raw), of_slot(block_amax))
+            second.update(device_blocks.flat_counts(counts))
+        return device_packing.to_slots(second, one_hot)
 
-    result.update(_walk(rows_of, second_pass, n, step))
+    result.update(_walk(rows_of, second_pass, n_rows, step))
     if precision:
         result["precision_exponents"] = exponents
-    if width is not None:
-        result.update(device_blocks.flat_counts(device_blocks.group_blocks(rows, width), width))
-    for name in SUMS:
-        result[name] = ops.reshape(result[name], [-1])
     result["magnitude"] = ops.concatenate(
         [
             device_counts.magnitude_bins(result["nonpositive"], result["negative_at_least"]),
@@ -185,18 +245,23 @@ def mode_for(platform):
     return "stepped" if platform == "cpu" else "fused"
 
 
-_COMBINE = {"low": ops.minimum, "high": ops.maximum, "amax_bits": ops.maximum}
+_COMBINE = {"low": ops.minimum, "high": ops.maximum}
+_COMBINE.update(dict.fromkeys(("amax_bits", "block_amax"), ops.maximum))
+
+
+def _floor_power_of_two(n):
+    return 1 << max(int(n).bit_length() - 1, 0)
 
 
 def _walk(rows_of, summarise, n, step):
-    """`summarise` of the whole rows: in one go, or combined over a loop of steps and a tail.
+    """`summarise` of the whole rows: in one go, or combined over a loop of steps (`step`
+    divides `n`: both are powers of two).
 
     The loop starts from the identity of each combination (not from a first
     step outside it), so that every step's temporaries live in the loop body.
     """
     if step >= n:
         return summarise(rows_of(0, n))
-    full, tail = divmod(n, step)
 
     def body(i, carry):
         return _combine(carry, summarise(rows_of(i * step, step)))
@@ -205,8 +270,7 @@ def _walk(rows_of, summarise, n, step):
         lambda t: keras.KerasTensor(t.shape, t.dtype), summarise(rows_of(0, step))
     )
     identity = {k: _identity(k, t) for k, t in shapes.items()}
-    result = ops.fori_loop(0, full, body, identity)
-    return _combine(result, summarise(rows_of(full * step, tail))) if tail else result
+    return ops.fori_loop(0, n // step, body, identity)
 
 
 def _combine(a, b):
@@ -214,8 +278,7 @@ def _combine(a, b):
 
 
 def _identity(name, like):
-    value = {"low": np.inf, "high": -np.inf}.get(name, 0)
-    return ops.full(like.shape, value, like.dtype)
+    return ops.full(like.shape, device_packing.identity(name), like.dtype)
 
 
 def last_axis(shape):
@@ -243,77 +306,43 @@ def chunks(keys):
     return result
 
 
-def chunk_statistics(groups, scaled, tensors, divisor, mode="fused", precision=True, widths=None):
+def chunk_statistics(
+    groups,
+    scaled,
+    tensors,
+    divisor,
+    mode="fused",
+    precision=True,
+    widths=None,
+    buckets=records.HISTOGRAM_BUCKETS,
+):
     """`group_statistics` of each group of `tensors`, in order (a list of dicts).
+
+    The tensors are packed into chunks (`device_packing`) and each chunk's
+    statistics computed in the caller's program (`GroupPrograms` compiles a
+    program per distinct chunk instead).
 
     Args:
       groups: `chunks`' lists of indices.
       scaled: per tensor, whether `divisor` divides it.
       tensors: the backend's tensors.
       divisor: the loss scale (a float64 scalar); unused where `scaled` is false.
-      mode, precision: as for `group_statistics`.
+      mode, precision, buckets: as for `group_statistics`.
       widths: None, or per tensor the length of its last axis, to count the
         block record (`chunks` must then have grouped tensors of one width).
     """
-    return [
-        group_statistics(
-            [ops.reshape(tensors[i], [-1]) for i in indices],
-            divisor if scaled[indices[0]] else None,
-            mode=mode,
-            precision=precision,
-            width=None if widths is None else widths[indices[0]],
-        )
-        for indices in groups
-    ]
-
-
-class GroupPrograms:
-    """`chunk_statistics`, with one compiled program per distinct group.
-
-    A group's program depends only on its rows' count, length and dtype,
-    whether the divisor divides it and its block width: the tensors of
-    layers of one shape (a network's repeated blocks) fill groups of one
-    signature, which run one program. Compiling a few small programs
-    instead of one over every group of an event keeps the compile time to
-    seconds. `traces` counts the programs traced.
-
-    Args:
-      compile: wraps a function of `(rows, divisor)` into its compiled form
-        (`jax.jit`, or `tf.function` with `jit_compile=True`), which traces it
-        once per signature of its arguments.
-      mode, precision: as for `group_statistics`.
-    """
-
-    def __init__(self, compile, mode="fused", precision=True):
-        self.compile, self.mode, self.precision = compile, mode, precision
-        self.programs = {}
-        self.traces = 0
-
-    def __call__(self, groups, scaled, tensors, divisor, widths=None):
-        """`chunk_statistics(groups, scaled, tensors, divisor, mode, precision, widths)`."""
-        results = []
-        for indices in groups:
-            rows = [ops.reshape(tensors[i], [-1]) for i in indices]
-            divided = bool(scaled[indices[0]])
-            width = None if widths is None else widths[indices[0]]
-            key = (len(rows), rows[0].shape[0], str(rows[0].dtype), divided, width)
-            if key not in self.programs:
-                self.programs[key] = self.compile(self._statistics(divided, width))
-            results.append(self.programs[key](rows, divisor))
-        return results
-
-    def _statistics(self, divided, width):
-        def statistics(rows, divisor):
-            self.traces += 1
-            return group_statistics(
-                list(rows),
-                divisor if divided else None,
-                mode=self.mode,
-                precision=self.precision,
-                width=width,
-            )
-
-        return statistics
+    return device_packing.run(
+        groups,
+        scaled,
+        tensors,
+        divisor,
+        widths,
+        CHUNK_VALUES,
+        pack=device_packing.pack,
+        statistics=lambda chunk, buffer, data, divisor: packed_statistics(
+            buffer, data, divisor, chunk.slots, mode, precision, widths is not None, buckets
+        ),
+    )
 
 
 def tensor_rows(groups, results, sizes):

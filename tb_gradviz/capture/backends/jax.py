@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import keras
 import numpy as np
 
-from tb_gradviz.capture import assemble, device_statistics, probe
+from tb_gradviz.capture import assemble, device_programs, device_statistics, probe
 from tb_gradviz.format import records
 
 
@@ -113,10 +113,8 @@ class LayerCapture(probe.ProbePass):
             keys = [(t.size, t.dtype, d, w) for t, d, w in zip(tensors, scaled, widths)]
             self._groups = device_statistics.chunks(keys)
             platform = next(iter(tensors[0].devices())).platform
-            # One jitted program per distinct group (`GroupPrograms`), not one over them all.
-            programs = device_statistics.GroupPrograms(
-                jax.jit, device_statistics.mode_for(platform)
-            )
+            # One jitted program per distinct chunk (`GroupPrograms`), not one over them all.
+            programs = device_programs.GroupPrograms(jax.jit, device_statistics.mode_for(platform))
             self._statistics = functools.partial(
                 programs, self._groups, scaled, widths=widths if self.block_formats else None
             )

@@ -1,16 +1,16 @@
 """The statistics of captured tensors on a TensorFlow device: `device_statistics`, compiled by XLA.
 
 The TensorFlow pass calls `compiled(groups, scaled)` inside its own
-`tf.function`: nested `tf.function(jit_compile=True)`s, one per distinct
-group, so that XLA fuses
-each group's two reads into reductions, as on JAX, instead of TensorFlow
-running one kernel per op and materialising every comparison. Only sums
-and counts leave the device.
+`tf.function`: the tensors packed into chunks by the pass's graph, then
+nested `tf.function(jit_compile=True)`s, one per distinct chunk, so that XLA
+fuses each chunk's two reads into reductions, as on JAX, instead of
+TensorFlow running one kernel per op and materialising every comparison.
+Only sums and counts leave the device.
 """
 
 import tensorflow as tf
 
-from tb_gradviz.capture import device_statistics
+from tb_gradviz.capture import device_programs
 
 
 def compiled(groups, scaled, mode="fused", widths=None):
@@ -26,11 +26,11 @@ def compiled(groups, scaled, mode="fused", widths=None):
 
     Returns:
       A function of `(tensors, divisor)`, divisor a float64 scalar, that
-      returns a list of dicts, one per group: each group through a nested
-      `tf.function` compiled by XLA, one per distinct group
-      (`device_statistics.GroupPrograms`).
+      returns a list of dicts, one per group: the tensors packed into
+      chunks, each through a nested `tf.function` compiled by XLA, one per
+      distinct chunk (`device_programs.GroupPrograms`).
     """
-    programs = device_statistics.GroupPrograms(_compile, mode)
+    programs = device_programs.GroupPrograms(_compile, mode, compile_packing=False)
 
     def statistics(tensors, divisor):
         return programs(groups, scaled, tensors, divisor, widths)
