@@ -5,6 +5,8 @@ References are the backend's own autodiff through `model.stateless_call`
 (tests/autodiff.py) and weight copies taken by a plain Keras callback.
 """
 
+import copy
+
 import numpy as np
 import pytest
 
@@ -282,12 +284,43 @@ def test_each_weight_is_recorded_once_by_the_deepest_chosen_layer():
     assert [name for name, _ in owned["inner"]] == ["d1/kernel", "d1/bias"]
 
 
-def test_host_and_device_statistics_give_the_same_weight_records():
-    model = conv_bn_model(seed=4)
-    x, y = data(4, seed=4)
+def test_a_bad_weights_argument_says_what_was_received(tmp_path):
+    x, y = data(2)
+    with pytest.raises(TypeError, match="weights must be True or False. Received: weights='yes'"):
+        GradVizCallback(tmp_path, (x, y), weights="yes")
+
+
+@pytest.fixture(scope="module")
+def host_and_device_passes():
+    """One model's pass with host and with device statistics, at steps 1 and 2 (a training step
+    between): per statistics, each step's records, update records and what the pass kept.
+
+    Host statistics hand the weights' host arrays on; device statistics leave Updates to read
+    the variables. Built once: compiling each pass is most of these tests' time.
+    """
+    model = conv_bn_model(seed=5, learning_rate=0.01)
+    x, y = data(8, seed=5)
     chosen = selection.select_layers(model, CHOSEN)
-    host, _ = probe.new_capture(model, chosen, statistics="host", weights=True).run(x, y)
-    device, _ = probe.new_capture(model, chosen, statistics="device", weights=True).run(x, y)
+    probes = {
+        s: probe.new_capture(model, chosen, statistics=s, weights=True) for s in ("host", "device")
+    }
+    trackers = {s: weights.Updates() for s in probes}
+    written = {s: {} for s in probes}
+    for step in (1, 2):
+        for statistics, pass_ in probes.items():
+            records_, _ = pass_.run(x, y)
+            host = pass_.take_host_weights()
+            kept = (len(host), pass_.host_weights)
+            updates = trackers[statistics].records(pass_.plans, step, host)
+            # Copies: nothing of a later step may write into what an earlier one returned.
+            written[statistics][step] = copy.deepcopy((records_, updates, kept))
+        model.train_on_batch(x, y)
+    return written
+
+
+@pytest.mark.parametrize("step", [1, 2])
+def test_host_and_device_statistics_give_the_same_weight_records(host_and_device_passes, step):
+    host, device = (host_and_device_passes[s][step][0] for s in ("host", "device"))
     # Both write the precision record, the same (`eventdata.assert_same_precision`).
     assert any(tag.endswith("/weight/kernel/precision") for tag, _, _ in host)
     assert [tag for tag, _, _ in host] == [tag for tag, _, _ in device]
@@ -307,33 +340,17 @@ def test_host_and_device_statistics_give_the_same_weight_records():
             np.testing.assert_array_equal(a, b, err_msg=tag)
 
 
-def test_a_bad_weights_argument_says_what_was_received(tmp_path):
-    x, y = data(2)
-    with pytest.raises(TypeError, match="weights must be True or False. Received: weights='yes'"):
-        GradVizCallback(tmp_path, (x, y), weights="yes")
-
-
-def test_update_records_are_the_same_from_the_passs_host_arrays_and_from_the_variables():
-    # Host statistics hand the weights' host arrays on; device statistics leave Updates to read
-    # the variables.
-    model = conv_bn_model(seed=5, learning_rate=0.01)
-    x, y = data(8, seed=5)
-    chosen = selection.select_layers(model, CHOSEN)
-    probes = {
-        s: probe.new_capture(model, chosen, statistics=s, weights=True) for s in ("host", "device")
-    }
-    trackers = {s: weights.Updates() for s in probes}
-    written = {s: [] for s in probes}
-    for step in (1, 2):
-        for statistics, pass_ in probes.items():
-            pass_.run(x, y)
-            host = pass_.take_host_weights()
-            assert (len(host) == 6) == (statistics == "host") and pass_.host_weights == {}
-            written[statistics] = trackers[statistics].records(pass_.plans, step, host)
-        model.train_on_batch(x, y)
-    assert [tag for tag, _, _ in written["host"]] == [tag for tag, _, _ in written["device"]]
-    assert len(written["host"]) == 6
-    for (tag, a, _), (_, b, _) in zip(written["host"], written["device"]):
+def test_update_records_are_the_same_from_the_passs_host_arrays_and_from_the_variables(
+    host_and_device_passes,
+):
+    for statistics, steps in host_and_device_passes.items():
+        for step, (_, _, (handed_on, left)) in steps.items():
+            # Host statistics hand the six weights on; after the take, the pass keeps none.
+            assert (handed_on == 6) == (statistics == "host") and left == {}, (statistics, step)
+    host, device = (host_and_device_passes[s][2][1] for s in ("host", "device"))
+    assert [tag for tag, _, _ in host] == [tag for tag, _, _ in device]
+    assert len(host) == 6
+    for (tag, a, _), (_, b, _) in zip(host, device):
         np.testing.assert_array_equal(a, b, err_msg=tag)
 
 
