@@ -19,6 +19,7 @@ def small_window(monkeypatch):
     # The past-highs condition off (any value is above 1e-9 times them): judged apart, in
     # tests/test_leading_history.py at the defaults.
     monkeypatch.setattr(leading, "RECORD", 1e-9)
+    monkeypatch.setattr(leading, "DRIFT_RECORD", 1e-9)
     monkeypatch.setattr(leading, "GROWTH", 4.0)
     monkeypatch.setattr(leading, "DRIFT", 1.0)
     monkeypatch.setattr(leading, "DRIFT_PER_STEP", 0.05)

@@ -136,3 +136,40 @@ def test_a_few_judged_steps_read_their_windows_directly_as_the_sparse_table_does
     for fast, table in zip(direct, judged()):
         np.testing.assert_array_equal(fast, table)
     assert all(found.any() for found in direct[:2])
+
+
+def quiet_rise(steps, end, per_step=0.027, start=200):
+    """RMS flat at 1, then up `per_step` decades a step, without noise, from `start` to `end`."""
+    return 10.0 ** (per_step * np.clip(np.asarray(steps) - start, 0, end - start))
+
+
+def test_a_quiet_rise_of_a_decade_that_a_healthy_gradient_shows_raises_no_rms_drift():
+    # Up 1.35 decades over 50 steps, then flat: a drift of 1.1 decades (over DRIFT), as the
+    # small biases' gradients of healthy runs rise while they learn, never 1.5x over the step
+    # before.
+    steps = np.arange(400)
+    rms = quiet_rise(steps, end=250)
+    drift = windows.drift(steps, windows.log10(rms[None]), leading.DRIFT_PER_STEP)[0]
+    assert np.nanmax(drift) == pytest.approx(1.1) and np.nanmax(drift) > leading.DRIFT
+    assert raised(steps, columns(rms=rms, steps=steps)) == {w: [] for w in leading.WARNINGS}
+
+
+def test_a_rise_that_jumps_past_the_layer_s_highs_raises_rms_drift_at_one_decade():
+    # The same rise with one step at 1.8x its trend: over 1.5x every height of the 200 steps
+    # before while the drift is 1.245 decades (over DRIFT, under DRIFT_ALONE), and under 2x
+    # them (no growth warning).
+    steps = np.arange(400)
+    rms = quiet_rise(steps, end=250)
+    rms[245] *= 1.8
+    found = raised(steps, columns(rms=rms, steps=steps))
+    assert found["rms_drift"] == [245]
+    assert found["rms_growth"] == [] and found["max_growth"] == []
+
+
+def test_a_quiet_rise_is_raised_once_its_drift_passes_drift_alone():
+    # A rise of 0.027 decade a step that goes on: its drift is 0.022 x (t - 200), over 1.5
+    # decades from step 269 (over 1 decade from step 246, where a jump would be raised).
+    steps = np.arange(400)
+    found = raised(steps, columns(rms=quiet_rise(steps, end=400), steps=steps))
+    assert found["rms_drift"][0] == 269
+    assert found["rms_growth"] == []

@@ -15,8 +15,12 @@ needs no reference value and judges every layer by its own scale:
 * `max_growth`: the same, of its max |x|;
 * `rms_drift`: a windowed CUSUM on log RMS: the rise of log10 RMS from the
   lowest point of the window, less an allowance of `DRIFT_PER_STEP` decades
-  per step between the two, is above `DRIFT` decades. A steady rise faster
-  than the allowance accumulates; noise and slow trends do not;
+  per step between the two, is above `DRIFT` decades while the RMS is above
+  `DRIFT_RECORD` times its highest over the `HISTORY` steps before, or is
+  above `DRIFT_ALONE` decades. A steady rise faster than the allowance
+  accumulates; noise and slow trends do not. A quiet rise that never jumps
+  past the layer's own heights must go further: healthy runs show such rises
+  of about a decade as they learn;
 * `peak_ratio`: its max |x| / RMS is above `PEAK` times the median of that
   ratio over the window (a few values running away from the rest);
 * `update_spike`: a weight's update ratio per optimizer step is above
@@ -69,6 +73,12 @@ SPIKE_FLOOR = 1e-3
 # every hundred-odd steps has shown those heights before).
 HISTORY = 200
 RECORD = 2.0
+# A drift of DRIFT decades is a warning when the tensor also jumps past its own highs (over
+# DRIFT_RECORD times its highest over the HISTORY steps before), as a run on its way to diverge
+# does; a quiet rise, which a healthy gradient shows by about a decade as the run learns, is one
+# only past DRIFT_ALONE decades.
+DRIFT_RECORD = 1.5
+DRIFT_ALONE = 1.5  # decades
 # update_growth: the update ratio's trend (its median over the last SMOOTH steps) rose
 # over UPDATE_DRIFT decades above its lowest of the window, beyond UPDATE_PER_STEP per step,
 # from step UPDATE_FROM on (a warm-up's first steps grow by orders, by design), and is over
@@ -102,7 +112,9 @@ def rules():
         "max_growth": f"a tensor's max |x| is over {GROWTH:g}x the median of its max |x| over "
         f"the {WINDOW} steps before, {past_highs}",
         "rms_drift": f"a tensor's log10 RMS rose over {DRIFT:g} decades above its lowest point "
-        f"of the {WINDOW} steps before, beyond {DRIFT_PER_STEP:g} decades per step",
+        f"of the {WINDOW} steps before, beyond {DRIFT_PER_STEP:g} decades per step, the RMS "
+        f"over {DRIFT_RECORD:g}x its highest over the {HISTORY} steps before; or rose so over "
+        f"{DRIFT_ALONE:g} decades",
         "peak_ratio": f"a tensor's max |x| / RMS is over {PEAK:g}x its median over the {WINDOW} "
         "steps before",
         "update_spike": f"a weight's update ratio per step is over {SPIKE:g}x its median over "
@@ -273,14 +285,18 @@ def judged_series(steps, series, at=None):
     record = np.log10(RECORD)
     rms, peak, updates, trend = series.rms, series.peak, series.updates, series.trend
 
-    def past_highs(logs):
-        return windows.record_exceeds(steps, logs, record, HISTORY, at)
+    def past_highs(logs, above=record):
+        return windows.record_exceeds(steps, logs, above, HISTORY, at)
 
     with np.errstate(invalid="ignore"):
         return {
             "rms_growth": windows.median_exceeds(steps, rms, growth, at) & past_highs(rms),
             "max_growth": windows.median_exceeds(steps, peak, growth, at) & past_highs(peak),
-            "rms_drift": windows.drift_exceeds(steps, rms, DRIFT, DRIFT_PER_STEP, at),
+            "rms_drift": (
+                windows.drift_exceeds(steps, rms, DRIFT, DRIFT_PER_STEP, at)
+                & past_highs(rms, np.log10(DRIFT_RECORD))
+            )
+            | windows.drift_exceeds(steps, rms, DRIFT_ALONE, DRIFT_PER_STEP, at),
             "peak_ratio": windows.median_exceeds(steps, series.peak_ratio, np.log10(PEAK), at),
             "update_spike": windows.median_exceeds(steps, updates, spike, at)
             & (series.per_step > SPIKE_FLOOR)
