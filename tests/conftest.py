@@ -23,6 +23,9 @@ FIRST = (
     "test_packaging.py",
     "test_backends.py",
     "test_device_statistics.py",
+    "test_in_step_backends.py",
+    "test_judgement.py",
+    "test_weights.py",
 )
 
 
