@@ -2,7 +2,8 @@
 
 `keras.applications.ResNet50(weights=None)` at 64 x 64 x 3, 10 classes, Adam
 (`common.build_model`), batch 16, generated data, on Keras' TensorFlow
-backend. One model, one process; rounds of two fits of `--steps` steps each,
+backend (or the one KERAS_BACKEND names). One model, one process; rounds of
+two fits of `--steps` steps each,
 in alternating order: without GradViz, and with
 `GradVizCallback(digest="step", every_n_batches=1, full_records=0)` over
 `--layers` (`all`: every layer; `pooling`: the default, the pooling layers).
@@ -19,6 +20,7 @@ machine other work loads, they move less than wall time.
 
     python bench/bench_in_step.py --layers all --rounds 6 --steps 12
     python bench/bench_in_step.py --layers pooling --rounds 6 --steps 12
+    KERAS_BACKEND=jax python bench/bench_in_step.py --layers all --rounds 6 --steps 12
 
 `--smoke` runs the small CNN at 32 px, one round of 3 steps (not a measurement).
 """
@@ -45,11 +47,16 @@ def loadavg():
 
 class StepTimes:
     """The time from each batch's start to the next's (the last: to its end): wall time, and
-    this process's CPU time (all its threads), which the machine's other load moves less."""
+    this process's CPU time (all its threads), which the machine's other load moves less.
 
-    def __init__(self):
+    On JAX, which dispatches a step and returns before it has run, each time is taken once the
+    state the last step returned is computed (`model._jax_state`, read without the sync that
+    a callback's `model` does)."""
+
+    def __init__(self, model):
         import keras
 
+        self.model = model
         self.times, self.cpu_times = [], []
         self._start = self._cpu_start = None
         self.callback = keras.callbacks.LambdaCallback(
@@ -58,6 +65,12 @@ class StepTimes:
         )
 
     def _begin(self):
+        state = getattr(self.model, "_jax_state", None)
+        if state:
+            import jax
+
+            # Keras' tracked dict and lists, which are no pytrees: plain lists of arrays.
+            jax.block_until_ready([list(values) for values in state.values()])
         now, cpu = time.perf_counter(), time.process_time()
         if self._start is not None:
             self.times.append(now - self._start)
@@ -94,7 +107,7 @@ def main():
         full_records=0,
         digest="step",
     )
-    timer = StepTimes()
+    timer = StepTimes(model)
 
     def fit(with_gradviz):
         timer.reset()
@@ -120,7 +133,10 @@ def main():
             }
         )
         print(json.dumps(rounds[-1]), flush=True)
+    import keras
+
     result = {
+        "backend": keras.backend.backend(),
         "layers": args.layers,
         "chosen": len(gradviz.chosen_layers),
         "steps": args.steps,
