@@ -12,13 +12,15 @@ what capture runs), and with the block part in a pass of its own after them
 the process's CPU time, and the medians of the per-repeat ratios.
 
 `--part compile` (KERAS_BACKEND jax or tensorflow): the device statistics
-of the chosen layers' tensors (activation, both gradients; zeros of the
-real shapes), with and without the block part, compiled as `--programs`
-says: `grouped`, one program per distinct group
-(`device_statistics.GroupPrograms`, what the passes run), or `one` program
-over every group (what they ran before). Seconds to trace, compile and run
-once (wall, and the process's CPU time), the programs traced, and the median
-seconds per event after.
+of the chosen layers' tensors (activation, both gradients, of the real
+shapes: a pool of random values tiled), with and without the block part,
+compiled as `--programs` says: `grouped`, one program per distinct chunk of
+the packed tensors (`device_programs.GroupPrograms`, what the passes run),
+or `one` program over every group. Seconds to trace, compile and run once
+(wall, and the process's CPU time; less a later call's CPU time: the compile
+alone), the programs traced, the median seconds (wall, CPU) per event after,
+and the host pass over the same values (`kernels.summaries`,
+what capture runs on a CPU) in the same process, with its ratio.
 
 Examples:
   python bench/bench_full_event.py --part host --layers pool --repeats 9
@@ -164,16 +166,28 @@ def main():
 
 def measure_compile(args):
     import functools
+    import inspect
 
     import keras
     from bench_device_blocks import _backend_functions, layer_shapes
 
     from tb_gradviz.capture import device_statistics
 
+    try:
+        from tb_gradviz.capture.device_programs import GroupPrograms
+    except ImportError:  # an earlier commit (PYTHONPATH=<its worktree>), for before and after
+        GroupPrograms = device_statistics.GroupPrograms
+    packing = {"compile_packing": False}
+    if "compile_packing" not in inspect.signature(GroupPrograms).parameters:
+        packing = {}
+
     backend = keras.backend.backend()
     model = common.build_model("resnet50", args.image_size, args.seed)
     shapes = [s for _, layer in layer_shapes(model, args.layers, args.batch) for s in layer]
-    tensors = [keras.ops.zeros(s, "float32") for s in shapes]
+    rng = np.random.default_rng(args.seed)
+    pool = (rng.standard_normal(1 << 22) * np.exp(rng.uniform(-8, 8, 1 << 22))).astype("float32")
+    arrays = [np.resize(pool, s) for s in shapes]
+    tensors = [keras.ops.convert_to_tensor(a) for a in arrays]
     widths = [s[-1] for s in shapes]
     keys = [(int(np.prod(s)), "float32", False, w) for s, w in zip(shapes, widths)]
     groups = device_statistics.chunks(keys)
@@ -182,13 +196,17 @@ def measure_compile(args):
     if backend == "jax":
         import jax
 
-        compile, mode = jax.jit, device_statistics.mode_for(jax.devices()[0].platform)
+        compile = functools.partial(GroupPrograms, jax.jit)
+        mode = device_statistics.mode_for(jax.devices()[0].platform)
 
         def divisor():
             return jax.numpy.float64(1.0)
 
         def context():
             return jax.enable_x64(True)
+
+        def outer(run):
+            return run
     else:
         import contextlib
 
@@ -196,7 +214,7 @@ def measure_compile(args):
 
         from tb_gradviz.capture.backends import tf_statistics
 
-        compile = tf_statistics._compile
+        compile = functools.partial(GroupPrograms, tf_statistics._compile, **packing)
         gpu = bool(tf.config.list_physical_devices("GPU"))
         mode = device_statistics.mode_for("gpu" if gpu else "cpu")
 
@@ -205,14 +223,17 @@ def measure_compile(args):
 
         context = contextlib.nullcontext
 
+        def outer(run):  # the pass's own tf.function, as it calls the statistics
+            return tf.function(run, autograph=False)
+
     def grouped(block_widths):
-        programs = device_statistics.GroupPrograms(compile, mode)
+        programs = compile(mode)
 
         def run(tensors):
             with context():
                 return programs(groups, scaled, tensors, divisor(), block_widths)
 
-        return run, programs
+        return outer(run), programs
 
     row = {
         "backend": backend,
@@ -232,15 +253,38 @@ def measure_compile(args):
             label = f"{programs_kind}_{name}"
             once = functools.partial(lambda f: sync(f(tensors)), fn)
             row[f"{label}_compile_s"], row[f"{label}_compile_cpu_s"] = timed(once)
-            row[f"{label}_event_s"] = float(
-                np.median([common.seconds(once) for _ in range(args.repeats)])
+            after = [timed(once) for _ in range(args.repeats)]
+            row[f"{label}_event_s"] = float(np.median([wall for wall, _ in after]))
+            row[f"{label}_event_cpu_s"] = float(np.median([cpu for _, cpu in after]))
+            # The first call less a later one: what tracing and compiling took.
+            row[f"{label}_compile_only_cpu_s"] = (
+                row[f"{label}_compile_cpu_s"] - row[f"{label}_event_cpu_s"]
             )
             if programs is not None:
                 row[f"{label}_programs"] = len(programs.programs)
                 row[f"{label}_traces"] = programs.traces
+                row[f"{label}_pack_traces"] = getattr(programs, "pack_traces", 0)
+            host = _host_event(arrays, block_formats=block_widths is not None)
+            row[f"{label}_host_event_s"] = float(
+                np.median([common.seconds(host) for _ in range(args.repeats)])
+            )
+            row[f"{label}_event_over_host"] = row[f"{label}_event_s"] / row[f"{label}_host_event_s"]
             print(label, {k: v for k, v in row.items() if k.startswith(label)}, flush=True)
     row["load_after"] = [round(v, 2) for v in os.getloadavg()]
     return row
+
+
+def _host_event(arrays, block_formats):
+    """The host pass over `arrays` (`kernels.summaries`, as capture runs it on a CPU), compiled."""
+    from tb_gradviz.capture import kernels
+
+    items = [(a, None) for a in arrays]
+
+    def run():
+        kernels.summaries(items, precision=True, block_formats=block_formats)
+
+    run()
+    return run
 
 
 if __name__ == "__main__":
