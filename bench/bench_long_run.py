@@ -247,7 +247,8 @@ def serve_tensorboard(root, steps, full_every, plain=False):
         other_field = _gzipped_get(url + "&field=zero_share")[0]
         # A zoom of 1,000 steps in the middle, another, then the first again.
         middle = steps // 2
-        zooms = [f"{url}&start={a}&end={a + 999}" for a in (middle, middle + 3000, middle)]
+        other = max(1, min(middle + 3000, steps - 999))  # within a short (--smoke) run too
+        zooms = [f"{url}&start={a}&end={a + 999}" for a in (middle, other, middle)]
         zoom_s = [_gzipped_get(zoom)[0] for zoom in zooms]
         return {
             "loader": "rust data server (default)",

@@ -81,6 +81,8 @@ def main():
     p.add_argument("--full-every", type=int, default=100)
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--logdir", help="where the long run is written, or read if already there")
+    # The run bench_long_run writes by default: no precision records, the digest's levels.
+    p.set_defaults(precision=False, levels=True)
     args = p.parse_args()
     if args.smoke:
         args.layers, args.steps, args.full_every, args.repeats = 3, 50, 10, 2
