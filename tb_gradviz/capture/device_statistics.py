@@ -160,8 +160,10 @@ def packed_statistics(
         raw = ops.slice(buffer, [start, 0], [length, row_values])
         row = {k: ops.slice(v, [start], [length])[:, None] for k, v in data.items()}
         position = row["first"] + ops.arange(row_values, dtype="int32")[None, :]
+        # A padding row's line is 0: PyTorch's integer remainder by 0 raises, so take it by 1.
+        line = ops.maximum(row["line"], 1)
         valid = ops.logical_and(
-            ops.less(position, row["length"]), ops.less(position % row["line"], row["width"])
+            ops.less(position, row["length"]), ops.less(position % line, row["width"])
         )
         signed = device_precision.float_bits(raw, bits_width)
         bits = device_precision.magnitude_bits(signed, bits_width)
@@ -326,7 +328,7 @@ def chunk_statistics(
       groups: `chunks`' lists of indices.
       scaled: per tensor, whether `divisor` divides it.
       tensors: the backend's tensors.
-      divisor: the loss scale (a float64 scalar); unused where `scaled` is false.
+      divisor: the loss scale (a float64 scalar), or None; unused where `scaled` is false.
       mode, precision, buckets: as for `group_statistics`.
       widths: None, or per tensor the length of its last axis, to count the
         block record (`chunks` must then have grouped tensors of one width).
@@ -335,7 +337,7 @@ def chunk_statistics(
         groups,
         scaled,
         tensors,
-        divisor,
+        1.0 if divisor is None else divisor,  # None: no loss scale, nothing divided
         widths,
         CHUNK_VALUES,
         pack=device_packing.pack,
