@@ -212,3 +212,49 @@ def assert_every_event_updates_every_weight(log_dir):
         assert np.all(update["interval"] == 1), (layer, name)
         if name == "kernel":
             assert np.all(update["update_ratio"] > 0), (layer, name)
+
+
+def assert_mixed_float16_training_is_the_same(log_dir):
+    """Fits `cnn(0.1)` under mixed_float16 (its `LossScaleOptimizer`) 4 batches without and
+    with `digest="step"` at every batch end, asserts every weight, optimizer variable and the
+    loss scale bit-identical, and the digest's gradients unscaled (divided by the loss scale,
+    32768 at first: their RMS far below one, as the probe's). Returns the run's accumulator."""
+    import eventdata
+    import keras
+
+    from tb_gradviz import GradVizCallback
+    from tb_gradviz.format import digest
+
+    x, y = data(4 * BATCH)
+    states = []
+    for with_callback in (False, True):
+        keras.mixed_precision.set_dtype_policy("mixed_float16")
+        try:
+            model = cnn(learning_rate=0.1)
+            assert isinstance(model.optimizer, keras.optimizers.LossScaleOptimizer)
+            callbacks = []
+            if with_callback:
+                callbacks = [
+                    GradVizCallback(
+                        str(log_dir),
+                        probe_data=(x[:BATCH], y[:BATCH]),
+                        layers=lambda layer: True,
+                        every_n_batches=1,
+                        full_records=0,
+                        digest="step",
+                    )
+                ]
+            model.fit(x, y, batch_size=BATCH, verbose=0, shuffle=False, callbacks=callbacks)
+            states.append(weights_and_state(model))
+        finally:
+            keras.mixed_precision.set_dtype_policy("float32")
+    for a, b in zip(*states):
+        np.testing.assert_array_equal(a, b)
+    accumulator = eventdata.load(str(log_dir))
+    (tag,) = eventdata.digest_tags(accumulator)
+    rows = eventdata.content(accumulator, tag)["rows"]
+    vectors = [vector for _, vector in eventdata.values(accumulator, tag)]
+    decoded = digest.decode_digest(rows, np.stack(vectors))
+    rms = decoded[(digest.TENSOR, "dense", "output_gradient")]["rms"]
+    assert np.all(np.isfinite(rms)) and np.all(rms < 1.0)
+    return accumulator

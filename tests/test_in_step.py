@@ -12,10 +12,9 @@ import eventdata
 import in_step_runs
 import numpy as np
 import pytest
-from in_step_runs import BATCH, cnn, data, weights_and_state
+from in_step_runs import BATCH, cnn, data
 
 from tb_gradviz.capture import in_step, in_step_fit
-from tb_gradviz.format import digest
 
 keras = pytest.importorskip("keras")
 if keras.backend.backend() != "tensorflow":
@@ -77,40 +76,7 @@ def test_the_update_rows_give_every_weights_move_over_the_step_chosen_layer_or_n
 
 
 def test_training_under_mixed_float16_with_its_loss_scale_is_the_same_bit_for_bit(tmp_path):
-    from tb_gradviz import GradVizCallback
-
-    x, y = data(4 * BATCH)
-    states = []
-    for with_callback in (False, True):
-        keras.mixed_precision.set_dtype_policy("mixed_float16")
-        try:
-            model = cnn(learning_rate=0.1)
-            assert isinstance(model.optimizer, keras.optimizers.LossScaleOptimizer)
-            callbacks = []
-            if with_callback:
-                callback = GradVizCallback(
-                    str(tmp_path / "run"),
-                    probe_data=(x[:BATCH], y[:BATCH]),
-                    layers=lambda layer: True,
-                    every_n_batches=1,
-                    full_records=0,
-                    digest="step",
-                )
-                callbacks = [callback]
-            model.fit(x, y, batch_size=BATCH, verbose=0, shuffle=False, callbacks=callbacks)
-            states.append(weights_and_state(model))
-        finally:
-            keras.mixed_precision.set_dtype_policy("float32")
-    for a, b in zip(*states):
-        np.testing.assert_array_equal(a, b)
-    # The gradients' RMS is unscaled (divided by the loss scale), as the probe's.
-    accumulator = eventdata.load(str(tmp_path / "run"))
-    (tag,) = eventdata.digest_tags(accumulator)
-    rows = eventdata.content(accumulator, tag)["rows"]
-    vectors = [vector for _, vector in eventdata.values(accumulator, tag)]
-    decoded = digest.decode_digest(rows, np.stack(vectors))
-    rms = decoded[(digest.TENSOR, "dense", "output_gradient")]["rms"]
-    assert np.all(np.isfinite(rms)) and np.all(rms < 1.0)
+    in_step_runs.assert_mixed_float16_training_is_the_same(tmp_path / "run")
 
 
 class OwnStep(keras.Model):
