@@ -35,23 +35,37 @@ def test_what_stop_on_sees_of_an_in_step_fit_is_what_check_names(
     assert (named[flag][0] in in_step_steps) == in_step_onset
 
 
-def test_stop_on_stops_an_in_step_fit_at_the_onset_with_its_full_records(tmp_path, capsys):
+def _fit_to_a_nan(log_dir, **stop):
+    """Fits `cnn(0.1)` logged at every step from the train step, its fourth batch holding a
+    NaN (an in-step event: the probe's are events 0 and 2), stopping as `stop` asks; asserts
+    it stopped after that step. Returns the callback."""
     from tb_gradviz import GradVizCallback
 
     model = cnn(learning_rate=0.1)
     x, y = data(8 * BATCH)
-    x[3 * BATCH] = float("nan")  # the fourth batch: an in-step event
+    x[3 * BATCH] = float("nan")
     callback = GradVizCallback(
-        str(tmp_path),
+        str(log_dir),
         probe_data=(x[:BATCH], y[:BATCH]),
         layers=["conv", "dense"],
         every_n_batches=1,
         full_records=0,
-        stop_on="nonfinite",
         digest="step",
+        **stop,
     )
     model.fit(x, y, batch_size=BATCH, verbose=0, shuffle=False, callbacks=[callback])
     assert int(model.optimizer.iterations.numpy()) == 4
+    return callback
+
+
+def test_stop_on_nonfinite_stops_at_the_in_step_event_whose_batch_held_a_nan(tmp_path, capsys):
+    _fit_to_a_nan(tmp_path, stop_on_nonfinite=True)
+    printed = capsys.readouterr().out
+    assert "step 4: NaN or Inf in conv/activation, conv/input_gradient" in printed
+
+
+def test_stop_on_stops_an_in_step_fit_at_the_onset_with_its_full_records(tmp_path, capsys):
+    callback = _fit_to_a_nan(tmp_path, stop_on="nonfinite")
     assert [(r["flag"], r["step"], r["layer"]) for r in callback.stopped_on] == [
         ("nonfinite", 4, "conv")
     ]
