@@ -17,9 +17,47 @@ import keras
 import numpy as np
 
 from tb_gradviz.capture import assemble, in_step
+from tb_gradviz.capture import weights as weights_module
 from tb_gradviz.format import digest, metadata
 
 _told = set()  # the reasons already told
+
+
+class TrainStepBase:
+    """What each backend's in-step `TrainStep` holds, and how the callback takes a call's
+    statistics (`take`).
+
+    Attributes:
+      model, chosen: the model and its chosen layers.
+      plain: the train function Keras made.
+      function: the train function that runs the in-step step when due (made once).
+      layout: the `in_step.DigestLayout`, known once the step is traced.
+      stash: what the last in-step call returned, as numpy: `rows`, `scale`,
+        `step` (the optimizer's iterations after it), `updates` (`update_norms`
+        of `weights`) and `applied` (the optimizer steps it applied); None before one.
+      skipped: the chosen layers the last traced step did not call.
+      due: `() -> bool`, whether the next call ends at a logged step.
+      weights: the `weights.StepWeight`s (every trainable weight) whose update each call gives.
+    """
+
+    def __init__(self, model, chosen, plain):
+        self.model = model
+        self.chosen = list(chosen)
+        self.plain = plain
+        self.function = None
+        self.layout = None
+        self.stash = None
+        self.skipped = []
+        self.due = None
+        self.weights = weights_module.step_weights(model, self.chosen)
+
+    def take(self, step):
+        """The statistics of the in-step call that ended at optimizer step `step` (and lets go
+        of them), or None when the last one ended elsewhere."""
+        stash, self.stash = self.stash, None
+        if stash is None or int(stash.get("step", -1)) != step:
+            return None
+        return stash
 
 
 def unsupported(model):

@@ -33,8 +33,7 @@ from jax.extend import core as jax_core
 from keras.src import backend as keras_backend
 from keras.src.trainers.data_adapters import data_adapter_utils
 
-from tb_gradviz.capture import in_step, in_step_kernel, probe, threads
-from tb_gradviz.capture import weights as weights_module
+from tb_gradviz.capture import in_step, in_step_fit, in_step_kernel, probe, threads
 from tb_gradviz.capture.backends import jax_in_step_device
 
 
@@ -46,35 +45,17 @@ def _same(t):
     return t
 
 
-class TrainStep:
-    """The chosen layers' in-step train step, and the train function that runs it when due.
-
-    Attributes: as `tf_in_step.TrainStep`'s.
-    """
+class TrainStep(in_step_fit.TrainStepBase):
+    """The chosen layers' in-step train step, and the train function that runs it when due
+    (attributes: `in_step_fit.TrainStepBase`)."""
 
     def __init__(self, model, chosen, plain):
-        self.model = model
-        self.chosen = list(chosen)
-        self.plain = plain  # the train function Keras made
-        self.function = None
-        self.layout = None
-        self.stash = None
-        self.skipped = []
-        self.due = None
+        super().__init__(model, chosen, plain)
         self._step = None  # the in-step train step, jitted as Keras jits its own
         self._keras_step = None  # Keras' train_step, for the earlier steps of a call
         self._called = []
         self._zero_specs = []
         self._units_axes = []
-        # Every trainable weight, whose update each in-step call gives.
-        self.weights = weights_module.step_weights(model, self.chosen)
-
-    def take(self, step):
-        """As `tf_in_step.TrainStep.take`."""
-        stash, self.stash = self.stash, None
-        if stash is None or int(stash["step"]) != step:
-            return None
-        return stash
 
     def train_function(self, due):
         """The train function to put in `model.train_function` (made once, then the same)."""

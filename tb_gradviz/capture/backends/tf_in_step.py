@@ -26,8 +26,7 @@ import tensorflow as tf
 from keras.src.losses import loss as loss_module
 from keras.src.trainers.data_adapters import data_adapter_utils
 
-from tb_gradviz.capture import assemble, in_step, in_step_kernel, probe
-from tb_gradviz.capture import weights as weights_module
+from tb_gradviz.capture import assemble, in_step, in_step_fit, in_step_kernel, probe
 from tb_gradviz.capture.backends.tensorflow import _sole_inputs_of_outputs
 
 # The chosen layers whose tensors one call of the host kernel takes: each call from the graph
@@ -40,37 +39,9 @@ def _is_float(t):
     return tf.is_tensor(t) and t.dtype.is_floating
 
 
-class TrainStep:
-    """The chosen layers' in-step train step, and the train function that runs it when due.
-
-    Attributes:
-      layout: the `in_step.DigestLayout`, known once the step is traced.
-      stash: what the last in-step call returned, as numpy: `rows`,
-        `scale`, `step` (the optimizer's iterations after it), `updates`
-        (`update_norms` of `weights`) and `applied` (the optimizer steps it
-        applied); None before one.
-      weights: the `weights.StepWeight`s whose update each call gives.
-    """
-
-    def __init__(self, model, chosen, plain):
-        self.model = model
-        self.chosen = list(chosen)
-        self.plain = plain  # the train function Keras made
-        self.function = None  # the train function that runs the in-step step when due
-        self.layout = None
-        self.stash = None
-        self.skipped = []
-        self.due = None
-        # Every trainable weight, whose update each in-step call gives.
-        self.weights = weights_module.step_weights(model, self.chosen)
-
-    def take(self, step):
-        """The statistics of the in-step call that ended at optimizer step `step` (and lets go
-        of them), or None when the last one ended elsewhere."""
-        stash, self.stash = self.stash, None
-        if stash is None or int(stash.get("step", -1)) != step:
-            return None
-        return stash
+class TrainStep(in_step_fit.TrainStepBase):
+    """The chosen layers' in-step train step, and the train function that runs it when due
+    (attributes: `in_step_fit.TrainStepBase`)."""
 
     def train_function(self, due):
         """The train function to put in `model.train_function` (made once, then the same).
@@ -226,22 +197,6 @@ def probe_scale(model):
     one = tf.constant(1.0, tf.float32)
     scale = optimizer.scale_loss(one)
     return None if scale is one else tf.cast(scale, tf.float32)
-
-
-def _count(mask, axis=None):
-    return tf.reduce_sum(tf.cast(mask, tf.int64), axis=axis)
-
-
-def _below(magnitudes, jit_compile):
-    """The counts of `magnitudes` (flat, finite) below each of `in_step.THRESHOLDS`."""
-    if jit_compile:
-        # XLA fuses the comparisons and the sum into one pass over the values.
-        thresholds = tf.constant(in_step.THRESHOLDS, magnitudes.dtype)
-        return _count(magnitudes[None, :] < thresholds[:, None], axis=1)
-    buckets = tf.raw_ops.Bucketize(input=magnitudes, boundaries=list(in_step.THRESHOLDS))
-    size = len(in_step.THRESHOLDS) + 1
-    histogram = tf.math.bincount(buckets, minlength=size, maxlength=size, dtype=tf.int64)
-    return tf.cumsum(histogram)[:-1]
 
 
 def host_statistics(tensors):

@@ -22,8 +22,7 @@ import contextlib
 import numpy as np
 import torch
 
-from tb_gradviz.capture import in_step, in_step_kernel, probe
-from tb_gradviz.capture import weights as weights_module
+from tb_gradviz.capture import in_step, in_step_fit, in_step_kernel, probe
 
 
 def _is_float(t):
@@ -34,29 +33,9 @@ def _row(t, units_axis=None):
     return in_step_kernel.row_along(t.detach().float().cpu().numpy(), units_axis)
 
 
-class TrainStep:
-    """The chosen layers' hooks, and the train function that sets them when due.
-
-    Attributes: as `tf_in_step.TrainStep`'s.
-    """
-
-    def __init__(self, model, chosen, plain):
-        self.model = model
-        self.chosen = list(chosen)
-        self.plain = plain
-        self.function = None
-        self.layout = None
-        self.stash = None
-        self.skipped = []
-        self.due = None
-        self.weights = weights_module.step_weights(model, self.chosen)
-
-    def take(self, step):
-        """As `tf_in_step.TrainStep.take`."""
-        stash, self.stash = self.stash, None
-        if stash is None or int(stash["step"]) != step:
-            return None
-        return stash
+class TrainStep(in_step_fit.TrainStepBase):
+    """The chosen layers' hooks, and the train function that sets them when due (attributes:
+    `in_step_fit.TrainStepBase`)."""
 
     def train_function(self, due):
         """The train function to put in `model.train_function` (made once, then the same)."""
