@@ -314,7 +314,7 @@ def main_job_check(main_job):
 def test_demo_says_what_trains_and_why_lists_each_runs_layers_and_keeps_tensorflow_quiet(
     main_job, main_job_check
 ):
-    logs, _, _, _, output = main_job
+    logs, _, _, output = main_job
     from tb_gradviz import demos
 
     plan = demos.demo_plan()
@@ -368,7 +368,7 @@ def test_demo_divergence_warns_before_its_run_fails_and_its_transformer_raises_n
     main_job, main_job_check
 ):
     # The divergence demo's two runs, as the main job trains them (in all, before ResNet50).
-    _, _, _, _, output = main_job
+    _, _, _, output = main_job
     from tb_gradviz import demos
 
     assert [run for run, *_ in demos.demo_plan("divergence")] == [
