@@ -164,27 +164,30 @@ def assert_step_updates_are_the_weights_moves():
     assert described[("dense", "bias")]["count"] == 3
 
 
+def every_step_callback(log_dir, x, y):
+    """The callback of the bit-identity fits: every layer, the digest from the train step at
+    every batch end, no full records but the probe's schedule, the first batch as the probe's."""
+    from tb_gradviz import GradVizCallback
+
+    return GradVizCallback(
+        str(log_dir),
+        probe_data=(x[:BATCH], y[:BATCH]),
+        layers=lambda layer: True,
+        every_n_batches=1,
+        full_records=0,
+        digest="step",
+    )
+
+
 def fitted_twice(log_dir, steps_per_execution=1):
     """`(histories, states)` of `cnn(0.1)` fitted 2 epochs of 6 batches without the callback,
     then with `digest="step"` at every batch end (no full records but the probe's schedule)."""
-    from tb_gradviz import GradVizCallback
 
     x, y = data(6 * BATCH)
     histories, states = [], []
     for with_callback in (False, True):
         model = cnn(0.1, steps_per_execution=steps_per_execution)
-        callbacks = []
-        if with_callback:
-            callbacks = [
-                GradVizCallback(
-                    str(log_dir),
-                    probe_data=(x[:BATCH], y[:BATCH]),
-                    layers=lambda layer: True,
-                    every_n_batches=1,
-                    full_records=0,
-                    digest="step",
-                )
-            ]
+        callbacks = [every_step_callback(log_dir, x, y)] if with_callback else []
         history = model.fit(
             x, y, batch_size=BATCH, epochs=2, verbose=0, shuffle=False, callbacks=callbacks
         )
@@ -222,7 +225,6 @@ def assert_mixed_float16_training_is_the_same(log_dir):
     import eventdata
     import keras
 
-    from tb_gradviz import GradVizCallback
     from tb_gradviz.format import digest
 
     x, y = data(4 * BATCH)
@@ -232,18 +234,7 @@ def assert_mixed_float16_training_is_the_same(log_dir):
         try:
             model = cnn(learning_rate=0.1)
             assert isinstance(model.optimizer, keras.optimizers.LossScaleOptimizer)
-            callbacks = []
-            if with_callback:
-                callbacks = [
-                    GradVizCallback(
-                        str(log_dir),
-                        probe_data=(x[:BATCH], y[:BATCH]),
-                        layers=lambda layer: True,
-                        every_n_batches=1,
-                        full_records=0,
-                        digest="step",
-                    )
-                ]
+            callbacks = [every_step_callback(log_dir, x, y)] if with_callback else []
             model.fit(x, y, batch_size=BATCH, verbose=0, shuffle=False, callbacks=callbacks)
             states.append(weights_and_state(model))
         finally:
