@@ -61,7 +61,7 @@ def _fit_to_a_nan(log_dir, **stop):
 def test_stop_on_nonfinite_stops_at_the_in_step_event_whose_batch_held_a_nan(tmp_path, capsys):
     _fit_to_a_nan(tmp_path, stop_on_nonfinite=True)
     printed = capsys.readouterr().out
-    assert "step 4: NaN or Inf in conv/activation, conv/input_gradient" in printed
+    assert "step 4: NaN or Inf recorded in conv/activation, conv/input_gradient" in printed
 
 
 def test_stop_on_stops_an_in_step_fit_at_the_onset_with_its_full_records(tmp_path, capsys):

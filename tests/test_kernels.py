@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from tb_gradviz.capture import kernels
+from tb_gradviz.capture import in_step_kernel, kernels
 from tb_gradviz.format import records, summaries
 
 SUMMED = [records.STATS_FIELDS.index(f) for f in ("mean", "std", "sum")]
@@ -196,7 +196,7 @@ def test_update_sums_equal_the_definition_and_leave_the_current_values_in_previo
     previous = (current + rng.normal(scale=1e-3, size=current.shape)).astype(dtype)
     expected = summaries.update_sums(current, previous)
     kept = previous.copy()
-    weight, update = kernels.update_sums(current, kept)
+    weight, update = in_step_kernel.update_sums(current, kept)
     assert weight == pytest.approx(expected[0], rel=1e-12)
     assert update == pytest.approx(expected[1], rel=1e-12)
     assert expected[1] == pytest.approx(
@@ -206,4 +206,4 @@ def test_update_sums_equal_the_definition_and_leave_the_current_values_in_previo
     with pytest.raises(
         ValueError, match=r"contiguous float32 array of 4608 values; received float64, 4608"
     ):
-        kernels.update_sums(current.astype(np.float32), previous.astype(np.float64))
+        in_step_kernel.update_sums(current.astype(np.float32), previous.astype(np.float64))

@@ -281,6 +281,15 @@ def _as_tensor(t):
     return keras.ops.convert_to_tensor(t)
 
 
+def check_loss(model, loss):
+    """Raises ValueError when the probe has no loss: neither `loss` nor a compiled or added one."""
+    if loss is None and getattr(model, "_compile_loss", None) is None and not model.losses:
+        raise ValueError(
+            "GradVizCallback needs a loss: compile the model with one, or pass loss= "
+            "(a Keras loss name, function or Loss instance). Received: loss=None"
+        )
+
+
 def check_probe_targets(model, loss, x, y, sample_weight):
     """Checks that the probe's `y` fits the model's output under the loss.
 

@@ -227,15 +227,7 @@ class GradVizCallback(keras.callbacks.Callback):
         """Builds the probe pass, once per model."""
         if self._capture is None or self._capture.model is not self.model:
             chosen = selection.select_layers(self.model, self.layers)
-            if (
-                self.loss is None
-                and getattr(self.model, "_compile_loss", None) is None
-                and not self.model.losses
-            ):
-                raise ValueError(
-                    "GradVizCallback needs a loss: compile the model with one, or pass loss= "
-                    "(a Keras loss name, function or Loss instance). Received: loss=None"
-                )
+            arguments.check_loss(self.model, self.loss)
             arguments.check_probe_inputs(self.model, self._probe[0])
             arguments.check_probe_targets(self.model, self.loss, *self._probe)
             if self.routing_map is not None:
@@ -300,10 +292,8 @@ class GradVizCallback(keras.callbacks.Callback):
                 self._log.write(at, kept, wall_time=wall_time, add_digest=False)
             if judgement.flags - raised_before:
                 self._write_onset_records(step)
-        nonfinite = self._in_step.layout.nonfinite(taken["rows"]) if self.stop_on_nonfinite else []
-        if nonfinite:
-            print(f"GradVizCallback: step {step}: NaN or Inf in {', '.join(nonfinite)}; stopping")
-            self.model.stop_training = True
+        if self.stop_on_nonfinite:
+            self._stop_on_nonfinite(step, self._in_step.layout.nonfinite(taken["rows"]))
         self._stop_if_asked(step, judgement)
         return True
 
@@ -369,14 +359,16 @@ class GradVizCallback(keras.callbacks.Callback):
         for at, kept, wall_time in self._keeper.writes(step, written, judgement):
             self._log.write(at, kept, wall_time=wall_time, add_digest=False)
         if self.stop_on_nonfinite:
-            nonfinite = records.nonfinite_stats_tags(written)
-            if nonfinite:
-                print(
-                    f"GradVizCallback: step {step}: NaN or Inf recorded in {', '.join(nonfinite)}; "
-                    "stopping training"
-                )
-                self.model.stop_training = True
+            self._stop_on_nonfinite(step, records.nonfinite_stats_tags(written))
         self._stop_if_asked(step, judgement)
+
+    def _stop_on_nonfinite(self, step, names):
+        if names:
+            named = ", ".join(names)
+            print(
+                f"GradVizCallback: step {step}: NaN or Inf recorded in {named}; stopping training"
+            )
+            self.model.stop_training = True
 
     def _stop_if_asked(self, step, judgement):
         if self._stop_on.stops(judgement):

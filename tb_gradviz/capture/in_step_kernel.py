@@ -140,6 +140,29 @@ def _update_squares(after, before):
     return weight, update
 
 
+def update_sums(current, previous):
+    """`summaries.update_sums(current, previous)` in one fused pass; then `previous[...] = current`
+    (a copy).
+
+    Args:
+      current: the weight's values now (float32 or float64).
+      previous: a contiguous array of the same shape and dtype, overwritten.
+    """
+    current = np.ascontiguousarray(current).reshape(-1)
+    if (
+        previous.dtype != current.dtype
+        or previous.size != current.size
+        or not previous.flags.c_contiguous
+    ):
+        raise ValueError(
+            f"previous must be a contiguous {current.dtype} array of {current.size} values; "
+            f"received {previous.dtype}, {previous.size} values"
+        )
+    sums = _update_squares(current, previous.reshape(-1))
+    np.copyto(previous.reshape(-1), current)
+    return sums
+
+
 def update_norms(afters, befores):
     """`[weights, 2]` float64: per weight `|w_after|` and `|w_after - w_before|`, summed in
     float64 in one pass over both (float16 and bfloat16 widened to float32, exactly).

@@ -268,39 +268,6 @@ def _summary(values, divisor, buckets, octave_bin, octave_edge):
     )
 
 
-@numba.njit(nogil=True, cache=True, fastmath=_SUM)
-def _update_sums(current, previous):
-    weight = 0.0
-    update = 0.0
-    for i in range(current.size):
-        c = np.float64(current[i])
-        d = c - np.float64(previous[i])
-        weight += c * c
-        update += d * d
-        previous[i] = current[i]
-    return weight, update
-
-
-def update_sums(current, previous):
-    """`summaries.update_sums(current, previous)` in one fused pass, then `previous[...] = current`.
-
-    Args:
-      current: the weight's values now (float32 or float64).
-      previous: a contiguous array of the same shape and dtype, overwritten.
-    """
-    current = np.ascontiguousarray(current).reshape(-1)
-    if (
-        previous.dtype != current.dtype
-        or previous.size != current.size
-        or not previous.flags.c_contiguous
-    ):
-        raise ValueError(
-            f"previous must be a contiguous {current.dtype} array of {current.size} values; "
-            f"received {previous.dtype}, {previous.size} values"
-        )
-    return _update_sums(current, previous.reshape(-1))
-
-
 def summary(
     values, divisor=None, buckets=records.HISTOGRAM_BUCKETS, precision=False, block_formats=False
 ):

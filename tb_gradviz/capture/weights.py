@@ -132,8 +132,8 @@ class Updates:
     overwritten in place. On the host, because frameworks update weights in
     place (TensorFlow's XLA train step) or free their buffers (JAX donates
     them), and so that the norms are summed in float64; an accelerator sends
-    the weights once per log event. `kernels.update_sums` reads each weight
-    and rewrites its copy in one pass.
+    the weights once per log event. `in_step_kernel.update_sums` reads each weight and its
+    copy in one pass, then overwrites the copy.
     """
 
     def __init__(self):
@@ -185,9 +185,9 @@ def _update_sums(current, copy):
     Fused in one pass by `kernels` when numba is installed.
     """
     if assemble.numba_available():
-        from tb_gradviz.capture import kernels
+        from tb_gradviz.capture import in_step_kernel
 
-        return kernels.update_sums(current, copy)
+        return in_step_kernel.update_sums(current, copy)
     sums = summaries.update_sums(current, copy)
     copy[...] = current
     return sums
