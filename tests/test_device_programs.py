@@ -94,6 +94,36 @@ def test_layers_of_many_shapes_run_a_few_programs_traced_once(monkeypatch):
     assert_host_kernel(arrays, results, groups)
 
 
+def test_a_dtypes_last_chunk_after_full_ones_keeps_their_shape_and_program(monkeypatch):
+    # Chunks of 4 rows: seven tensors of 1.5 rows (2 rows each, padded) fill three chunks, and
+    # the fourth, of 2 rows used, keeps the full shape: one program runs them all. Alone, a
+    # partial chunk is cut to powers of two.
+    monkeypatch.setattr(device_statistics, "CHUNK_VALUES", 4 * device_packing.ROW_VALUES)
+    rows = 1.5 * device_packing.ROW_VALUES
+    arrays = layer_tensors([(int(rows) // 64, 64)] * 7, seed=3)
+    keys = [(a.size, "float32", False, None) for a in arrays]
+    groups = device_statistics.chunks(keys)
+    chunked = device_packing.layout(
+        [a.size for a in arrays], ["float32"] * 7, [False] * 7, None, 4 * device_packing.ROW_VALUES
+    )
+    slots = device_packing.SLOTS
+    assert [(c.rows, c.slots, len(c.tensors)) for c in chunked] == [(4, slots, 2)] * 3 + [
+        (4, slots, 1)
+    ]
+    alone = device_packing.layout([arrays[0].size], ["float32"], [False], None, 4 * 4096)
+    assert [(c.rows, c.slots) for c in alone] == [(2, 1)]
+    programs, run = programs_and_run()
+    tensors = [keras.ops.convert_to_tensor(a) for a in arrays]
+    results = run(programs, groups, tensors, None)
+    assert programs.traces == len(programs.programs) == 1, sorted(programs.programs)
+    rows = device_statistics.tensor_rows(groups, results, [a.size for a in arrays])
+    for array, row in zip(arrays, rows):
+        histogram, stats, _ = assemble.summary_of_row(row)
+        want = kernels.summary(array)
+        np.testing.assert_array_equal(histogram, want[0])
+        np.testing.assert_array_equal(stats[EXACT], want[1][EXACT])
+
+
 def test_without_the_block_part_the_same_program_for_every_shape():
     arrays = layer_tensors([(4, 96)] * 3 + [(2, 96), (5, 7)], seed=2)
     keys = [(a.size, "float32", False, None) for a in arrays]

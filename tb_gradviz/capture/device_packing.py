@@ -6,9 +6,9 @@ tensor's own shape: the tensors of one dtype are packed, in order, into chunks
 of `[rows, ROW_VALUES]` values, zero-padded, and every chunk of a size runs one
 program. Where each tensor lies is data (`Chunk.data`, per row): its slot in
 the chunk, where the row begins in the tensor, the tensor's laid-out length and
-its lines. Most chunks have `CHUNK_ROWS` rows and `SLOTS` slots; the last one
-of a dtype is cut to powers of two (few distinct sizes, little padding), and a
-tensor longer than a chunk has one of its own.
+its lines. Chunks have `chunk_rows` rows and `SLOTS` slots; a dtype's only
+chunk, when it is not full, is cut to powers of two (few distinct sizes, little
+padding), and a tensor longer than a chunk has one of its own.
 
 With the block record, a tensor whose last axis is not a whole number of
 blocks (32 values) has each line padded with zeros to whole blocks, so that no
@@ -81,14 +81,18 @@ def layout(sizes, dtypes, scaled, widths, chunk_values):
       chunk_values: the values of a full chunk.
     """
     full_rows = chunk_rows(chunk_values)
-    chunks, open_chunks = [], {}
+    chunks, open_chunks, filled = [], {}, set()
 
     def close(dtype, last):
         chunk = open_chunks.pop(dtype)
         used = sum(span[0] for span in chunk.spans)
         rows = _power_of_two(max(used, 1))
-        if (last and rows < full_rows) or used > full_rows:
+        # A dtype's last chunk keeps the full shape when a full chunk already runs its program
+        # (one program less to compile, a chunk of padding more to read); alone, it is cut.
+        if (last and rows < full_rows and dtype not in filled) or used > full_rows:
             chunk.rows, chunk.slots = rows, _power_of_two(len(chunk.tensors))
+        elif chunk.rows == full_rows:
+            filled.add(dtype)
         chunk.data = _row_data(chunk, [scaled[i] for i in chunk.tensors])
         chunks.append(chunk)
 
