@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from tb_gradviz.capture import in_step_kernel, kernels
+from tb_gradviz.capture import in_step, in_step_kernel, kernels
 from tb_gradviz.format import records, summaries
 
 SUMMED = [records.STATS_FIELDS.index(f) for f in ("mean", "std", "sum")]
@@ -207,3 +207,43 @@ def test_update_sums_equal_the_definition_and_leave_the_current_values_in_previo
         ValueError, match=r"contiguous float32 array of 4608 values; received float64, 4608"
     ):
         in_step_kernel.update_sums(current.astype(np.float32), previous.astype(np.float64))
+
+
+def in_step_row_definition(values, units_last):
+    """`in_step_kernel.statistics_row` by numpy: counts below each threshold, the non-finite
+    counts, then over the finite values the sum of squares and max |x|, and the channels (last
+    axis) zero everywhere."""
+    finite = values[np.isfinite(values)].astype(np.float64)
+    below = [np.count_nonzero(np.abs(finite) < np.float32(t)) for t in in_step.THRESHOLDS]
+    counts = [np.count_nonzero(np.isnan(values)), np.count_nonzero(values == np.inf)]
+    counts.append(np.count_nonzero(values == -np.inf))
+    dead = np.count_nonzero(~np.any(values != 0, axis=tuple(range(values.ndim - 1))))
+    largest = np.max(np.abs(finite)) if finite.size else 0.0
+    row = [values.size, *below, *counts, np.sum(finite * finite), largest]
+    return np.array(row + [dead if units_last else 0])
+
+
+@pytest.mark.parametrize("shape", [(97, 5, 64), (3000, 3), (4, 5000), (70001,), (0, 8)])
+@pytest.mark.parametrize("nonfinite", [False, True])
+def test_the_in_step_rows_of_many_blocks_equal_their_numpy_definition(shape, nonfinite):
+    # Values on each threshold and beside it, zeros of both signs, and dead channels, over many
+    # of the kernel's blocks of whole lines (and a line longer than a block).
+    rng = np.random.default_rng(sum(shape))
+    values = (rng.standard_normal(shape) * np.exp(rng.uniform(-40, 40, shape))).astype(np.float32)
+    flat = values.reshape(-1)
+    edges = np.array(in_step.THRESHOLDS, np.float32)
+    near = np.concatenate([edges, np.nextafter(edges, 0), -edges, [0.0, -0.0]]).astype(np.float32)
+    if flat.size:
+        flat[rng.integers(0, flat.size, 400)] = rng.choice(near, 400)
+        if values.ndim > 1 and values.shape[-1] > 2:
+            values[..., 1] = 0.0
+            values[..., 2] = -0.0
+        if nonfinite:
+            flat[rng.integers(0, flat.size, 3)] = [np.nan, np.inf, -np.inf]
+    for units_last in (False, True):
+        found = in_step_kernel.statistics_row(values, units_last)
+        expected = in_step_row_definition(values, units_last)
+        counts = len(in_step.COUNT_FIELDS)
+        np.testing.assert_array_equal(found[:counts], expected[:counts])
+        np.testing.assert_allclose(found[counts:-1], expected[counts:-1], rtol=1e-12)
+        assert found[-1] == expected[-1]

@@ -25,25 +25,34 @@ _THRESHOLDS32 = np.array(in_step.THRESHOLDS, np.float32)
 _THRESHOLD_BITS = _THRESHOLDS32.view(np.uint32)
 
 
+# Values per block of `_finite_pass`, rounded down to whole lines: long enough that its
+# vectorized loop runs at full speed, short enough that the block is still in the L1 cache
+# when its lines are read again for the channels.
+_BLOCK = 2048
+
+
 @numba.njit(nogil=True, cache=True, fastmath=_SUM)
-def _finite_pass(bits, values, thresholds, channels):
-    # bits: the values' float32 bit patterns, [rows, channels]. Without the sign bit, the
-    # pattern of a finite float orders as its magnitude does, so the comparisons and the
-    # maximum are integer ones, which vectorize whatever a NaN would do (a NaN or an Inf
-    # makes the sum of squares non-finite, and the caller reads the values again).
-    rows, width = bits.shape
+def _finite_pass(bits, values, thresholds, width, channels):
+    # bits: the values' float32 bit patterns, flat, in lines of `width` (channels). Without the
+    # sign bit, the pattern of a finite float orders as its magnitude does, so the comparisons
+    # and the maximum are integer ones, which vectorize whatever a NaN would do (a NaN or an Inf
+    # makes the sum of squares non-finite, and the caller reads the values again). One loop over
+    # each block of whole lines (a slice: its indices are never negative, so numba adds no
+    # wraparound check, which would stop LLVM vectorizing it), then the block's lines again,
+    # from the cache, for the channels' flags.
     t0, t1, t2, t3, t4 = thresholds[0], thresholds[1], thresholds[2], thresholds[3], thresholds[4]
     b0 = b1 = b2 = b3 = b4 = 0
     squares = 0.0
     largest = np.uint32(0)
     nonzero = np.zeros(width, np.uint8)
     magnitude = np.uint32(0x7FFFFFFF)
-    for r in range(rows):
-        row = bits[r]
-        value_row = values[r]
-        for c in range(width):
-            a = row[c] & magnitude
-            v = np.float64(value_row[c])
+    block = max(1, _BLOCK // width) * width
+    for start in range(0, bits.size, block):
+        block_bits = bits[start : start + block]
+        block_values = values[start : start + block]
+        for i in range(block_bits.size):
+            a = block_bits[i] & magnitude
+            v = np.float64(block_values[i])
             squares += v * v
             largest = max(largest, a)
             b0 += a < t0
@@ -51,8 +60,11 @@ def _finite_pass(bits, values, thresholds, channels):
             b2 += a < t2
             b3 += a < t3
             b4 += a < t4
-            if channels:
-                nonzero[c] |= a != 0
+        if channels:
+            for line in range(0, block_bits.size, width):
+                line_bits = block_bits[line : line + width]
+                for c in range(width):
+                    nonzero[c] |= (line_bits[c] & magnitude) != 0
     return np.array([b0, b1, b2, b3, b4]), squares, largest, nonzero
 
 
@@ -102,7 +114,7 @@ def statistics_row(values, units_last):
     row = np.zeros(in_step.ROW)
     row[0] = values.size
     below, squares, bits, nonzero = _finite_pass(
-        flat.view(np.uint32), flat, _THRESHOLD_BITS, units_last
+        flat.view(np.uint32).reshape(-1), flat.reshape(-1), _THRESHOLD_BITS, width, units_last
     )
     largest = float(np.array([bits], np.uint32).view(np.float32)[0])
     nonfinite = np.zeros(3)
