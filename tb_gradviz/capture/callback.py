@@ -112,16 +112,17 @@ class GradVizCallback(keras.callbacks.Callback):
         the tab and the `block_underflow` flag read. On by default; False
         leaves it out (its cost: bench/RESULTS.md section 17).
       digest: where each log event's digest is computed. "probe" (the
-        default): from the probe pass's records. "step": on TensorFlow and
-        PyTorch (a CPU), by the train step itself, from that step's batch, in the backward pass
+        default): from the probe pass's records. "step": on TensorFlow, JAX
+        and PyTorch, by the train step itself, from that step's batch, in the backward pass
         that computes the weight gradients (`in_step_fit`, docs/probe.md),
         with the update ratio of every trainable weight of the model over
         that step, which the update warnings read without `weights=True`;
         the probe still runs at the events whose full records are kept
         (`full_records`) and at `log_now()`. Needs `every_n_batches`; not
-        yet with `weights=True`. Elsewhere (another backend, a
-        model with its own `train_step`, `jit_compile`, several replicas) a
-        message says so once and the probe's digest is kept.
+        yet with `weights=True`. Elsewhere (a model with its own
+        `train_step`, `jit_compile` on TensorFlow or PyTorch, several
+        replicas, a `keras.distribution`, docs/probe.md) a message says so
+        once and the probe's digest is kept.
 
     Raises:
       TypeError: an argument's type is not one allowed.
