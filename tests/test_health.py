@@ -296,3 +296,10 @@ def test_a_softmax_whose_loss_reads_its_logits_and_a_nested_model_are_not_called
 )
 def test_update_size_judges_the_ratio_per_step_against_the_usual_1e_3(ratio, interval, size):
     assert health.update_size(ratio, interval) == size
+
+
+def test_a_nested_model_is_a_layer_another_layers_path_lies_under():
+    names = ["a", "a/b", "ab", "a/b/c", "c", "c.d", "c/d/e", "b/", "b//x"]
+    quadratic = [any(o.startswith(n + "/") for o in names) for n in names]
+    found = health._containers(names)
+    assert list(found) == quadratic == [True, True, False, False, True, False, False, True, False]

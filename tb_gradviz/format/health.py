@@ -42,6 +42,7 @@ records do not say which activation function a layer applies, and a value
 at 0 is a saturated sigmoid but a healthy ReLU.
 """
 
+import bisect
 import math
 
 import numpy as np
@@ -156,20 +157,21 @@ def role_columns(tensors, role):
     chosen = [t for t in tensors.values() if t["role"] == role]
     if not chosen:
         return None
+
+    def stacked(field):  # [tensors, steps]
+        return np.array([t[field] for t in chosen])
+
     with np.errstate(invalid="ignore", divide="ignore"):
-        finite = [t["count"] - t["nan"] - t["pos_inf"] - t["neg_inf"] for t in chosen]
-        some = [n > 0 for n in finite]
-        total = np.sum([np.where(s, n, 0) for s, n in zip(some, finite)], axis=0)
-        squares = np.sum(
-            [np.where(s, n * t["rms"] ** 2, 0) for s, n, t in zip(some, finite, chosen)], axis=0
-        )
+        count = stacked("count")
+        finite = count - stacked("nan") - stacked("pos_inf") - stacked("neg_inf")
+        some = finite > 0
+        total = np.sum(np.where(some, finite, 0), axis=0)
+        squares = np.sum(np.where(some, finite * stacked("rms") ** 2, 0), axis=0)
         rms = np.where(total > 0, np.sqrt(squares / np.where(total > 0, total, 1)), np.nan)
-        max_abs = np.fmax.reduce([np.where(s, t["max_abs"], np.nan) for s, t in zip(some, chosen)])
-        count = np.sum([t["count"] for t in chosen], axis=0)
+        max_abs = np.fmax.reduce(np.where(some, stacked("max_abs"), np.nan), axis=0)
+        count = np.sum(count, axis=0)
         zero_fraction = np.where(
-            count > 0,
-            np.sum([t["zeros"] for t in chosen], axis=0) / np.where(count, count, 1),
-            np.nan,
+            count > 0, np.sum(stacked("zeros"), axis=0) / np.where(count, count, 1), np.nan
         )
     return {"rms": rms, "max_abs": max_abs, "zero_fraction": zero_fraction}
 
@@ -186,7 +188,17 @@ def layer_flow(layer, step=0):
 
 
 def _containers(names):
-    return np.array([any(o.startswith(n + "/") for o in names) for n in names], bool)
+    """Per name, whether another name lies under it (starts with it and "/"): a nested model.
+
+    In sorted order the names under `n` follow `n + "/"` directly, so one search per name.
+    """
+    ordered = sorted(names)
+    under = []
+    for n in names:
+        prefix = n + "/"
+        at = bisect.bisect_left(ordered, prefix)
+        under.append(at < len(ordered) and ordered[at].startswith(prefix))
+    return np.array(under, bool)
 
 
 def gradient_verdicts(names, rms, ratio=DEFAULT_RATIO):
