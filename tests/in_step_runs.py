@@ -249,3 +249,38 @@ def assert_mixed_float16_training_is_the_same(log_dir):
     rms = decoded[(digest.TENSOR, "dense", "output_gradient")]["rms"]
     assert np.all(np.isfinite(rms)) and np.all(rms < 1.0)
     return accumulator
+
+
+def fallback_fit(log_dir, model_class=None, distribution=None, jit_compile=False, epochs=(2,)):
+    """`(messages, steps, in_step_events)` of fits (one per `epochs` entry) of a dense model with
+    `digest="step"` where the step is not mirrored: the fall-back warnings said, the digest's
+    steps, and whether any event was the step's."""
+    import warnings
+
+    import eventdata
+    import keras
+
+    from tb_gradviz import GradVizCallback
+    from tb_gradviz.capture import in_step, in_step_fit
+
+    keras.distribution.set_distribution(distribution)
+    try:
+        inputs = keras.Input((4,))
+        model = (model_class or keras.Model)(inputs, keras.layers.Dense(2, name="dense")(inputs))
+        model.compile(optimizer="sgd", loss="mse", jit_compile=jit_compile)
+        x, y = np.ones((8, 4), "float32"), np.zeros((8, 2), "float32")
+        callback = GradVizCallback(
+            str(log_dir), probe_data=(x, y), layers="dense", every_n_batches=1, digest="step"
+        )
+        in_step_fit._told.clear()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            for n in epochs:
+                model.fit(x, y, batch_size=4, epochs=n, verbose=0, callbacks=[callback])
+    finally:
+        keras.distribution.set_distribution(None)
+    accumulator = eventdata.load(str(log_dir))
+    (tag,) = eventdata.digest_tags(accumulator)
+    steps = [e.step for e in accumulator.Tensors(tag)]
+    in_step_events = in_step.SOURCE_TAG in eventdata.tensor_tags(accumulator)
+    return [str(w.message) for w in caught if "falls back" in str(w.message)], steps, in_step_events

@@ -6,15 +6,13 @@ on the same batch and weights, and training is the same bit for bit with the
 callback on.
 """
 
-import warnings
-
 import eventdata
 import in_step_runs
 import numpy as np
 import pytest
 from in_step_runs import data
 
-from tb_gradviz.capture import in_step, in_step_fit
+from tb_gradviz.capture import in_step
 
 keras = pytest.importorskip("keras")
 if keras.backend.backend() != "tensorflow":
@@ -92,28 +90,14 @@ class OwnStep(keras.Model):
     ],
 )
 def test_where_the_step_is_not_mirrored_the_probes_digest_is_kept_and_said(tmp_path, case, message):
-    from tb_gradviz import GradVizCallback
-
-    inputs = keras.Input((4,))
-    outputs = keras.layers.Dense(2, name="dense")(inputs)
-    model_class = OwnStep if case == "own_train_step" else keras.Model
-    model = model_class(inputs, outputs)
-    model.compile(optimizer="sgd", loss="mse", jit_compile=case == "jit_compile")
-    x, y = np.ones((8, 4), "float32"), np.zeros((8, 2), "float32")
-    callback = GradVizCallback(
-        str(tmp_path), probe_data=(x, y), layers="dense", every_n_batches=1, digest="step"
+    told, steps, in_step_events = in_step_runs.fallback_fit(
+        tmp_path,
+        model_class=OwnStep if case == "own_train_step" else None,
+        jit_compile=case == "jit_compile",
+        epochs=(2, 1),
     )
-    in_step_fit._told.clear()
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        model.fit(x, y, batch_size=4, epochs=2, verbose=0, callbacks=[callback])
-        model.fit(x, y, batch_size=4, epochs=1, verbose=0, callbacks=[callback])
-    falls_back = [str(w.message) for w in caught if "falls back" in str(w.message)]
-    assert len(falls_back) == 1 and message in falls_back[0]  # said once, not per fit
-    accumulator = eventdata.load(str(tmp_path))
-    (tag,) = eventdata.digest_tags(accumulator)
-    assert [e.step for e in accumulator.Tensors(tag)] == [1, 2, 3, 4, 5, 6]  # the probe's
-    assert in_step.SOURCE_TAG not in eventdata.tensor_tags(accumulator)
+    assert len(told) == 1 and message in told[0]  # said once, not per fit
+    assert steps == [1, 2, 3, 4, 5, 6] and not in_step_events  # the probe's digest
 
 
 @pytest.mark.parametrize("value, error", [("fast", ValueError), (None, TypeError), (1, TypeError)])

@@ -8,14 +8,12 @@ both the digest equals the probe's on the same batch and weights, and
 training is the same bit for bit. tests/test_in_step.py covers TensorFlow.
 """
 
-import warnings
-
 import eventdata
 import in_step_runs
 import numpy as np
 import pytest
 
-from tb_gradviz.capture import in_step, in_step_fit
+from tb_gradviz.capture import in_step
 
 keras = pytest.importorskip("keras")
 BACKEND = keras.backend.backend()
@@ -99,44 +97,17 @@ class OwnStep(keras.Model):
         return super().train_step(*args)
 
 
-def _fallback_messages(tmp_path, model_class=keras.Model, distribution=None):
-    """The fallback warnings of a fit of a dense model with `digest="step"`, and its digest's
-    steps and sources."""
-    from tb_gradviz import GradVizCallback
-
-    keras.distribution.set_distribution(distribution)
-    try:
-        inputs = keras.Input((4,))
-        model = model_class(inputs, keras.layers.Dense(2, name="dense")(inputs))
-        model.compile(optimizer="sgd", loss="mse")
-        x, y = np.ones((8, 4), "float32"), np.zeros((8, 2), "float32")
-        callback = GradVizCallback(
-            str(tmp_path), probe_data=(x, y), layers="dense", every_n_batches=1, digest="step"
-        )
-        in_step_fit._told.clear()
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            model.fit(x, y, batch_size=4, epochs=2, verbose=0, callbacks=[callback])
-    finally:
-        keras.distribution.set_distribution(None)
-    accumulator = eventdata.load(str(tmp_path))
-    (tag,) = eventdata.digest_tags(accumulator)
-    steps = [e.step for e in accumulator.Tensors(tag)]
-    in_step_events = in_step.SOURCE_TAG in eventdata.tensor_tags(accumulator)
-    return [str(w.message) for w in caught if "falls back" in str(w.message)], steps, in_step_events
-
-
 @pytest.mark.parametrize("case", ["own_train_step", "distribution"])
 def test_where_the_step_is_not_mirrored_the_probes_digest_is_kept_and_said_once(tmp_path, case):
     if case == "distribution":
         if BACKEND != "jax":
             pytest.skip("keras.distribution runs on JAX")
-        told, steps, in_step_events = _fallback_messages(
+        told, steps, in_step_events = in_step_runs.fallback_fit(
             tmp_path, distribution=keras.distribution.DataParallel()
         )
         message = "without a keras.distribution so far; the model trains under DataParallel"
     else:
-        told, steps, in_step_events = _fallback_messages(tmp_path, model_class=OwnStep)
+        told, steps, in_step_events = in_step_runs.fallback_fit(tmp_path, model_class=OwnStep)
         message = "OwnStep defines its own train_step"
     assert len(told) == 1 and message in told[0]
     assert steps == [1, 2, 3, 4] and not in_step_events  # the probe's digest at every event
