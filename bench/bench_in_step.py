@@ -82,15 +82,22 @@ class StepTimes:
         self._start = self._cpu_start = None
 
 
-def main():
-    parser = common.parser(__doc__.split("\n")[0])
+def arguments(doc):
+    """`(args, model name, image size)` of the in-step benches' command line (`doc`: the
+    script's docstring): `--layers`, `--rounds`, `--steps` and `common.parser`'s."""
+    parser = common.parser(doc.split("\n")[0])
     parser.add_argument("--layers", choices=("all", "pooling"), default="all")
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--steps", type=int, default=12)
     args = parser.parse_args()
-    name, image_size = "resnet50", IMAGE_SIZE
     if args.smoke:
-        name, image_size, args.rounds, args.steps = "cnn", 32, 1, 3
+        args.rounds, args.steps = 1, 3
+        return args, "cnn", 32
+    return args, "resnet50", IMAGE_SIZE
+
+
+def main():
+    args, name, image_size = arguments(__doc__)
 
     import numpy as np
 

@@ -26,52 +26,20 @@ import json
 import os
 import sys
 import tempfile
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
+import bench_in_step  # noqa: E402
 import common  # noqa: E402
 
-IMAGE_SIZE, BATCH = 64, 16
+BATCH = bench_in_step.BATCH
 ARMS = ("plain", "step", "no_updates")
 
 
-class StepTimes:
-    """Wall and CPU time from each batch's start to the next's (the last: to the fit's end)."""
-
-    def __init__(self):
-        import keras
-
-        self.times, self.cpu_times = [], []
-        self._start = None
-        self.callback = keras.callbacks.LambdaCallback(
-            on_train_batch_begin=lambda batch, logs: self._begin(),
-            on_train_end=lambda logs: self._begin(),
-        )
-
-    def _begin(self):
-        now = (time.perf_counter(), time.process_time())
-        if self._start is not None:
-            self.times.append(now[0] - self._start[0])
-            self.cpu_times.append(now[1] - self._start[1])
-        self._start = now
-
-    def reset(self):
-        self.times, self.cpu_times = [], []
-        self._start = None
-
-
 def main():
-    parser = common.parser(__doc__.split("\n")[0])
-    parser.add_argument("--layers", choices=("all", "pooling"), default="all")
-    parser.add_argument("--rounds", type=int, default=6)
-    parser.add_argument("--steps", type=int, default=12)
-    args = parser.parse_args()
-    name, image_size = "resnet50", IMAGE_SIZE
-    if args.smoke:
-        name, image_size, args.rounds, args.steps = "cnn", 32, 1, 3
+    args, name, image_size = bench_in_step.arguments(__doc__)
 
     import keras
     import numpy as np
@@ -103,7 +71,7 @@ def main():
         "step": [with_updates],
         "no_updates": [without, keras.callbacks.LambdaCallback(on_train_begin=leave_out_updates)],
     }
-    timer = StepTimes()
+    timer = bench_in_step.StepTimes(model)
 
     def fit(arm):
         timer.reset()
