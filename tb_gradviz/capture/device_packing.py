@@ -81,7 +81,7 @@ def layout(sizes, dtypes, scaled, widths, chunk_values):
       chunk_values: the values of a full chunk.
     """
     full_rows = chunk_rows(chunk_values)
-    chunks, open_chunks, filled = [], {}, set()
+    chunks, open_chunks = [], {}
 
     def close(dtype, last):
         chunk = open_chunks.pop(dtype)
@@ -89,10 +89,9 @@ def layout(sizes, dtypes, scaled, widths, chunk_values):
         rows = _power_of_two(max(used, 1))
         # A dtype's last chunk keeps the full shape when a full chunk already runs its program
         # (one program less to compile, a chunk of padding more to read); alone, it is cut.
-        if (last and rows < full_rows and dtype not in filled) or used > full_rows:
+        alone = all(c.key != chunk.key for c in chunks)
+        if (last and rows < full_rows and alone) or used > full_rows:
             chunk.rows, chunk.slots = rows, _power_of_two(len(chunk.tensors))
-        elif chunk.rows == full_rows:
-            filled.add(dtype)
         chunk.data = _row_data(chunk, [scaled[i] for i in chunk.tensors])
         chunks.append(chunk)
 

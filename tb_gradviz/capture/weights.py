@@ -182,7 +182,7 @@ class Updates:
 def _update_sums(current, copy):
     """`summaries.update_sums(current, copy)`; then `copy` holds `current`.
 
-    Fused in one pass by `kernels` when numba is installed.
+    Summed in one pass by `in_step_kernel` when numba is installed.
     """
     if assemble.numba_available():
         from tb_gradviz.capture import in_step_kernel
