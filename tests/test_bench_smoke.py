@@ -257,3 +257,11 @@ def test_in_step_updates_bench_times_the_step_with_and_without_the_update_rows(t
     (row,) = run_smoke(tmp_path, "bench_in_step_updates.py", "--layers", "all")
     assert row["update_rows"] == {"step": row["weights"], "no_updates": 0} and row["weights"] > 0
     assert row["updates_ratio"] > 0 and row["cpu_updates_ratio"] > 0
+
+
+def test_in_step_parts_bench_times_each_part_of_a_logged_step(tmp_path):
+    pytest.importorskip("tensorflow")
+    (row,) = run_smoke(tmp_path, "bench_in_step_parts.py")
+    assert row["layers"] == 7  # the small CNN's every layer
+    for part in ("kernel_rows_ms", "update_norms_ms", "callback_event_ms", "judge_ms"):
+        assert row[part] > 0, part
