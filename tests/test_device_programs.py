@@ -77,16 +77,25 @@ def assert_host_kernel(arrays, results, groups):
 
 def test_layers_of_many_shapes_run_a_few_programs_traced_once(monkeypatch):
     # Chunks of 4 rows: tensors of 9 shapes (lines of 3, 10, 100 and 130 values padded to whole
-    # blocks) fill chunks of one shape, and a tensor longer than a chunk one of its own.
+    # blocks) fill chunks of one shape, grown to 16 rows for the longest that fits (5 x 4000 in
+    # 5 rows, 20 x 4096 not); a tensor longer still (20 rows) runs in one of its own.
     monkeypatch.setattr(device_statistics, "CHUNK_VALUES", 4 * device_packing.ROW_VALUES)
     shapes = [(8, 8, 3), (4, 4, 64), (6, 10), (2, 100), (5, 4000), (3, 7, 7, 32), (64,), (1, 3)]
     arrays = layer_tensors(shapes + [(4, 4, 64), (2, 100), (70, 130)], seed=1)
     widths = [a.shape[-1] for a in arrays]
+    sizes = [a.size for a in arrays]
+    grown = device_packing.layout(
+        sizes, ["float32"] * len(sizes), [False] * len(sizes), widths, 4 * 4096
+    )
+    assert {(c.rows, c.slots) for c in grown} == {(8, device_packing.SLOTS)}
+    arrays.append(layer_tensors([(20, 4096)], seed=4)[0])
+    widths.append(4096)
     keys = [(a.size, "float32", False, w) for a, w in zip(arrays, widths)]
     groups = device_statistics.chunks(keys)
     programs, run = programs_and_run()
     tensors = [keras.ops.convert_to_tensor(a) for a in arrays]
     results = run(programs, groups, tensors, widths)
+    assert sorted(key[0][1] for key in programs.programs) == [16, 32]
     assert programs.traces == len(programs.programs) == 2, sorted(programs.programs)
     traced = (programs.traces, programs.pack_traces)
     run(programs, groups, tensors, widths)  # the next event

@@ -8,7 +8,9 @@ program. Where each tensor lies is data (`Chunk.data`, per row): its slot in
 the chunk, where the row begins in the tensor, the tensor's laid-out length and
 its lines. Chunks have `chunk_rows` rows and `SLOTS` slots; a dtype's only
 chunk, when it is not full, is cut to powers of two (few distinct sizes, little
-padding), and a tensor longer than a chunk has one of its own.
+padding). Full chunks grow to hold the event's longest tensor, up to `GROWTH`
+times, so that one program runs them all; a tensor longer still has a chunk of
+its own.
 
 With the block record, a tensor whose last axis is not a whole number of
 blocks (32 values) has each line padded with zeros to whole blocks, so that no
@@ -30,6 +32,9 @@ ops = keras.ops
 ROW_VALUES = 1 << 12
 # The most tensors one chunk holds.
 SLOTS = 64
+# How many times its rows a full chunk grows to hold the event's longest tensor (one program
+# less to compile, at most a chunk this size held at a time).
+GROWTH = 4
 _BLOCK = 32
 
 
@@ -78,9 +83,12 @@ def layout(sizes, dtypes, scaled, widths, chunk_values):
       scaled: per tensor, whether the divisor divides it.
       widths: None, or per tensor the length of its last axis (None: unknown):
         then lines are padded to whole blocks.
-      chunk_values: the values of a full chunk.
+      chunk_values: the values of a full chunk, before it grows (`GROWTH`).
     """
+    spans = [_span(n, None if widths is None else widths[i]) for i, n in enumerate(sizes)]
     full_rows = chunk_rows(chunk_values)
+    longest = _power_of_two(max((span[0] for span in spans), default=1))
+    full_rows = max(full_rows, min(longest, GROWTH * full_rows))
     chunks, open_chunks = [], {}
 
     def close(dtype, last):
@@ -95,8 +103,7 @@ def layout(sizes, dtypes, scaled, widths, chunk_values):
         chunk.data = _row_data(chunk, [scaled[i] for i in chunk.tensors])
         chunks.append(chunk)
 
-    for i, (n, dtype) in enumerate(zip(sizes, dtypes)):
-        span = _span(n, None if widths is None else widths[i])
+    for i, (span, dtype) in enumerate(zip(spans, dtypes)):
         chunk = open_chunks.get(dtype)
         if chunk is not None and (
             len(chunk.tensors) == SLOTS or sum(s[0] for s in chunk.spans) + span[0] > full_rows
