@@ -40,6 +40,6 @@ def fit_spread(log_dir, epochs=2):
     )
     model.compile(keras.optimizers.SGD(0.01), "mse")
     callback = tb_gradviz.GradVizCallback(
-        log_dir, (x[:PROBE], y[:PROBE]), layers=["d1", "spread", "d2", "head"]
+        log_dir, (x[:PROBE], y[:PROBE]), layers=["d1", "spread", "d2", "head"], block_formats=True
     )
     model.fit(x, y, batch_size=16, epochs=epochs, verbose=0, callbacks=[callback])

@@ -82,7 +82,7 @@ def test_a_fit_writes_the_block_part_of_a_known_gradient(tmp_path):
     model.compile(keras.optimizers.SGD(0.0), "mse")
     x = np.eye(4, dtype="float32")[:1]  # out = 2**-30
     y = model.predict(x, verbose=0).astype("float32") - np.float32(2.0**-11)
-    callback = GradVizCallback(tmp_path, (x, y), layers=["hidden"])
+    callback = GradVizCallback(tmp_path, (x, y), layers=["hidden"], block_formats=True)
     model.fit(x, y, verbose=0, callbacks=[callback])
     log = eventdata.load(tmp_path)
     found = eventdata.last(log, records.precision_tag("hidden", "output_gradient"))
@@ -127,6 +127,42 @@ def test_block_formats_false_writes_the_casts_part_alone(tmp_path, statistics):
             length = records.PRECISION_LENGTH if on else records.PRECISION_CAST_LENGTH
             assert len(record) == length
             assert (records.decode_precision(record)["block_formats"] is None) == (not on)
+
+
+@pytest.mark.parametrize(
+    "policy, layers, asked, written",
+    [
+        ("float32", None, None, True),  # the pooling layers: the default selection
+        ("float32", ["dense"], None, False),  # a float32 dense layer: 45 % of an event
+        ("float32", ["dense"], True, True),
+        ("mixed_float16", ["dense"], None, True),  # a layer computing in 16 bits
+        ("mixed_bfloat16", ["dense", "pool"], None, True),
+        ("mixed_float16", None, False, False),
+    ],
+)
+def test_the_default_writes_the_block_part_for_pooling_and_16_bit_layers(
+    tmp_path, policy, layers, asked, written
+):
+    previous = keras.mixed_precision.global_policy()
+    keras.mixed_precision.set_global_policy(policy)
+    try:
+        model = keras.Sequential(
+            [
+                keras.Input((8, 3)),
+                keras.layers.Dense(4, name="dense"),
+                keras.layers.MaxPooling1D(2, name="pool"),
+            ]
+        )
+    finally:
+        keras.mixed_precision.set_global_policy(previous)
+    model.compile("sgd", "mse")
+    x, y = np.ones((2, 8, 3), "float32"), np.zeros((2, 4, 4), "float32")
+    callback = GradVizCallback(tmp_path, (x, y), layers=layers, block_formats=asked)
+    model.fit(x, y, verbose=0, callbacks=[callback])
+    log = eventdata.load(tmp_path)
+    layer = (layers or ["pool"])[0]
+    found = eventdata.last(log, records.precision_tag(layer, "activation"))
+    assert (records.decode_precision(found)["block_formats"] is not None) == written
 
 
 def test_block_formats_must_be_a_bool(tmp_path):

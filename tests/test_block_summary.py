@@ -28,7 +28,11 @@ def fit_cnn(log_dir, policy):
             keras.losses.SparseCategoricalCrossentropy(from_logits=True),
         )
         callback = GradVizCallback(
-            log_dir, (x[:BATCH], y[:BATCH]), layers=lambda layer: True, every_n_batches=EVERY
+            log_dir,
+            (x[:BATCH], y[:BATCH]),
+            layers=lambda layer: True,
+            every_n_batches=EVERY,
+            block_formats=True,
         )
         model.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0, callbacks=[callback])
     finally:

@@ -152,7 +152,13 @@ def spread_run(tmp_path_factory):
     factor = np.where(np.arange(8) % 2, 2.0**-30, 1.0).astype("float32")
     callbacks = [
         test_onset.SetFactorAt(spread, test_onset.FAULT_STEP, factor),
-        GradVizCallback(logdir, (x[:8], y[:8]), layers=["d1", "spread", "d2"], every_n_batches=1),
+        GradVizCallback(
+            logdir,
+            (x[:8], y[:8]),
+            layers=["d1", "spread", "d2"],
+            every_n_batches=1,
+            block_formats=True,
+        ),
     ]
     model.fit(x, y, batch_size=4, epochs=1, verbose=0, callbacks=callbacks)
     return logdir

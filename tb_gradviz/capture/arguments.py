@@ -36,6 +36,22 @@ def check_bool(name, value):
     return bool(value)
 
 
+def check_block_formats(value):
+    """Returns `block_formats` as None (chosen per model: `selection.block_formats_for`) or a bool.
+
+    Raises:
+      TypeError: `value` is not None, True or False.
+    """
+    if value is None:
+        return None
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(
+            "block_formats must be None (on for layers that compute in 16 or 8 bits and for "
+            f"pooling layers), True or False. {received('block_formats', value)}"
+        )
+    return bool(value)
+
+
 def check_positive_int(name, value):
     """Returns `value` as an int >= 1.
 

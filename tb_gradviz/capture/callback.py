@@ -106,11 +106,11 @@ class GradVizCallback(keras.callbacks.Callback):
         spacings of 1, 2, 3, ... events, about sqrt(2 x events) more; and
         always at an event where a flag is first raised and the event before
         it (`full_records.Keeper`, docs/FORMAT.md). "all" keeps every event.
-      block_formats: write each precision record's block part: what MXFP8,
-        MXFP6, MXFP4 and NVFP4 would do to the tensor, per block of its last
-        axis (`format.blocks`, docs/FORMAT.md), which `summary`, `export`,
-        the tab and the `block_underflow` flag read. On by default; False
-        leaves it out (its cost: bench/RESULTS.md section 17).
+      block_formats: write each precision record's block part (what MXFP8,
+        MXFP6, MXFP4 and NVFP4 would do to the tensor, docs/FORMAT.md): True,
+        False, or None (default): where cheap or to the point, every chosen
+        layer a pooling layer or one computing in 16 or 8 bits
+        (`selection.block_formats_for`; costs: bench/RESULTS.md section 20).
       digest: where each log event's digest is computed. "probe" (the
         default): from the probe pass's records. "step": on TensorFlow, JAX
         and PyTorch, by the train step itself, from that step's batch, in the backward pass
@@ -150,7 +150,7 @@ class GradVizCallback(keras.callbacks.Callback):
         weights=False,
         budget=None,
         full_records=full_records_module.DEFAULT_FIRST,
-        block_formats=True,
+        block_formats=None,
         digest=in_step.PROBE,
     ):
         super().__init__()
@@ -177,7 +177,7 @@ class GradVizCallback(keras.callbacks.Callback):
             map_settings if arguments.check_bool("routing_map", routing_map) else None
         )
         self.weights = arguments.check_bool("weights", weights)
-        self.block_formats = arguments.check_bool("block_formats", block_formats)
+        self.block_formats = arguments.check_block_formats(block_formats)
         # The one owner of the log schedule: units passed, the interval, when to log.
         self._budget = budget_module.Budget(
             budget, asked=self.every_n_batches or self.every_n_epochs
@@ -245,7 +245,7 @@ class GradVizCallback(keras.callbacks.Callback):
                 training=self.training,
                 routing_map=self.routing_map,
                 weights=self.weights,
-                block_formats=self.block_formats,
+                block_formats=selection.block_formats_for(chosen, self.block_formats),
             )
             self._updates = weights_module.Updates() if self.weights else None
 
