@@ -30,6 +30,9 @@ fine-tuning with frozen convolutions, dropout, and a recurrent network.
 
 Every layer is logged with `weights=True` (`--weights off` to leave the
 weights out): the update ratios are what the `update_spike` warning reads.
+`--digest step --weights off` logs the digest from the train step itself
+(`digest="step"`: that step's batch, every trainable weight's update from
+the step), the probe running only at the full records' events.
 
 **Divergence.** The loss at step `t` is the loss of the batch trained with
 the weights after `t` updates (those the callback's records at `t` see). A
@@ -202,6 +205,7 @@ def run_case(name, build, every, seed, logdir, args):
         layers=lambda layer: True,
         every_n_batches=every,
         weights=args.weights,
+        digest=args.digest,
     )
     losses = batch_losses_callback(args.stop_after)
     begin = time.perf_counter()
@@ -218,6 +222,7 @@ def run_case(name, build, every, seed, logdir, args):
         "case": name,
         "seed": seed,
         "every_n_batches": every,
+        "digest": args.digest,
         "steps_run": len(losses.losses),
         "logged_steps": len(losses.losses) // every,
         "divergence_step": divergence_step(losses.losses),
@@ -329,7 +334,16 @@ def main():
         default=True,
         help="record weights and their update ratios (on|off, default on)",
     )
+    p.add_argument(
+        "--digest",
+        choices=["probe", "step"],
+        default="probe",
+        help="where each event's digest is computed (GradVizCallback's digest=); step: by the "
+        "train step, whose update rows replace weights=True (then --weights off)",
+    )
     args = p.parse_args()
+    if args.digest == "step" and args.weights:
+        p.error("--digest step computes every weight's update in the step: pass --weights off")
     if args.smoke:
         args.steps, args.every = 30, "10"
     begin = time.perf_counter()
