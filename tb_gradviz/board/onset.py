@@ -14,7 +14,7 @@ flag over the passes its rule reads). Served by `/onset`, printed by
 import numpy as np
 
 from tb_gradviz.board import warning_onset
-from tb_gradviz.format import headroom, health
+from tb_gradviz.format import flow, headroom, health
 
 
 def onset_body(run, steps, columns, ratio=health.DEFAULT_RATIO, listed=None):
@@ -99,7 +99,7 @@ def judge_step_from_digest(body, steps, columns, limit, ratio=health.DEFAULT_RAT
         layer["flags"] = health.flag_entries(one, found, i, 0, listed)
         if layer["step"] != steps[at]:
             # The records' float64 flow where they hold the step, else the digest's float32 one.
-            layer["flow"] = health.layer_flow(one[i])
+            layer["flow"] = flow.layer_flow(one[i])
             layer["flush_share"] = headroom.flush_shares(one[i])
     reference = int(found["reference"][0])
     body["health"]["reference_layer"] = None if reference < 0 else one[reference]["layer"]

@@ -12,6 +12,7 @@ from tb_gradviz.board import catalog, responses
 from tb_gradviz.format import (
     block_headroom,
     digest,
+    flow,
     headroom,
     health,
     records,
@@ -121,7 +122,7 @@ def _layer_at(name, layer, series_by_kind, limit):
         "update_size": None
         if update_ratio is None
         else health.update_size(update_ratio, _layer_interval(updates_at)),
-        "flow": health.layer_flow(columns),
+        "flow": flow.layer_flow(columns),
         "flush_share": headroom.flush_shares(columns),
     }
     return snapshot, columns

@@ -26,7 +26,7 @@ from typing import NamedTuple
 import numpy as np
 
 from tb_gradviz.board.series import column_starts, envelope
-from tb_gradviz.format import block_headroom, headroom, health, records
+from tb_gradviz.format import block_headroom, flow, headroom, health, records
 
 DEFAULT_WIDTH = 1000
 MAX_WIDTH = 10000
@@ -49,7 +49,7 @@ def _field_values(layer, field, role):
     if field == "block_zero_share":
         found = block_headroom.role_share(layer, role)
         return (nan if found is None else found), {"format": block_headroom.FLAG_FORMAT}
-    values = health.role_columns(layer["tensors"], role)
+    values = flow.role_columns(layer["tensors"], role)
     if values is None:
         return nan, {}
     return values["zero_fraction" if field == "zero_share" else field], {}

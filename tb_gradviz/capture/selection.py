@@ -109,8 +109,7 @@ def block_formats_for(chosen, asked):
     if asked is not None:
         return asked
     narrow = any(
-        str(getattr(c.layer, "compute_dtype", "float32")).startswith(_NARROW_FLOATS)
-        for c in chosen
+        str(getattr(c.layer, "compute_dtype", "float32")).startswith(_NARROW_FLOATS) for c in chosen
     )
     return narrow or all(is_pooling_layer(c.layer) for c in chosen)
 

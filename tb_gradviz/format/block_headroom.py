@@ -161,10 +161,14 @@ def _share(columns):
 def verdicts(layers, steps):
     """`{"block_underflow"}`: `[layers, steps]` booleans of `health`'s layer columns."""
     found = np.zeros((len(layers), steps), bool)
-    for i, layer in enumerate(layers):
-        for _, columns in _judged(layer):
-            with np.errstate(invalid="ignore"):
-                found[i] |= _share(columns) > SHARE
+    judged = [(i, columns) for i, layer in enumerate(layers) for _, columns in _judged(layer)]
+    if judged:  # every judged gradient's share at once: `[gradients, steps]`
+        index, shares = zip(*judged)
+        total = np.array([columns["finite_nonzero"] for columns in shares], np.float64)
+        count = np.array([_count(columns) for columns in shares], np.float64)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            share = np.where(total > 0, count / np.where(total > 0, total, 1), np.nan)
+            np.logical_or.at(found, np.array(index), share.reshape(len(index), steps) > SHARE)
     return {"block_underflow": found}
 
 

@@ -47,7 +47,7 @@ import math
 
 import numpy as np
 
-from tb_gradviz.format import block_headroom, headroom, origin, records, stalled
+from tb_gradviz.format import block_headroom, flow, headroom, origin, records, stalled
 
 FLAGS = (
     "nonfinite",
@@ -148,45 +148,6 @@ def parse_flags(text):
 # step. `/step` judges one step (arrays of length 1), the digest every step.
 
 
-def role_columns(tensors, role):
-    """`{"rms", "max_abs", "zero_fraction"}` `[steps]` arrays over one role's tensors, or None.
-
-    RMS and max are over the finite values (NaN when there is none); the
-    RMS of several tensors is that of all their values together.
-    """
-    chosen = [t for t in tensors.values() if t["role"] == role]
-    if not chosen:
-        return None
-
-    def stacked(field):  # [tensors, steps]
-        return np.array([t[field] for t in chosen])
-
-    with np.errstate(invalid="ignore", divide="ignore"):
-        count = stacked("count")
-        finite = count - stacked("nan") - stacked("pos_inf") - stacked("neg_inf")
-        some = finite > 0
-        total = np.sum(np.where(some, finite, 0), axis=0)
-        squares = np.sum(np.where(some, finite * stacked("rms") ** 2, 0), axis=0)
-        rms = np.where(total > 0, np.sqrt(squares / np.where(total > 0, total, 1)), np.nan)
-        max_abs = np.fmax.reduce(np.where(some, stacked("max_abs"), np.nan), axis=0)
-        count = np.sum(count, axis=0)
-        zero_fraction = np.where(
-            count > 0, np.sum(stacked("zeros"), axis=0) / np.where(count, count, 1), np.nan
-        )
-    return {"rms": rms, "max_abs": max_abs, "zero_fraction": zero_fraction}
-
-
-def layer_flow(layer, step=0):
-    """`{role: {"rms", "max_abs", "zero_fraction"}}` of one layer's columns at one step."""
-    roles = [
-        role for role in records.ROLES if any(t["role"] == role for t in layer["tensors"].values())
-    ]
-    return {
-        role: {k: float(v[step]) for k, v in role_columns(layer["tensors"], role).items()}
-        for role in roles
-    }
-
-
 def _containers(names):
     """Per name, whether another name lies under it (starts with it and "/"): a nested model.
 
@@ -249,14 +210,9 @@ def verdicts(layers, ratio=DEFAULT_RATIO):
     """
     steps = _step_count(layers)
     empty = np.zeros(steps, bool)
-    gradient_rms = np.array(
-        [
-            (role_columns(layer["tensors"], records.OUTPUT_GRADIENT) or {"rms": empty * np.nan})[
-                "rms"
-            ]
-            for layer in layers
-        ]
-    ).reshape(len(layers), steps)
+    gradient_rms = flow.layers_role_columns(
+        [layer["tensors"] for layer in layers], records.OUTPUT_GRADIENT
+    )["rms"].reshape(len(layers), steps)
     names = [layer["layer"] for layer in layers]
     reference, vanishing, exploding = gradient_verdicts(names, gradient_rms, ratio)
     with np.errstate(invalid="ignore"):

@@ -74,6 +74,7 @@ class Judge:
         self._before = (0.0, 0.0)  # loss-scale `(batches, applied)` before the first event held
         self._version = 0  # counts the changes of `_layers`
         self._history = history.History()
+        self._one = rule_columns.OneEvent()  # the columns of one event, built once per layout
 
     def judge(self, step, event_records):
         """Judges one event's records at `step`.
@@ -106,12 +107,12 @@ class Judge:
             before = self._before_last()
             if before is not None:
                 # The last event's columns alone hold its step's values (none is missing).
-                raised = _flags(step, self._columns([last], before))
+                raised = _flags(step, self._columns([last], before, reuse=True))
                 layers = self._history.layout.layers
                 for warning, at, index, tensor in self._history.warnings():
                     raised.append(_entry(warning, "warning", at, layers[index]["layer"], tensor))
                 return raised
-        columns = self._columns()
+        columns = self._columns(reuse=True)
         raised = _flags(step, columns)
         if self.warnings:
             raised += _warnings(columns)
@@ -200,11 +201,22 @@ class Judge:
                     values[fields.index("applied")],
                 )
 
-    def _columns(self, events=None, before=None):
+    def _columns(self, events=None, before=None, reuse=False):
         """The `rule_columns.Columns` of `events` (None: those held), with the loss-scale
-        counts `before` the first (None: those before the first held)."""
+        counts `before` the first (None: those before the first held); with `reuse`, one
+        event's without a loss-scale record are `rule_columns.OneEvent`'s, whose arrays the
+        next such event overwrites (for the flags judged at once)."""
         events = self._events if events is None else events
         before = self._before if before is None else before
+        if reuse and len(events) == 1 and events[0].loss_scale is None:
+            event = events[0]
+            series = rule_columns.DigestSeries(
+                event.rows,
+                np.array([event.step], np.int64),
+                event.vector,
+                digest.update_weights(_parsed(event.content) or {}),
+            )
+            return self._one.build((event.content, self._version), self._layers, series)
         by_rows = {}
         for event in events:
             by_rows.setdefault(event.content, []).append(event)

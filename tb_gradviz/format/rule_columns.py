@@ -122,6 +122,48 @@ def build(layers, digests, loss_scale=None):
     return Columns(steps, columns)
 
 
+class OneEvent:
+    """`build` of one event's digest at a time, built once per layout and reused.
+
+    `build`'s columns of a single step are views of the digest's vector, or,
+    where a row has no value (a count or channels not finite), arrays that
+    depend on which values are finite and on nothing else (NaN, or a value's
+    presence). So the columns built from a buffer hold any later event's
+    values once its vector is copied into that buffer, as long as the event
+    has the same rows, layers and finite values: the callback's judge, which
+    judges the in-step digest of every step, builds them once instead of a
+    dict per row and field at each event (tests/test_judgement.py checks them
+    against `build` over events whose finite values change).
+    """
+
+    def __init__(self):
+        self._key = self._finite = self._buffer = self._layers = None
+
+    def build(self, key, layers, series):
+        """`build(layers, [series])` of one event (`series` of one step, no loss-scale record).
+
+        Args:
+          key: what else the columns depend on, equal for equal `layers` and
+            `series.rows` and `series.update_weights` (the judge's digest
+            metadata content and version of `layers`).
+          layers, series: as for `build`.
+        """
+        vector = np.asarray(series.values, np.float64).reshape(-1)
+        finite = np.isfinite(vector)
+        if (
+            key != self._key
+            or len(vector) != len(self._finite)
+            or not np.array_equal(finite, self._finite)
+        ):
+            self._buffer = vector[None].copy()
+            self._key, self._finite = key, finite
+            built = build(layers, [series._replace(values=self._buffer)])
+            self._layers = built.layers
+        else:
+            self._buffer[0] = vector
+        return Columns(np.asarray(series.steps, np.int64), self._layers)
+
+
 def _update_columns(name, rows, described):
     """The columns of a layer the digest holds only update rows of (the in-step digest's every
     trainable layer), or None when it holds other rows or its metadata does not describe it:
