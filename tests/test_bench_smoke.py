@@ -265,3 +265,11 @@ def test_in_step_parts_bench_times_each_part_of_a_logged_step(tmp_path):
     assert row["layers"] == 7  # the small CNN's every layer
     for part in ("kernel_rows_ms", "update_norms_ms", "callback_event_ms", "judge_ms"):
         assert row[part] > 0, part
+
+
+def test_in_step_memory_bench_takes_each_arms_peak_in_a_process_of_its_own(tmp_path):
+    pytest.importorskip("tensorflow")
+    (row,) = run_smoke(tmp_path, "bench_in_step_memory.py", "--layers", "all")
+    for arm in ("plain", "step"):
+        assert row[f"{arm}_peak_mb"] >= row[f"{arm}_before_fit_mb"] > 0
+    assert row["peak_ratio"] > 0 and row["fit_added_ratio"] > 0
