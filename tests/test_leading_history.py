@@ -173,3 +173,28 @@ def test_a_quiet_rise_is_raised_once_its_drift_passes_drift_alone():
     found = raised(steps, columns(rms=quiet_rise(steps, end=400), steps=steps))
     assert found["rms_drift"][0] == 269
     assert found["rms_growth"] == []
+
+
+def test_on_the_train_steps_digest_a_growth_holds_two_logged_steps_before_it_is_raised():
+    # One odd batch 20x the window, back the next step: a growth on the probe's digest, nothing
+    # on the train step's (`in_step`); a rise that stays is raised there one logged step later.
+    steps = np.arange(600)
+    rms = np.ones(len(steps))
+    rms[300] = 20.0
+    rms[500:] = 100.0 * np.arange(1, 101) ** 0.5
+    layers = columns(rms=rms, steps=steps)
+    probe = leading.verdicts(steps, layers)
+    in_step = leading.verdicts(steps, layers, in_step=np.ones(len(steps), bool))
+    for warning in ("rms_growth", "max_growth"):
+        assert steps[probe[warning][0]].tolist()[:2] == [300, 500]
+        assert steps[in_step[warning][0]].tolist()[0] == 501
+    # Judged at a few steps only (the callback's last event), the same answer at those steps.
+    for at in ([300], [301], [500], [501], [300, 501]):
+        part = leading.verdicts(steps, layers, at=at, in_step=np.ones(len(steps), bool))
+        for warning in leading.WARNINGS:
+            np.testing.assert_array_equal(part[warning][:, at], in_step[warning][:, at])
+            assert not np.delete(part[warning], at, axis=1).any()
+    # A probe step before an in-step one does not need to hold: the rule reads the step's own.
+    mixed = np.ones(len(steps), bool)
+    mixed[300] = False
+    assert leading.verdicts(steps, layers, in_step=mixed)["rms_growth"][0, 300]

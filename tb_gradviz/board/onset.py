@@ -17,7 +17,7 @@ from tb_gradviz.board import warning_onset
 from tb_gradviz.format import flow, headroom, health
 
 
-def onset_body(run, steps, columns, ratio=health.DEFAULT_RATIO, listed=None):
+def onset_body(run, steps, columns, ratio=health.DEFAULT_RATIO, listed=None, in_step=None):
     """The `/onset` body: each raised flag's first step, layer and tensor, and whether it persists.
 
     Args:
@@ -27,6 +27,8 @@ def onset_body(run, steps, columns, ratio=health.DEFAULT_RATIO, listed=None):
       ratio: the vanishing / exploding ratio of the flags (`health`).
       listed: None, or `(layer, step) -> [channel]`: the dead channels listed
         at that step (the `dead` onset's detail names them).
+      in_step: None, or `[steps]` bool: where the train step computed the
+        digest (the warnings judge those steps as `leading.verdicts` says).
 
     Returns:
       `{"run", "steps", "first_step", "last_step", "ratio", "onsets"}`:
@@ -64,7 +66,7 @@ def onset_body(run, steps, columns, ratio=health.DEFAULT_RATIO, listed=None):
         onsets.append(
             warning_onset.onset_entry(flag, "flag", steps, by_step, layer, tensor, entry["detail"])
         )
-    onsets += warning_onset.onsets(steps, columns)
+    onsets += warning_onset.onsets(steps, columns, in_step)
     return {
         "run": run,
         "steps": len(steps),

@@ -10,6 +10,7 @@ the routes of one layer are `layer_impls`. The HTTP API is described in
 docs/API.md, the records it reads in docs/FORMAT.md.
 """
 
+import numpy as np
 from tensorboard import errors
 from tensorboard.plugins import base_plugin
 
@@ -144,7 +145,8 @@ class GradVizPlugin(layer_impls.LayerImpls, base_plugin.TBPlugin):
           NotFoundError: no such run, or it has no logged step.
         """
         steps, columns, listed = self._judged_columns(ctx, experiment, run)
-        body = onset.onset_body(run, steps, columns, ratio, listed)
+        in_step = self._in_step(self._store(ctx, experiment, run), steps)
+        body = onset.onset_body(run, steps, columns, ratio, listed, in_step)
         if body is None:
             raise errors.NotFoundError(f"run {run!r} has no logged step")
         return body
@@ -165,7 +167,8 @@ class GradVizPlugin(layer_impls.LayerImpls, base_plugin.TBPlugin):
             if digested
             else self.step_impl(ctx, experiment, run, None, ratio)
         )
-        body = onset.onset_body(run, steps, columns, ratio, listed)
+        in_step = self._in_step(self._store(ctx, experiment, run), steps)
+        body = onset.onset_body(run, steps, columns, ratio, listed, in_step)
         if body is None or last is None:
             raise errors.NotFoundError(f"run {run!r} has no logged step")
         return last, body
@@ -319,6 +322,20 @@ class GradVizPlugin(layer_impls.LayerImpls, base_plugin.TBPlugin):
             return None
         fields, series = record
         return loss_scale.skipped_steps(fields, series.steps, series.values)
+
+    def _in_step(self, run_store, steps):
+        """`[steps]` bool: where the run's digest-source record says the train step computed
+        the digest (`digest="step"`), or None without such a record."""
+        found = run_store.fields_series(metadata.KIND_DIGEST_SOURCE)
+        if found is None or "in_step" not in found.fields:
+            return None
+        layout = records.Layout("digest_source", (len(found.fields),), lambda v: v[:, :0])
+        series = run_store.read({found.tag: found.time_series}, layout, digest.PLUGIN_NAME)
+        series = series[found.tag]
+        if series is None:
+            return None
+        marked = series.steps[series.values[:, list(found.fields).index("in_step")] == 1]
+        return np.isin(steps, marked)
 
     def _loss_scale_series(self, run_store):
         """`(fields, series)` of the run's loss-scale record, or None without one."""

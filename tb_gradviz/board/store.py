@@ -242,15 +242,15 @@ class RunStore:
 
     def budget(self):
         """The run's cost-budget series (a `catalog.Budget`), or None."""
-        return self._fields_series(metadata.KIND_BUDGET)
+        return self.fields_series(metadata.KIND_BUDGET)
 
     def loss_scale(self):
         """Returns the run's loss-scale series (a `catalog.Budget` of its fields), or None (a
         run without `LossScaleOptimizer`, or written before the record)."""
-        return self._fields_series(metadata.KIND_LOSS_SCALE)
+        return self.fields_series(metadata.KIND_LOSS_SCALE)
 
-    def _fields_series(self, kind):
-        """The run's first digest-plugin series of `kind` whose metadata lists its `fields`."""
+    def fields_series(self, kind):
+        """The run's first digest-plugin series of `kind` listing its `fields`, or None."""
         for tag, time_series in sorted(self.digest_listing().items()):
             content = self._content(tag, time_series)
             if content is not None and content["kind"] == kind:

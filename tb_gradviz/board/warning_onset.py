@@ -14,12 +14,13 @@ import numpy as np
 from tb_gradviz.format import leading, remedies, windows
 
 
-def onsets(steps, columns):
+def onsets(steps, columns, in_step=None):
     """Each raised warning's onset entry, in `leading.WARNINGS` order.
 
     Args:
       steps: the logged steps, `[steps]` ints, sorted.
       columns: the layers' columns over those steps (`columns.Columns.layers`).
+      in_step: None, or `[steps]` bool: where the train step computed the digest.
 
     Returns:
       `[{"flag", "class", "step", "layer", "layer_index", "tensor", "detail",
@@ -29,7 +30,7 @@ def onsets(steps, columns):
     """
     if not len(steps) or not columns:
         return []
-    found = leading.verdicts(steps, columns)
+    found = leading.verdicts(steps, columns, in_step=in_step)
     entries = []
     for warning in leading.WARNINGS:
         by_step = found[warning].any(axis=0)

@@ -129,6 +129,7 @@ class History:
         self._begin = self._end = 0
         self._steps = np.zeros(self._room, np.int64)
         self._complete = np.zeros(self._room, bool)
+        self._in_step = np.zeros(self._room, bool)
         self._arrays = None
 
     def start(self, key, layout):
@@ -147,9 +148,9 @@ class History:
     def __len__(self):
         return self._end - self._begin
 
-    def append(self, step, vector):
+    def append(self, step, vector, in_step=False):
         """Writes the column of the event at `step` (later than those held) with this `vector`
-        (float64, today's layout)."""
+        (float64, today's layout; `in_step`: the train step's digest)."""
         if self._end == self._room:
             self._make_room()
         end, layout = self._end, self.layout
@@ -161,6 +162,7 @@ class History:
             array[:, end] = value
         self._steps[end] = step
         self._complete[end] = layout.complete(vector)
+        self._in_step[end] = in_step
         # The trend at this step: the median over the steps of the last SMOOTH held.
         first = max(self._begin, end + 1 - leading.SMOOTH)
         self._end = end + 1
@@ -177,16 +179,15 @@ class History:
             for new, old in zip(grown, self._arrays):
                 new[:, :held] = old[:, self._begin : self._end]
             self._arrays = grown
-            steps, complete = self._steps, self._complete
-            self._steps = np.zeros(self._room, np.int64)
-            self._complete = np.zeros(self._room, bool)
-            self._steps[:held] = steps[self._begin : self._end]
-            self._complete[:held] = complete[self._begin : self._end]
+            for name, dtype in (("_steps", np.int64), ("_complete", bool), ("_in_step", bool)):
+                old = getattr(self, name)
+                setattr(self, name, np.zeros(self._room, dtype))
+                getattr(self, name)[:held] = old[self._begin : self._end]
         else:
             for array in self._arrays:
                 array[:, :held] = array[:, self._begin : self._end]
-            self._steps[:held] = self._steps[self._begin : self._end]
-            self._complete[:held] = self._complete[self._begin : self._end]
+            for held_array in (self._steps, self._complete, self._in_step):
+                held_array[:held] = held_array[self._begin : self._end]
         self._begin, self._end = 0, held
 
     def keep_from(self, step):
@@ -211,7 +212,8 @@ class History:
         held = [array[:, self._begin : self._end] for array in self._arrays]
         series = leading.Series(*held[:5], held[6])
         last = len(steps) - 1
-        judged = leading.judged_series(steps, series, at=[last])
+        in_step = self._in_step[self._begin : self._end]
+        judged = leading.judged_series(steps, series, at=[last], in_step=in_step)
         at_last = {warning: judged[warning][:, last : last + 1] for warning in leading.WARNINGS}
         if not any(raised.any() for raised in at_last.values()):
             return []

@@ -48,6 +48,7 @@ class _Event(NamedTuple):
     rows: list
     vector: np.ndarray
     loss_scale: tuple  # `(fields, values)` of its loss-scale record, or None
+    in_step: bool  # whether its digest is the train step's (a digest-source record says so)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -115,7 +116,8 @@ class Judge:
         columns = self._columns(reuse=True)
         raised = _flags(step, columns)
         if self.warnings:
-            raised += _warnings(columns)
+            in_step = np.isin(columns.steps, [e.step for e in self._events if e.in_step])
+            raised += _warnings(columns, in_step)
         return raised
 
     def _before_last(self):
@@ -143,7 +145,7 @@ class Judge:
             events.clear()
             self._before = (0.0, 0.0)
             self._history.clear()
-        loss_scale = None
+        loss_scale, in_step = None, False
         for _, array, summary_metadata in event_records:
             if summary_metadata is None:
                 continue
@@ -154,10 +156,12 @@ class Judge:
                 self._add_tensor(parsed)
             elif parsed.get("kind") == metadata.KIND_LOSS_SCALE:
                 loss_scale = (tuple(parsed["fields"]), np.asarray(array, np.float64).ravel())
+            elif parsed.get("kind") == metadata.KIND_DIGEST_SOURCE:
+                in_step = _in_step(parsed["fields"], array)
         _, vector, summary_metadata = digest_record
         content = summary_metadata.plugin_data.content
         rows = _parsed(content)["rows"]
-        events.append(_Event(step, content, rows, np.asarray(vector), loss_scale))
+        events.append(_Event(step, content, rows, np.asarray(vector), loss_scale, in_step))
         kept = leading.HISTORY if self.warnings else 0
         while len(events) > 1 and events[0].step < step - kept:
             self._drop_first()
@@ -180,7 +184,7 @@ class Judge:
         for event in news:
             vector = _today(event)
             if vector is not None:
-                history_.append(event.step, vector)
+                history_.append(event.step, vector, event.in_step)
 
     def _add_tensor(self, parsed):
         layer = parsed["layer"]
@@ -281,13 +285,21 @@ def _flags(step, columns):
     return raised
 
 
-def _warnings(columns):
-    """The warnings raised at the last step of `columns`, judged over all of them."""
+def _in_step(fields, array):
+    """Whether a digest-source record (`fields`, its vector) says the train step computed the
+    event's digest."""
+    values = np.asarray(array, np.float64).ravel()
+    return "in_step" in fields and values[list(fields).index("in_step")] == 1
+
+
+def _warnings(columns, in_step):
+    """The warnings raised at the last step of `columns`, judged over all of them (`in_step`:
+    `[steps]` bool, where the digest is the train step's)."""
     steps, layers = columns
     if len(steps) < 2 or not layers:
         return []
     last = len(steps) - 1
-    found = leading.verdicts(steps, layers, at=[last])
+    found = leading.verdicts(steps, layers, at=[last], in_step=in_step)
     raised = []
     for warning in leading.WARNINGS:
         if found[warning][:, last].any():

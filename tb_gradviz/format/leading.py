@@ -12,7 +12,10 @@ needs no reference value and judges every layer by its own scale:
   RMS over the window, and above `RECORD` times its highest over the
   `HISTORY` steps before (a height the layer has shown before, in a swing
   that came back, is not a warning);
-* `max_growth`: the same, of its max |x|;
+* `max_growth`: the same, of its max |x|. At a step whose digest the train
+  step computed (`digest="step"`: that step's own batch, where one odd batch
+  moves a gradient several-fold and the next is back), both hold only where
+  they held at the logged step before too;
 * `rms_drift`: a windowed CUSUM on log RMS: the rise of log10 RMS from the
   lowest point of the window, less an allowance of `DRIFT_PER_STEP` decades
   per step between the two, is above `DRIFT` decades while the RMS is above
@@ -110,7 +113,8 @@ def rules():
         "rms_growth": f"a tensor's RMS is over {GROWTH:g}x the median of its RMS over the "
         f"{WINDOW} steps before, {past_highs}",
         "max_growth": f"a tensor's max |x| is over {GROWTH:g}x the median of its max |x| over "
-        f"the {WINDOW} steps before, {past_highs}",
+        f"the {WINDOW} steps before, {past_highs}; for both, at a step whose digest the train "
+        "step computed, at the logged step before too",
         "rms_drift": f"a tensor's log10 RMS rose over {DRIFT:g} decades above its lowest point "
         f"of the {WINDOW} steps before, beyond {DRIFT_PER_STEP:g} decades per step, the RMS "
         f"over {DRIFT_RECORD:g}x its highest over the {HISTORY} steps before; or rose so over "
@@ -201,7 +205,7 @@ class Series(NamedTuple):
     trend: np.ndarray
 
 
-def verdicts(steps, layers, at=None):
+def verdicts(steps, layers, at=None, in_step=None):
     """Every warning of every layer at every step of `[layers, steps]` columns (`health`'s,
     with `updates` as the digest's), all series judged at once.
 
@@ -209,6 +213,8 @@ def verdicts(steps, layers, at=None):
       steps: the logged steps, `[steps]` ints, sorted.
       layers: the layers' columns.
       at: None to judge every step, or the indices of the steps to judge.
+      in_step: `[steps]` bool, where the digest is the train step's (`digest="step"`:
+        that step's own batch), or None: every step's is the probe's.
 
     Returns:
       `{warning: [layers, steps] bool}` and, under `"tensors"`, `{warning:
@@ -232,7 +238,7 @@ def verdicts(steps, layers, at=None):
         )
     names = [[name for name, _ in found] for found in tensors]
     weights = [[weight for weight, _ in found] for found in updates]
-    return by_layer(judged_series(steps, series, at), names, weights, count)
+    return by_layer(judged_series(steps, series, at, in_step), names, weights, count)
 
 
 def by_layer(judged, names, weights, count):
@@ -277,9 +283,10 @@ def _weight_order(layer, weight):
     return names.index(weight) if weight in names else len(names)
 
 
-def judged_series(steps, series, at=None):
+def judged_series(steps, series, at=None, in_step=None):
     """`{warning: [series, steps] bool}` over a `Series` (False where a step is not judged;
-    `at`: the indices of the steps judged, None: all)."""
+    `at`: the indices of the steps judged, None: all; `in_step`: `[steps]` bool, where the
+    digest is the train step's own, or None: none is)."""
     steps = np.asarray(steps, dtype=np.int64)
     growth, spike = np.log10(GROWTH), np.log10(SPIKE)
     record = np.log10(RECORD)
@@ -288,10 +295,27 @@ def judged_series(steps, series, at=None):
     def past_highs(logs, above=record):
         return windows.record_exceeds(steps, logs, above, HISTORY, at)
 
+    def grows(logs):
+        """`rms_growth`, `max_growth`: at an in-step step `t`, the lower of the values at `t`
+        and at the logged step before, judged at that step (its window and highs)."""
+        raised = windows.median_exceeds(steps, logs, growth, at) & past_highs(logs)
+        if in_step is None or not np.any(in_step):
+            return raised
+        judged = np.arange(len(steps)) if at is None else np.asarray(at, np.int64)
+        judged = judged[(judged > 0) & np.asarray(in_step, bool)[judged]]
+        pairs = np.full_like(logs, np.nan)
+        pairs[:, :-1] = np.minimum(logs[:, :-1], logs[:, 1:])  # NaN where either is
+        before = judged - 1
+        held = windows.median_exceeds(steps, logs, growth, before, pairs)
+        held &= windows.record_exceeds(steps, logs, record, HISTORY, before, pairs)
+        raised[:, np.asarray(in_step, bool)] = False
+        raised[:, judged] = held[:, before]
+        return raised
+
     with np.errstate(invalid="ignore"):
         return {
-            "rms_growth": windows.median_exceeds(steps, rms, growth, at) & past_highs(rms),
-            "max_growth": windows.median_exceeds(steps, peak, growth, at) & past_highs(peak),
+            "rms_growth": grows(rms),
+            "max_growth": grows(peak),
             "rms_drift": (
                 windows.drift_exceeds(steps, rms, DRIFT, DRIFT_PER_STEP, at)
                 & past_highs(rms, np.log10(DRIFT_RECORD))

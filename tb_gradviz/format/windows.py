@@ -143,21 +143,23 @@ def _pairs(logs, judged, begins, series, columns):
         yield rows, picked, np.where(inside, logs[rows[:, None], where], np.nan), where
 
 
-def median_exceeds(steps, logs, threshold, at=None):
+def median_exceeds(steps, logs, threshold, at=None, values=None):
     """`[series, steps]` bool: where a value's log10 is over `threshold` above the median log10
     of its window (False where a step is not judged). `logs` is `[series, steps]` log10 values,
-    NaN where there is none.
+    NaN where there is none; `values`, of the same shape, the values judged against the windows
+    of `logs` (None: `logs`' own).
 
     The median of a window is at least its minimum, so a value within `threshold` of its
     window's minimum cannot exceed it: the minima (a sparse table) rule out almost every pair,
     and only the rest have their windows gathered and their medians taken."""
     logs = np.atleast_2d(np.asarray(logs, dtype=np.float64))
+    values = logs if values is None else np.atleast_2d(np.asarray(values, dtype=np.float64))
     out = np.zeros(logs.shape, bool)
     judged, begins = _judged(steps, at)
     chunk = _chunk(judged, len(logs))
     for first in range(0, len(logs) if judged.size else 0, chunk):
         part = logs[first : first + chunk]
-        now = part[:, judged]
+        now = values[first : first + chunk][:, judged]
         with np.errstate(invalid="ignore"):
             lowest = _window_min(part, judged, begins)
             maybe = _enough(part, judged, begins) & (now - lowest > threshold)
@@ -240,11 +242,12 @@ def _quiet():
         yield
 
 
-def record_exceeds(steps, logs, threshold, span, at=None):
+def record_exceeds(steps, logs, threshold, span, at=None, values=None):
     """`[series, steps]` bool: where a value's log10 is over `threshold` above the highest
     log10 of the series over the `span` steps before it (False where a step is not judged, or
-    that history holds no value)."""
+    that history holds no value; `values`: as for `median_exceeds`)."""
     logs = np.atleast_2d(np.asarray(logs, dtype=np.float64))
+    values = logs if values is None else np.atleast_2d(np.asarray(values, dtype=np.float64))
     out = np.zeros(logs.shape, bool)
     judged, _ = _judged(steps, at)
     if not judged.size:
@@ -259,7 +262,8 @@ def record_exceeds(steps, logs, threshold, span, at=None):
                     highest = _each_window(part, judged, history, np.nanmax)
             else:
                 highest = -_window_min(-part, judged, history)
-            out[first : first + chunk, judged] = part[:, judged] - highest > threshold
+            now = values[first : first + chunk][:, judged]
+            out[first : first + chunk, judged] = now - highest > threshold
     return out
 
 
