@@ -14,8 +14,9 @@ needs no reference value and judges every layer by its own scale:
   that came back, is not a warning);
 * `max_growth`: the same, of its max |x|. At a step whose digest the train
   step computed (`digest="step"`: that step's own batch, where one odd batch
-  moves a gradient several-fold and the next is back), both hold only where
-  they held at the logged step before too;
+  moves a gradient several-fold and the next is back), both judge the lower
+  of the step's value and the previous logged step's, against that previous
+  step's window and highs: a growth that holds two steps;
 * `rms_drift`: a windowed CUSUM on log RMS: the rise of log10 RMS from the
   lowest point of the window, less an allowance of `DRIFT_PER_STEP` decades
   per step between the two, is above `DRIFT` decades while the RMS is above
@@ -114,7 +115,7 @@ def rules():
         f"{WINDOW} steps before, {past_highs}",
         "max_growth": f"a tensor's max |x| is over {GROWTH:g}x the median of its max |x| over "
         f"the {WINDOW} steps before, {past_highs}; for both, at a step whose digest the train "
-        "step computed, at the logged step before too",
+        "step computed, the lower of its value and the logged step before's, judged there",
         "rms_drift": f"a tensor's log10 RMS rose over {DRIFT:g} decades above its lowest point "
         f"of the {WINDOW} steps before, beyond {DRIFT_PER_STEP:g} decades per step, the RMS "
         f"over {DRIFT_RECORD:g}x its highest over the {HISTORY} steps before; or rose so over "

@@ -132,7 +132,7 @@ class OneEvent:
     values once its vector is copied into that buffer, as long as the event
     has the same rows, layers and finite values: the callback's judge, which
     judges the in-step digest of every step, builds them once instead of a
-    dict per row and field at each event (tests/test_judgement.py checks them
+    dict per row and field at each event (tests/test_one_event_columns.py checks them
     against `build` over events whose finite values change).
     """
 
