@@ -67,7 +67,10 @@ def _train(log_dir, seed, probe_nan):
     if probe_nan:
         probe[0, 3, 3, 0] = np.nan
     callback = tb_gradviz.GradVizCallback(
-        log_dir, probe_data=(probe, y[:BATCH]), layers=["conv", "pool", "avg", "add"]
+        log_dir,
+        probe_data=(probe, y[:BATCH]),
+        layers=["conv", "pool", "avg", "add"],
+        block_formats=True,
     )
     model.fit(x, y, batch_size=BATCH, epochs=EPOCHS, callbacks=[callback], verbose=0)
 
@@ -267,7 +270,20 @@ def test_frontend_unit_tests_pass_under_node(api_answers):
         for line in result.stdout.splitlines()
         if line.startswith(("# pass", "# fail", "# skipped"))
     ]
-    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
+    assert result.returncode == 0, _failures(result.stdout) + result.stderr[-2000:]
     assert summary[0].split()[-1] != "0" and "# fail 0" in summary and "# skipped 0" in summary, (
         summary
     )
+
+
+def _failures(tap):
+    """The failed subtests of node's TAP output, each with its details (up to its `...`)."""
+    found, taking = [], False
+    for line in tap.splitlines():
+        if line.lstrip().startswith("not ok"):
+            taking = True
+        if taking:
+            found.append(line)
+            if line.strip() == "...":
+                taking = False
+    return "\n".join(found)[-6000:] or tap[-4000:]

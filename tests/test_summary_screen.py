@@ -31,7 +31,12 @@ def deep_run(tmp_path_factory):
     rng = np.random.default_rng(0)
     x, y = rng.normal(size=(16, 8)).astype("float32"), rng.normal(size=(16, 1)).astype("float32")
     callback = GradVizCallback(
-        root / "deep", (x[:8], y[:8]), layers=lambda layer: True, every_n_batches=1, weights=True
+        root / "deep",
+        (x[:8], y[:8]),
+        layers=lambda layer: True,
+        every_n_batches=1,
+        weights=True,
+        block_formats=True,
     )
     model.fit(x, y, batch_size=8, epochs=1, verbose=0, callbacks=[callback])
     return root
