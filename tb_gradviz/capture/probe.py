@@ -240,11 +240,11 @@ class LayerPlan:
     pooling: dict = None
     has_routing: bool = False
     device: str = None  # where the pass ran, e.g. "cpu" or "cuda:0"
-    units_axis: int = (
-        None  # the channel axis of the first activation, when a units record is written
-    )
+    # The channel axis of the first activation, when a units record is written.
+    units_axis: int = None
     map_cut: dict = None  # where the routing map is cut (`routing_map.layout`), when one is written
     weights: list = field(default_factory=list)  # the `(name, variable)`s recorded, in tensor order
+    made: dict = field(default_factory=dict, repr=False, compare=False)  # (`assemble._made`)
 
     @property
     def content(self):
