@@ -5,7 +5,17 @@ values and finite values change; the flow of every layer at once is each layer's
 import numpy as np
 import synthetic
 
-from tb_gradviz.format import digest, flow, health, judgement, records, rule_columns
+from tb_gradviz.format import (
+    blocks,
+    digest,
+    events,
+    flow,
+    health,
+    judgement,
+    records,
+    rule_columns,
+    summaries,
+)
 
 LAYERS = 4
 
@@ -15,11 +25,15 @@ def _events():
     over them: new values each, some with a tensor's row missing (its count NaN), a NaN RMS, or
     a non-finite count of values."""
     rng = np.random.default_rng(0)
-    written = [
-        r
-        for i in range(LAYERS)
-        for r in synthetic.pool_records(rng, f"block{i}/pool", i, gradient_scale=10.0**-i)
-    ]
+    written = []
+    for i in range(LAYERS):
+        name = f"block{i}/pool"
+        written += synthetic.pool_records(rng, name, i, gradient_scale=10.0**-i)
+        # A precision record (with its block part): a row an earlier digest layout is shorter in.
+        values = rng.standard_normal(64) * 10.0**-i
+        record = np.concatenate([summaries.precision_vector(values), blocks.numpy_fields(values)])
+        content = {"layer_index": i, "role": records.OUTPUT_GRADIENT, "index": 0, "shape": [64]}
+        written += events.precision_records(name, records.OUTPUT_GRADIENT, record, content)
     ((_, vector, summary_metadata),) = digest.digest_records(written)
     rows = judgement._parsed(summary_metadata.plugin_data.content)["rows"]
     offsets, _ = digest.row_offsets(rows)
@@ -79,6 +93,23 @@ def test_one_events_columns_and_flags_are_builds_of_each_event():
     # The judge itself, given these digests as the in-step events: each event's flags.
     raised = [judge.judge(step, [("d", v, summary_metadata)]) for step, v in enumerate(vectors, 2)]
     assert [j.raised for j in raised] == flags
+
+
+def test_one_events_columns_of_an_earlier_layouts_digests_are_builds_of_each():
+    written, summary_metadata, vectors = _events()
+    judge = judgement.Judge()
+    judge.judge(1, written)
+    content = summary_metadata.plugin_data.content
+    rows = judgement._parsed(content)["rows"]
+    _, targets = digest._earlier_sources(tuple(tuple(row) for row in rows))
+    one = rule_columns.OneEvent()
+    for step, vector in enumerate(vectors[:2], start=2):
+        series = rule_columns.DigestSeries(rows, np.array([step]), vector[targets][None])
+        want = rule_columns.build(judge._layers, [series])
+        for layer, wanted in zip(
+            one.build((content, 0), judge._layers, series).layers, want.layers
+        ):
+            _assert_same(layer, wanted)
 
 
 def test_the_flow_of_every_layer_at_once_is_each_layers():

@@ -149,6 +149,8 @@ class OneEvent:
           layers, series: as for `build`.
         """
         vector = np.asarray(series.values, np.float64).reshape(-1)
+        upgraded = digest.upgrade(series.rows, vector[None])  # an earlier layout's, in today's
+        vector = vector if upgraded is None else upgraded[0]
         finite = np.isfinite(vector)
         if (
             key != self._key
