@@ -45,16 +45,7 @@ def main():
     spent = collections.defaultdict(float)
 
     def timed(owner, attribute, part):
-        function = getattr(owner, attribute)
-
-        def wrapper(*args, **kwargs):
-            start = time.perf_counter()
-            try:
-                return function(*args, **kwargs)
-            finally:
-                spent[part] += time.perf_counter() - start
-
-        setattr(owner, attribute, wrapper)
+        setattr(owner, attribute, common.timed(getattr(owner, attribute), spent, part))
 
     timed(in_step_kernel, "row_along", "kernel_rows_ms")
     timed(in_step_kernel, "update_norms", "update_norms_ms")

@@ -30,7 +30,6 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
@@ -39,32 +38,22 @@ BACKENDS = ("tensorflow", "jax", "torch")
 PARTS = ("statistics", "updates", "write")
 
 
-def timed(fn, spent, part):
-    """`fn`, adding the seconds each call takes to `spent[part]`."""
-
-    def call(*args, **kwargs):
-        start = time.perf_counter()
-        try:
-            return fn(*args, **kwargs)
-        finally:
-            spent[part] += time.perf_counter() - start
-
-    return call
-
-
 class Timed:
     """A callback whose `log_now` also reports where its time went (`PARTS`, and `pass`)."""
 
     def __init__(self, callback, spent):
         self.callback, self.spent = callback, spent
-        callback._log.write = timed(callback._log.write, spent, "write")
+        callback._log.write = common.timed(callback._log.write, spent, "write")
 
     def log_now(self):
         for part in self.spent:
             self.spent[part] = 0.0
         if self.callback._updates is not None and not hasattr(self.callback._updates, "timed"):
             updates = self.callback._updates
-            updates.records, updates.timed = timed(updates.records, self.spent, "updates"), True
+            updates.records, updates.timed = (
+                common.timed(updates.records, self.spent, "updates"),
+                True,
+            )
         total = common.seconds(self.callback.log_now)
         parts = dict(self.spent)
         parts["pass"] = total - sum(parts.values())
@@ -79,7 +68,7 @@ def measure(args):
     from tb_gradviz.capture import assemble
 
     spent = {part: 0.0 for part in PARTS}
-    assemble.host_summaries = timed(assemble.host_summaries, spent, "statistics")
+    assemble.host_summaries = common.timed(assemble.host_summaries, spent, "statistics")
 
     model = common.build_model(args.model, args.image_size, args.seed)
     x, y = common.batch(args.batch, args.image_size, args.seed)

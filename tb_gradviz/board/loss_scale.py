@@ -22,13 +22,6 @@ import math
 
 import numpy as np
 
-from tb_gradviz.format import records
-
-
-def layout(fields):
-    """The `records.Layout` of a loss-scale record with these fields (none counts elements)."""
-    return records.Layout("loss_scale", (len(fields),), lambda values: values[:, :0])
-
 
 def skipped_steps(fields, steps, values):
     """The steps `LossScaleOptimizer` skipped over a run's log events (see above).

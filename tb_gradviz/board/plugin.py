@@ -326,23 +326,24 @@ class GradVizPlugin(layer_impls.LayerImpls, base_plugin.TBPlugin):
     def _in_step(self, run_store, steps):
         """`[steps]` bool: where the run's digest-source record says the train step computed
         the digest (`digest="step"`), or None without such a record."""
-        found = run_store.fields_series(metadata.KIND_DIGEST_SOURCE)
-        if found is None or "in_step" not in found.fields:
+        record = self._fields_record(run_store, metadata.KIND_DIGEST_SOURCE)
+        if record is None:
             return None
-        layout = records.Layout("digest_source", (len(found.fields),), lambda v: v[:, :0])
-        series = run_store.read({found.tag: found.time_series}, layout, digest.PLUGIN_NAME)
-        series = series[found.tag]
-        if series is None:
-            return None
-        marked = series.steps[series.values[:, list(found.fields).index("in_step")] == 1]
-        return np.isin(steps, marked)
+        fields, series = record
+        return np.isin(steps, series.steps[digest.marked_in_step(fields, series.values)])
 
     def _loss_scale_series(self, run_store):
         """`(fields, series)` of the run's loss-scale record, or None without one."""
-        found = run_store.loss_scale()
+        return self._fields_record(run_store, metadata.KIND_LOSS_SCALE)
+
+    def _fields_record(self, run_store, kind):
+        """`(fields, series)` of the run's digest-plugin record of `kind`, a vector of the fields
+        its metadata lists that counts no elements (the loss scale's, the digest source's), or
+        None without one."""
+        found = run_store.fields_series(kind)
         if found is None:
             return None
-        layout = loss_scale.layout(found.fields)
+        layout = records.Layout(kind, (len(found.fields),), lambda values: values[:, :0])
         series = run_store.read({found.tag: found.time_series}, layout, digest.PLUGIN_NAME)
         series = series[found.tag]
         return None if series is None else (found.fields, series)

@@ -244,11 +244,6 @@ class RunStore:
         """The run's cost-budget series (a `catalog.Budget`), or None."""
         return self.fields_series(metadata.KIND_BUDGET)
 
-    def loss_scale(self):
-        """Returns the run's loss-scale series (a `catalog.Budget` of its fields), or None (a
-        run without `LossScaleOptimizer`, or written before the record)."""
-        return self.fields_series(metadata.KIND_LOSS_SCALE)
-
     def fields_series(self, kind):
         """The run's first digest-plugin series of `kind` listing its `fields`, or None."""
         for tag, time_series in sorted(self.digest_listing().items()):

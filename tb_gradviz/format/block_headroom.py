@@ -164,11 +164,13 @@ def verdicts(layers, steps):
     judged = [(i, columns) for i, layer in enumerate(layers) for _, columns in _judged(layer)]
     if judged:  # every judged gradient's share at once: `[gradients, steps]`
         index, shares = zip(*judged)
-        total = np.array([columns["finite_nonzero"] for columns in shares], np.float64)
-        count = np.array([_count(columns) for columns in shares], np.float64)
-        with np.errstate(invalid="ignore", divide="ignore"):
-            share = np.where(total > 0, count / np.where(total > 0, total, 1), np.nan)
-            np.logical_or.at(found, np.array(index), share.reshape(len(index), steps) > SHARE)
+        stacked = {
+            "finite_nonzero": np.array([columns["finite_nonzero"] for columns in shares]),
+            digest.BLOCK_FIELD: np.array([_count(columns) for columns in shares], np.float64),
+        }
+        with np.errstate(invalid="ignore"):
+            share = _share(stacked).reshape(len(index), steps)
+            np.logical_or.at(found, np.array(index), share > SHARE)
     return {"block_underflow": found}
 
 

@@ -275,6 +275,15 @@ def _whole(value):
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
+def marked_in_step(fields, values):
+    """`[events]` bool: where a digest-source record (`gradviz_digest/source`: vectors of
+    `fields`, `[events, fields]`) says the train step computed the event's digest."""
+    values = np.asarray(values, np.float64).reshape(-1, len(fields))
+    if "in_step" not in fields:
+        return np.zeros(len(values), bool)
+    return values[:, list(fields).index("in_step")] == 1
+
+
 def row_offsets(rows, fields=FIELDS):
     """Returns where each row's segment begins in the vector, and the vector's length, with
     `fields` per row kind (today's, or `EARLIER_FIELDS`)."""

@@ -12,6 +12,7 @@ import numpy as np
 from tb_gradviz.format import records
 
 _ROLE_FIELDS = ("count", "nan", "pos_inf", "neg_inf", "rms", "max_abs", "zeros")
+_FLOW = ("rms", "max_abs", "zero_fraction")
 
 
 def role_columns(tensors, role):
@@ -25,9 +26,10 @@ def role_columns(tensors, role):
     return {name: column[0] for name, column in layers_role_columns([tensors], role).items()}
 
 
-def layers_role_columns(layer_tensors, role):
+def layers_role_columns(layer_tensors, role, steps=0):
     """`role_columns` of each layer's tensors at once: `{"rms", "max_abs", "zero_fraction"}`
-    `[layers, steps]` arrays, NaN for a layer without a tensor of that role."""
+    `[layers, steps]` arrays, NaN for a layer without a tensor of that role (`steps`: their
+    length when no layer has one)."""
     chosen, layer_of = [], []
     for i, tensors in enumerate(layer_tensors):
         for t in tensors.values():
@@ -35,9 +37,7 @@ def layers_role_columns(layer_tensors, role):
                 chosen.append(t)
                 layer_of.append(i)
     if not chosen:
-        steps = next(iter(np.shape(t["count"]) for ts in layer_tensors for t in ts.values()), (0,))
-        empty = np.full((len(layer_tensors),) + tuple(steps), np.nan)
-        return {"rms": empty, "max_abs": empty.copy(), "zero_fraction": empty.copy()}
+        return {name: np.full((len(layer_tensors), steps), np.nan) for name in _FLOW}
     # [fields, tensors, steps], one array for the role's seven columns; the tensors of a layer
     # are consecutive, so each layer's sums are one segment's (`reduceat` at its first).
     count, nan, pos_inf, neg_inf, rms, max_abs, zeros = np.array(

@@ -211,8 +211,8 @@ def verdicts(layers, ratio=DEFAULT_RATIO):
     steps = _step_count(layers)
     empty = np.zeros(steps, bool)
     gradient_rms = flow.layers_role_columns(
-        [layer["tensors"] for layer in layers], records.OUTPUT_GRADIENT
-    )["rms"].reshape(len(layers), steps)
+        [layer["tensors"] for layer in layers], records.OUTPUT_GRADIENT, steps
+    )["rms"]
     names = [layer["layer"] for layer in layers]
     reference, vanishing, exploding = gradient_verdicts(names, gradient_rms, ratio)
     with np.errstate(invalid="ignore"):

@@ -179,10 +179,11 @@ class History:
             for new, old in zip(grown, self._arrays):
                 new[:, :held] = old[:, self._begin : self._end]
             self._arrays = grown
-            for name, dtype in (("_steps", np.int64), ("_complete", bool), ("_in_step", bool)):
+            for name in ("_steps", "_complete", "_in_step"):
                 old = getattr(self, name)
-                setattr(self, name, np.zeros(self._room, dtype))
-                getattr(self, name)[:held] = old[self._begin : self._end]
+                grown_column = np.zeros(self._room, old.dtype)
+                grown_column[:held] = old[self._begin : self._end]
+                setattr(self, name, grown_column)
         else:
             for array in self._arrays:
                 array[:, :held] = array[:, self._begin : self._end]

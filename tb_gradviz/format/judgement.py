@@ -157,7 +157,7 @@ class Judge:
             elif parsed.get("kind") == metadata.KIND_LOSS_SCALE:
                 loss_scale = (tuple(parsed["fields"]), np.asarray(array, np.float64).ravel())
             elif parsed.get("kind") == metadata.KIND_DIGEST_SOURCE:
-                in_step = _in_step(parsed["fields"], array)
+                in_step = bool(digest.marked_in_step(parsed["fields"], array)[0])
         _, vector, summary_metadata = digest_record
         content = summary_metadata.plugin_data.content
         rows = _parsed(content)["rows"]
@@ -283,13 +283,6 @@ def _flags(step, columns):
             index, tensor = origin
             raised.append(_entry(flag, "flag", step, layers[index]["layer"], tensor))
     return raised
-
-
-def _in_step(fields, array):
-    """Whether a digest-source record (`fields`, its vector) says the train step computed the
-    event's digest."""
-    values = np.asarray(array, np.float64).ravel()
-    return "in_step" in fields and values[list(fields).index("in_step")] == 1
 
 
 def _warnings(columns, in_step):

@@ -297,20 +297,22 @@ def judged_series(steps, series, at=None, in_step=None):
         return windows.record_exceeds(steps, logs, above, HISTORY, at)
 
     def grows(logs):
-        """`rms_growth`, `max_growth`: at an in-step step `t`, the lower of the values at `t`
-        and at the logged step before, judged at that step (its window and highs)."""
-        raised = windows.median_exceeds(steps, logs, growth, at) & past_highs(logs)
-        if in_step is None or not np.any(in_step):
-            return raised
+        """`rms_growth`, `max_growth`: at a probe step its value; at an in-step step `t`, the
+        lower of the values at `t` and at the logged step before, judged at that step (its
+        window and highs)."""
         judged = np.arange(len(steps)) if at is None else np.asarray(at, np.int64)
-        judged = judged[(judged > 0) & np.asarray(in_step, bool)[judged]]
-        pairs = np.full_like(logs, np.nan)
-        pairs[:, :-1] = np.minimum(logs[:, :-1], logs[:, 1:])  # NaN where either is
-        before = judged - 1
-        held = windows.median_exceeds(steps, logs, growth, before, pairs)
-        held &= windows.record_exceeds(steps, logs, record, HISTORY, before, pairs)
-        raised[:, np.asarray(in_step, bool)] = False
-        raised[:, judged] = held[:, before]
+        paired = np.zeros(len(judged), bool) if in_step is None else np.asarray(in_step)[judged]
+        own = judged[~paired]
+        raised = windows.median_exceeds(steps, logs, growth, own)
+        raised &= windows.record_exceeds(steps, logs, record, HISTORY, own)
+        judged = judged[paired & (judged > 0)]
+        if judged.size:
+            pairs = np.full_like(logs, np.nan)
+            pairs[:, :-1] = np.minimum(logs[:, :-1], logs[:, 1:])  # NaN where either is
+            before = judged - 1
+            held = windows.median_exceeds(steps, logs, growth, before, pairs)
+            held &= windows.record_exceeds(steps, logs, record, HISTORY, before, pairs)
+            raised[:, judged] = held[:, before]
         return raised
 
     with np.errstate(invalid="ignore"):
