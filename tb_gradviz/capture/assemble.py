@@ -88,8 +88,8 @@ def _content(plan, of):
 def _made(plan, key, make, *arrays, content=None):
     """`make(*arrays, metadata content)`'s `(tag, array, metadata)` records (`_content(plan,
     content)`): made at the plan's first event, then their tags and metadata again, which
-    depend on the plan alone, with this event's `arrays`. Making the metadata (a JSON content
-    each) took about 5 % of an every-layer event."""
+    depend on the plan alone, with this event's `arrays` (bench/RESULTS.md section 20: the
+    every-layer event's cost before and after)."""
     made = plan.made.get(key)
     if made is None:
         found = make(*arrays, _content(plan, content))
