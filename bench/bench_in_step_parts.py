@@ -45,7 +45,8 @@ def main():
     spent = collections.defaultdict(float)
 
     def timed(owner, attribute, part):
-        setattr(owner, attribute, common.timed(getattr(owner, attribute), spent, part))
+        cpu_part = part.replace("_ms", "_cpu_ms")
+        setattr(owner, attribute, common.timed(getattr(owner, attribute), spent, part, cpu_part))
 
     timed(in_step_kernel, "row_along", "kernel_rows_ms")
     timed(in_step_kernel, "update_norms", "update_norms_ms")

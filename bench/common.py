@@ -39,15 +39,19 @@ def seconds(fn):
     return time.perf_counter() - start
 
 
-def timed(fn, spent, part):
-    """`fn`, adding the seconds each call takes to `spent[part]`."""
+def timed(fn, spent, part, cpu_part=None):
+    """`fn`, adding the seconds each call takes to `spent[part]`, and, given `cpu_part`, the CPU
+    time of its thread to `spent[cpu_part]` (the wall time of a call on a thread that shares the
+    cores with others counts the time it waited for one)."""
 
     def call(*args, **kwargs):
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.thread_time()
         try:
             return fn(*args, **kwargs)
         finally:
             spent[part] += time.perf_counter() - start
+            if cpu_part is not None:
+                spent[cpu_part] += time.thread_time() - cpu
 
     return call
 

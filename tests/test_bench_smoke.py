@@ -273,3 +273,10 @@ def test_in_step_memory_bench_takes_each_arms_peak_in_a_process_of_its_own(tmp_p
     for arm in ("plain", "step"):
         assert row[f"{arm}_peak_mb"] >= row[f"{arm}_before_fit_mb"] > 0
     assert row["peak_ratio"] > 0 and row["fit_added_ratio"] > 0
+
+
+def test_in_step_kernel_bench_times_the_kernel_hot_cold_and_against_one_read(tmp_path):
+    (row,) = run_smoke(tmp_path, "bench_in_step_kernel.py")
+    assert row["tensors"] == 4 and row["values"] == 4 * 4 * 8 * 8 * 64
+    for speed in ("hot_gvalues_s", "cold_gvalues_s", "read_gvalues_s"):
+        assert row[speed] > 0, speed

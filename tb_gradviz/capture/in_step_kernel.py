@@ -3,13 +3,14 @@
 On a CPU a framework's own ops read a tensor once per op (the sum of squares,
 the magnitudes, their buckets, their maximum: six passes or more), and every
 pass over every chosen layer's tensors costs a noticeable share of the train
-step. Here numba compiles the statistics of `capture.in_step` into one loop
-that LLVM vectorizes: per value, its square is added (in float64), its
-magnitude compared with each of `in_step.THRESHOLDS` and with the largest so
-far (as integers: see `_finite_pass`), and, for an
-activation with a channel axis last, whether it is non-zero is or-ed into its
-channel's flag. A tensor holding a NaN or an Inf (its sum of squares is not
-finite) is read once more, one value at a time, to leave them out.
+step. Here numba compiles the statistics of `capture.in_step` into one pass:
+a block of the values at a time (it stays in the L1 cache), a few loops over
+it that LLVM vectorizes: the squares (added in float64) and the largest
+magnitude, the counts below each of `in_step.THRESHOLDS`, and, for an
+activation with a channel axis last, each channel's bits or-ed (whether it is
+non-zero anywhere); see `_finite_pass`. A tensor holding a NaN or an Inf (its
+sum of squares is not finite) is read once more, one value at a time, to
+leave them out.
 
 The kernel releases the GIL, so the framework's other threads go on with the
 step while it runs. Imports neither TensorFlow nor Keras.
@@ -20,52 +21,88 @@ import numpy as np
 
 from tb_gradviz.capture import in_step
 
-_SUM = {"reassoc", "nsz", "contract"}  # fastmath flags for the loop that only adds
+_SUM = {"reassoc", "nsz", "contract"}  # fastmath flags for the loops that only add
 _THRESHOLDS32 = np.array(in_step.THRESHOLDS, np.float32)
-_THRESHOLD_BITS = _THRESHOLDS32.view(np.uint32)
+# The bits of float16's overflow threshold: a block whose largest magnitude is below it has
+# every value below it and below bfloat16's (larger) one too.
+_HIGH_BITS = _THRESHOLDS32[3:4].view(np.uint32)[0]
+_F0, _F1 = np.float32(0.0), np.float32(1.0)
 
-
-# Values per block of `_finite_pass`, rounded down to whole lines: long enough that its
-# vectorized loop runs at full speed, short enough that the block is still in the L1 cache
-# when its lines are read again for the channels.
-_BLOCK = 2048
+# Values per block of `_finite_pass`, rounded down to whole periods of the lines: long enough
+# that its vectorized loops run at full speed, short enough that the block is still in the L1
+# cache when the next loop reads it again.
+_BLOCK = 8192
+# The shortest run of whole lines the channels' flags are or-ed over at a time: a line of
+# 3 values (an image's channels) would leave the vector units idle.
+_PERIOD = 64
 
 
 @numba.njit(nogil=True, cache=True, fastmath=_SUM)
-def _finite_pass(bits, values, thresholds, width, channels):
-    # bits: the values' float32 bit patterns, flat, in lines of `width` (channels). Without the
-    # sign bit, the pattern of a finite float orders as its magnitude does, so the comparisons
-    # and the maximum are integer ones, which vectorize whatever a NaN would do (a NaN or an Inf
-    # makes the sum of squares non-finite, and the caller reads the values again). One loop over
-    # each block of whole lines (a slice: its indices are never negative, so numba adds no
-    # wraparound check, which would stop LLVM vectorizing it), then the block's lines again,
-    # from the cache, for the channels' flags.
+def _finite_pass(bits, values, thresholds, high_bits, width, channels):
+    # bits: the values' float32 bit patterns, flat, in lines of `width` (channels). Per block of
+    # whole lines, a few loops that each vectorize (one loop doing everything did not, as well:
+    # 2x slower), the block read from the L1 cache after the first:
+    # - the sum of squares (in float64) and the largest magnitude's bits: without the sign bit,
+    #   the pattern of a finite float orders as its magnitude does, and an integer maximum
+    #   vectorizes whatever a NaN would do (a NaN or an Inf makes the sum of squares
+    #   non-finite, and the caller reads the values again);
+    # - the counts below the three low thresholds, as float32 sums of 0 or 1 (exact below
+    #   2**24 values; an integer count would be widened to 64 bits, lane by lane);
+    # - the counts below the two high ones only when the block reaches them: otherwise every
+    #   value is below both;
+    # - the channels' flags: each channel's bits or-ed, over runs of whole lines of at least
+    #   `_PERIOD` values, folded onto the channels at the end (a zero of either sign has no
+    #   bit but the sign set).
     t0, t1, t2, t3, t4 = thresholds[0], thresholds[1], thresholds[2], thresholds[3], thresholds[4]
-    b0 = b1 = b2 = b3 = b4 = 0
+    below = np.zeros(5, np.int64)
     squares = 0.0
     largest = np.uint32(0)
-    nonzero = np.zeros(width, np.uint8)
     magnitude = np.uint32(0x7FFFFFFF)
-    block = max(1, _BLOCK // width) * width
+    period = width * max(1, _PERIOD // width)
+    ored = np.zeros(period, np.uint32)
+    block = max(1, _BLOCK // period) * period
     for start in range(0, bits.size, block):
         block_bits = bits[start : start + block]
         block_values = values[start : start + block]
+        block_largest = np.uint32(0)
         for i in range(block_bits.size):
-            a = block_bits[i] & magnitude
             v = np.float64(block_values[i])
             squares += v * v
-            largest = max(largest, a)
-            b0 += a < t0
-            b1 += a < t1
-            b2 += a < t2
-            b3 += a < t3
-            b4 += a < t4
+            block_largest = max(block_largest, block_bits[i] & magnitude)
+        largest = max(largest, block_largest)
+        b0 = b1 = b2 = _F0
+        for i in range(block_values.size):
+            a = abs(block_values[i])
+            b0 += _F1 if a < t0 else _F0
+            b1 += _F1 if a < t1 else _F0
+            b2 += _F1 if a < t2 else _F0
+        below[0] += np.int64(b0)
+        below[1] += np.int64(b1)
+        below[2] += np.int64(b2)
+        if block_largest < high_bits:
+            below[3] += block_values.size
+            below[4] += block_values.size
+        else:
+            b3 = b4 = _F0
+            for i in range(block_values.size):
+                a = abs(block_values[i])
+                b3 += _F1 if a < t3 else _F0
+                b4 += _F1 if a < t4 else _F0
+            below[3] += np.int64(b3)
+            below[4] += np.int64(b4)
         if channels:
-            for line in range(0, block_bits.size, width):
-                line_bits = block_bits[line : line + width]
-                for c in range(width):
-                    nonzero[c] |= (line_bits[c] & magnitude) != 0
-    return np.array([b0, b1, b2, b3, b4]), squares, largest, nonzero
+            whole = block_bits.size - block_bits.size % period
+            for line in range(0, whole, period):
+                line_bits = block_bits[line : line + period]
+                for c in range(period):
+                    ored[c] |= line_bits[c]
+            rest = block_bits[whole:]  # whole lines, fewer than a period's
+            for c in range(rest.size):
+                ored[c] |= rest[c]
+    nonzero = np.zeros(width, np.bool_)
+    for j in range(period):
+        nonzero[j % width] |= (ored[j] & magnitude) != 0
+    return below, squares, largest, nonzero
 
 
 @numba.njit(nogil=True, cache=True)
@@ -114,7 +151,12 @@ def statistics_row(values, units_last):
     row = np.zeros(in_step.ROW)
     row[0] = values.size
     below, squares, bits, nonzero = _finite_pass(
-        flat.view(np.uint32).reshape(-1), flat.reshape(-1), _THRESHOLD_BITS, width, units_last
+        flat.view(np.uint32).reshape(-1),
+        flat.reshape(-1),
+        _THRESHOLDS32,
+        _HIGH_BITS,
+        width,
+        units_last,
     )
     largest = float(np.array([bits], np.uint32).view(np.float32)[0])
     nonfinite = np.zeros(3)
