@@ -111,6 +111,30 @@ def assert_step_digest_equals_probes(case=None):
     return rows, [c.path for c in chosen]
 
 
+def kernel_reads_of_a_logged_step(monkeypatch):
+    """The shapes of the tensors the host kernel reads in `cnn()`'s logged step, every layer
+    chosen (the digest is checked against the probe's on the way)."""
+    from tb_gradviz.capture import in_step_kernel
+
+    reads = []
+    row_along = in_step_kernel.row_along
+
+    def counted(values, units_axis):
+        reads.append(tuple(values.shape))
+        return row_along(values, units_axis)
+
+    monkeypatch.setattr(in_step_kernel, "row_along", counted)
+    assert_step_digest_equals_probes()
+    return reads
+
+
+# `cnn()`'s 8 layers each read once for their activation and once for their output gradient;
+# of their 9 input gradients, those of `conv` (the model's input), `conv2` and `add` (which
+# both read `relu`'s output: the sum of their two gradients is `relu`'s) are read, and the
+# other 6 are the output gradient of the one layer whose output they read, and are not.
+CNN_READS = 8 + 8 + 3
+
+
 # Every trainable weight of `cnn()`, in model order: the in-step digest's update rows.
 CNN_WEIGHTS = [
     ("conv", "kernel"),

@@ -29,6 +29,13 @@ def test_a_transformers_in_step_digest_equals_the_probes_on_the_same_batch_and_w
     assert {row[1] for row in rows} == set(chosen) and "attn0/query" in chosen
 
 
+def test_an_input_gradient_that_is_another_layers_output_gradient_is_read_once(monkeypatch):
+    reads = in_step_runs.kernel_reads_of_a_logged_step(monkeypatch)
+    # TensorFlow's gradient of `add` is one tensor, handed to both its inputs: its output
+    # gradient, and so `conv2`'s, and its input gradient from `relu` are read once together.
+    assert len(reads) == in_step_runs.CNN_READS - 2
+
+
 def test_a_tensors_statistics_on_either_path_count_nonfinite_values_and_dead_channels():
     import tensorflow as tf
 

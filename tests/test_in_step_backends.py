@@ -31,6 +31,10 @@ def test_a_transformers_in_step_digest_equals_the_probes_on_the_same_batch_and_w
     assert {row[1] for row in rows} == set(chosen) and "attn0/query" in chosen
 
 
+def test_an_input_gradient_that_is_another_layers_output_gradient_is_read_once(monkeypatch):
+    assert len(in_step_runs.kernel_reads_of_a_logged_step(monkeypatch)) == in_step_runs.CNN_READS
+
+
 STEPS_PER_EXECUTION = [1, 2] if BACKEND == "jax" else [1]
 
 
