@@ -159,7 +159,7 @@ class Recording:
 
 
 @contextlib.contextmanager
-def recording_calls(chosen, is_float, wraps):
+def recording_calls(chosen, is_float, wraps, keep=None):
     """Swaps each chosen layer's `call` for one that records its tensors.
 
     Args:
@@ -168,6 +168,10 @@ def recording_calls(chosen, is_float, wraps):
       wraps: `path -> (wrap_input, wrap_output)`: `wrap_input` is applied to
         each floating input before the layer sees it, `wrap_output` (None:
         none) to each floating output before the model sees it.
+      keep: `tensor -> what the recording keeps of it`, called on each wrapped
+        input once `wrap_input` has made it and on each output before
+        `wrap_output` sees it; None keeps the tensors. (A recording that holds
+        an eager tensor keeps its memory from being freed in the backward pass.)
 
     Yields:
       `{path: Recording}`, filled at each layer's first call.
@@ -181,9 +185,8 @@ def recording_calls(chosen, is_float, wraps):
         recording = recordings[c.path]
         # object.__setattr__: Keras' __setattr__ would try to track the function.
         wrap_input, wrap_output = wraps(c.path)
-        object.__setattr__(
-            layer, "call", _recording_call(original, recording, is_float, wrap_input, wrap_output)
-        )
+        call = _recording_call(original, recording, is_float, wrap_input, wrap_output, keep)
+        object.__setattr__(layer, "call", call)
         originals.append((layer, had_own_call, original))
     try:
         yield recordings
@@ -195,21 +198,25 @@ def recording_calls(chosen, is_float, wraps):
                 object.__delattr__(layer, "call")
 
 
-def _recording_call(original, recording, is_float, wrap_input, wrap_output):
+def _recording_call(original, recording, is_float, wrap_input, wrap_output, keep):
     def wrapped(wrap):
         return lambda t: wrap(t) if is_float(t) else t
+
+    def kept(tensors):
+        floats = [t for t in keras.tree.flatten(tensors) if is_float(t)]
+        return floats if keep is None else [keep(t) for t in floats]
 
     def call(*args, **kwargs):
         if recording.outputs or not (args or "inputs" in kwargs):
             return original(*args, **kwargs)
         inputs = args[0] if args else kwargs["inputs"]
         inputs = keras.tree.map_structure(wrapped(wrap_input), inputs)
-        recording.inputs = [t for t in keras.tree.flatten(inputs) if is_float(t)]
+        recording.inputs = kept(inputs)
         if args:
             outputs = original(inputs, *args[1:], **kwargs)
         else:
             outputs = original(**dict(kwargs, inputs=inputs))
-        recording.outputs = [t for t in keras.tree.flatten(outputs) if is_float(t)]
+        recording.outputs = kept(outputs)
         if wrap_output is not None:
             outputs = keras.tree.map_structure(wrapped(wrap_output), outputs)
         return outputs
