@@ -12,9 +12,10 @@ step's compile, its buffers and, with GradViz, the probe pass, the digest and
 the kernel's work). Then the peak of each step alone: a callback after
 GradViz's resets the process's peak (`/proc/self/clear_refs`) when a step
 begins and reads it (`VmHWM`) when the step and GradViz's work after it have
-ended; per process the median over the steps after the first two (the
-compiles; a step whose event ran the probe, about one in five here, is an
-outlier the median leaves out). The arms alternate, `--repeats` each; medians.
+ended, and the peak less the resident set the step began with (what the
+step needed beyond what the process already held); per process the medians
+over the steps after the first two (the compiles; a step whose event ran the
+probe, about one in five here, is an outlier the median leaves out). The arms alternate, `--repeats` each; medians.
 
     python bench/bench_in_step_memory.py --layers all --json bench/results/in_step_memory_all.json
 
@@ -48,18 +49,21 @@ def _peak_kb():
 
 
 def _step_peaks():
-    """A Keras callback whose `peaks_kb` gets each step's peak resident set."""
+    """A Keras callback whose `peaks_kb` gets each step's peak resident set, and `added_kb`
+    that peak less the resident set when the step began."""
     import keras
 
     class StepPeaks(keras.callbacks.Callback):
-        peaks_kb = []
+        peaks_kb, added_kb = [], []
 
         def on_train_batch_begin(self, batch, logs=None):
             with open("/proc/self/clear_refs", "w") as f:
                 f.write("5")  # the peak resident set is reset to the resident set
+            self.began_kb = _peak_kb()
 
         def on_train_batch_end(self, batch, logs=None):
             self.peaks_kb.append(_peak_kb())
+            self.added_kb.append(self.peaks_kb[-1] - self.began_kb)
 
     return StepPeaks()
 
@@ -91,7 +95,17 @@ def child(args):
     )
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     step_peak = common.median(meter.peaks_kb[2:] or meter.peaks_kb)
-    print(json.dumps({"before_fit_kb": before, "peak_kb": peak, "step_peak_kb": step_peak}))
+    step_added = common.median(meter.added_kb[2:] or meter.added_kb)
+    print(
+        json.dumps(
+            {
+                "before_fit_kb": before,
+                "peak_kb": peak,
+                "step_peak_kb": step_peak,
+                "step_added_kb": step_added,
+            }
+        )
+    )
 
 
 def main():
@@ -118,6 +132,7 @@ def main():
         row[f"{arm}_before_fit_mb"] = common.median([r["before_fit_kb"] / 1024 for r in runs])
         row[f"{arm}_peak_mb"] = common.median([r["peak_kb"] / 1024 for r in runs])
         row[f"{arm}_step_peak_mb"] = common.median([r["step_peak_kb"] / 1024 for r in runs])
+        row[f"{arm}_step_added_mb"] = common.median([r["step_added_kb"] / 1024 for r in runs])
         row[f"{arm}_fit_added_mb"] = common.median(
             [(r["peak_kb"] - r["before_fit_kb"]) / 1024 for r in runs]
         )

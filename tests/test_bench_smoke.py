@@ -272,6 +272,7 @@ def test_in_step_memory_bench_takes_each_arms_peak_in_a_process_of_its_own(tmp_p
     (row,) = run_smoke(tmp_path, "bench_in_step_memory.py", "--layers", "all")
     for arm in ("plain", "step"):
         assert row[f"{arm}_peak_mb"] >= row[f"{arm}_before_fit_mb"] > 0
+        assert row[f"{arm}_step_peak_mb"] > row[f"{arm}_step_added_mb"] >= 0
     assert row["peak_ratio"] > 0 and row["fit_added_ratio"] > 0
 
 
