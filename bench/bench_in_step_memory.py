@@ -15,7 +15,8 @@ begins and reads it (`VmHWM`) when the step and GradViz's work after it have
 ended, and the peak less the resident set the step began with (what the
 step needed beyond what the process already held); per process the medians
 over the steps after the first two (the compiles; a step whose event ran the
-probe, about one in five here, is an outlier the median leaves out). The arms alternate, `--repeats` each; medians.
+probe, about one in five here, is an outlier the median leaves out). The
+arms alternate, `--repeats` each; medians.
 
     python bench/bench_in_step_memory.py --layers all --json bench/results/in_step_memory_all.json
 
