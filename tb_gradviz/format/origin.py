@@ -31,6 +31,8 @@ input: the first layer in that order whose gradient fell, grew, flushed or
 overflowed is where it began, and the layers after it received it).
 """
 
+import functools
+
 from tb_gradviz.format import records
 
 FORWARD = "forward"
@@ -66,16 +68,29 @@ def step_order(layers, passes=(FORWARD, BACKWARD)):
     Args:
       layers: per layer in model order, `{"layer", "tensors": {name: {"role", ...}}}`.
       passes: `FORWARD`, `BACKWARD` or both, in that order.
+
+    The order depends on the layers' names and their tensors' names and roles alone, and a
+    judge asks it at every event a flag is raised in: it is worked out once per structure
+    (`_step_order`).
     """
-    names = [layer["layer"] for layer in layers]
+    structure = tuple(
+        (layer["layer"], tuple((name, t["role"]) for name, t in layer["tensors"].items()))
+        for layer in layers
+    )
+    return list(_step_order(structure, tuple(passes)))
+
+
+@functools.lru_cache(maxsize=32)
+def _step_order(structure, passes):
+    names = [name for name, _ in structure]
     # A nested model spans its inner layers: it ends at the last, begins at the first.
     inner = [[j for j, other in enumerate(names) if other.startswith(name + "/")] for name in names]
     first = [min(found, default=i) for i, found in enumerate(inner)]
     last = [max(found, default=i) for i, found in enumerate(inner)]
     depth = [sum(name.startswith(other + "/") for other in names) for name in names]
     keyed = []
-    for i, layer in enumerate(layers):
-        tensors = layer["tensors"]
+    for i, (_, roles) in enumerate(structure):
+        tensors = {name: {"role": role} for name, role in roles}
         if FORWARD in passes:
             # A nested model's activation after its inner layers' (deepest first).
             keyed += [((0, last[i], -depth[i], 0), i, t) for t in in_layer(tensors, FORWARD_ROLES)]
@@ -88,4 +103,4 @@ def step_order(layers, passes=(FORWARD, BACKWARD)):
             keyed += [((1, -first[i], 1, -depth[i]), i, t) for t in behind]
     keyed.sort(key=lambda item: (item[0], item[1]))
     # The sort is stable: a layer's tensors keep `in_layer`'s order under one key.
-    return [(i, tensor) for _, i, tensor in keyed]
+    return tuple((i, tensor) for _, i, tensor in keyed)
