@@ -190,6 +190,22 @@ def _nonfinite(tensor):
     return tensor["nan"] + tensor["pos_inf"] + tensor["neg_inf"]
 
 
+def _layers_nonfinite(layers, steps):
+    """`[layers, steps]` bool: whether any of a layer's tensors holds a NaN or an Inf (a tensor
+    with an unknown count, NaN, holds none), as `_nonfinite` per tensor, from one sum over
+    every tensor's counts at once (an event is judged at every logged step)."""
+    counts, owner = [], []
+    for i, layer in enumerate(layers):
+        for t in layer["tensors"].values():
+            counts.append((t["nan"], t["pos_inf"], t["neg_inf"]))
+            owner.append(i)
+    found = np.zeros((len(layers), steps))
+    if counts:
+        per_tensor = np.asarray(counts, np.float64).reshape(len(counts), 3, steps).sum(axis=1)
+        np.add.at(found, np.asarray(owner), np.nan_to_num(per_tensor, nan=0.0) > 0)
+    return found > 0
+
+
 def _step_count(layers):
     """The steps of `[layers, steps]` columns, read from any layer's tensors or updates (a layer
     the in-step digest holds only updates of has no tensors)."""
@@ -216,10 +232,6 @@ def verdicts(layers, ratio=DEFAULT_RATIO):
     names = [layer["layer"] for layer in layers]
     reference, vanishing, exploding = gradient_verdicts(names, gradient_rms, ratio)
     with np.errstate(invalid="ignore"):
-        nonfinite = [
-            np.any([_nonfinite(t) > 0 for t in layer["tensors"].values()] or [empty], axis=0)
-            for layer in layers
-        ]
         dead = [
             empty if layer["units"] is None else layer["units"]["dead_channels"] > 0
             for layer in layers
@@ -227,7 +239,7 @@ def verdicts(layers, ratio=DEFAULT_RATIO):
     found = {
         "reference": reference,
         "gradient_rms": gradient_rms,
-        "nonfinite": np.array(nonfinite).reshape(len(layers), steps),
+        "nonfinite": _layers_nonfinite(layers, steps),
         "vanishing": vanishing,
         "exploding": exploding,
         "dead": np.array(dead).reshape(len(layers), steps),
