@@ -70,8 +70,8 @@ def _step_peaks():
 
 
 def child(args):
-    """One arm in this process: prints `{"before_fit_kb", "peak_kb", "step_peak_kb"}` as
-    JSON."""
+    """One arm in this process: prints `{"before_fit_kb", "peak_kb", "step_peak_kb",
+    "step_added_kb"}` as JSON."""
     name, image_size = ("cnn", 32) if args.smoke else ("resnet50", bench_in_step.IMAGE_SIZE)
     model = common.build_model(name, image_size, args.seed)
     x, y = common.batch(bench_in_step.BATCH * args.steps, image_size, args.seed)

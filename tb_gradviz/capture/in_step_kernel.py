@@ -40,8 +40,8 @@ _PERIOD = 64
 @numba.njit(nogil=True, cache=True, fastmath=_SUM)
 def _finite_pass(bits, values, thresholds, high_bits, width, channels):
     # bits: the values' float32 bit patterns, flat, in lines of `width` (channels). Per block of
-    # whole lines, a few loops that each vectorize (one loop doing everything did not, as well:
-    # 2x slower), the block read from the L1 cache after the first:
+    # whole lines, a few loops that each vectorize (one loop doing everything did not vectorize
+    # as well: bench/RESULTS.md section 22), the block read from the L1 cache after the first:
     # - the sum of squares (in float64) and the largest magnitude's bits: without the sign bit,
     #   the pattern of a finite float orders as its magnitude does, and an integer maximum
     #   vectorizes whatever a NaN would do (a NaN or an Inf makes the sum of squares

@@ -199,11 +199,11 @@ def _layers_nonfinite(layers, steps):
         for t in layer["tensors"].values():
             counts.append((t["nan"], t["pos_inf"], t["neg_inf"]))
             owner.append(i)
-    found = np.zeros((len(layers), steps))
+    found = np.zeros((len(layers), steps), bool)
     if counts:
         per_tensor = np.asarray(counts, np.float64).reshape(len(counts), 3, steps).sum(axis=1)
-        np.add.at(found, np.asarray(owner), np.nan_to_num(per_tensor, nan=0.0) > 0)
-    return found > 0
+        np.logical_or.at(found, np.asarray(owner), per_tensor > 0)  # NaN > 0 is False
+    return found
 
 
 def _step_count(layers):

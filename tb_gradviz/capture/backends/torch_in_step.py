@@ -14,7 +14,7 @@ a hook that returns nothing change no value: training is the same bit for bit.
 
 An input gradient that is also the gradient of a chosen layer's output (layer
 B reads A's output and nothing else does: a chain of conv, BatchNorm, ReLU) is
-read once (`_Shared`): about a third of the values of every ResNet50 layer.
+read once (`_Shared`; what it saves: bench/RESULTS.md section 22).
 
 The optimizer's `apply` is wrapped for the step too (`_updates_measured`):
 every trainable weight (`weights.step_weights`) is copied just before the
@@ -121,8 +121,8 @@ class TrainStep(in_step_fit.TrainStepBase):
 @dataclasses.dataclass(frozen=True)
 class _Kept:
     """What a step's recording keeps of a tensor: its shape, dtype and key, not the tensor,
-    which would keep its memory from being freed in the backward pass (a logged step of every
-    ResNet50 layer then took about 150,000 more page faults than a plain one)."""
+    which would keep its memory from being freed in the backward pass (the page faults that
+    cost: bench/RESULTS.md section 22)."""
 
     shape: tuple
     dtype: str
@@ -145,8 +145,8 @@ class _Keys:
         return key
 
     def output_key(self, t):
-        """`t`'s key as an output (made on first sight), or None for a tensor that is no
-        recorded output when it is an input."""
+        """`t`'s key as an output, made on first sight: an input that is no recorded output
+        gets one too, which no output's hook asks for."""
         found = self._outputs.get(id(t))
         if found is not None and found[0]() is t:
             return found[1]
@@ -224,9 +224,10 @@ class _Shared:
     def output_hook(self, key):
         def hook(gradient):
             read = self.held.pop(key, [])
-            same = [row for held, row in read if _same_memory(held, gradient)]
-            one = len(same) == 1 and len(read) == 1
-            self.rows["output_gradient", key] = same[0] if one else _row(gradient)
+            if len(read) == 1 and _same_memory(read[0][0], gradient):
+                self.rows["output_gradient", key] = read[0][1]
+            else:
+                self.rows["output_gradient", key] = _row(gradient)
 
         return hook
 
