@@ -82,17 +82,18 @@ def get(url, timeout=60):
 
 
 class RssSampler(threading.Thread):
-    """Samples the RSS of a process tree every 50 ms; keeps the peak of the sum."""
+    """Samples the RSS of a process tree every 50 ms; keeps the peak of the sum, and the
+    process's own (without its children) as last sampled."""
 
     def __init__(self, pid):
         super().__init__(daemon=True)
-        self.pid, self.peak_kb, self.peak_children_kb = pid, 0, 0
+        self.pid, self.peak_kb, self.peak_children_kb, self.main_kb = pid, 0, 0, 0
         self._done = threading.Event()
 
     def run(self):
         while not self._done.is_set():
             kids = common.children(self.pid)
-            main = common.rss_kb(self.pid) or 0
+            main = self.main_kb = common.rss_kb(self.pid) or 0
             kid_kb = sum(common.rss_kb(k) or 0 for k in kids)
             self.peak_kb = max(self.peak_kb, main + kid_kb)
             self.peak_children_kb = max(self.peak_children_kb, kid_kb)
