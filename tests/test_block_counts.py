@@ -69,7 +69,8 @@ def test_tensors_with_zeros_subnormals_and_nonfinite_values(name, shape):
 @pytest.mark.parametrize(
     "shape",
     [(1,), (3,), (7, 3), (5, 15), (4, 16), (3, 17), (6, 31), (2, 32), (3, 33), (2, 47)]
-    + [(2, 48), (3, 100), (2, 1000), (9, 64), (3, 2, 96), (70, 32), (5, 1500), (1, 4096)],
+    + [(2, 48), (3, 100), (2, 1000), (9, 64), (3, 2, 96), (70, 32), (5, 1500), (1, 4096)]
+    + [(3, 8288), (2, 20000)],
 )
 def test_partial_blocks_and_chunks_in_every_format(shape):
     """Rows of one value up to several chunks (`block_counts.CHUNK`), partial blocks of 16

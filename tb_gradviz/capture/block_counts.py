@@ -1,11 +1,13 @@
 """The block record on the host: `format.blocks.block_record` of every format at once.
 
 numba reads the tensor once for NVFP4's tensor amax, then a chunk at a time (`CHUNK` values of
-whole blocks, which stay in the L1 cache): per block of 16 (NVFP4's; an MX block is two) the
+whole blocks, which stay in the L2 cache): per block of 16 (NVFP4's; an MX block is two) the
 bits of its largest and smallest non-zero magnitudes, in integer operations (a float32
 magnitude's bits order as its value; bits at or above +Inf's mean NaN or Inf), from them every
-block's scales (`block_scales`), spread over its values; then each format in one loop over the
-chunk that LLVM vectorizes: no branch and no sum per block.
+block's scales (`block_scales`), spread over its values; then each format in two loops over
+the chunk that LLVM vectorizes, with no branch and no sum per block: the rounding and the counts
+in float32, then the squared sums in float64 (in one loop, the float64 lanes set the width of
+every operation: half as many float32 lanes).
 
 Rounding without a division or a logarithm: a float `x >= 0` rounds to a multiple of a power of
 two `q`, ties to even, as `(x + B) - B` with `B = q * 2**23` in float32 (`x < B`): the sum's last
@@ -54,7 +56,10 @@ from tb_gradviz.capture.block_scales import (
 )
 from tb_gradviz.format import blocks
 
-CHUNK = 1024  # values per chunk, a multiple of 32: its arrays stay in the L1 cache
+# Values per chunk: a multiple of 32 and of `kernels._BLOCK`. A chunk's calls cost 0.3-0.7 us
+# whatever its length, so chunks are long (8,192 values: 0.7x the block part's time at 1,024);
+# its arrays stay in the L2 cache (bench/RESULTS.md section 20).
+CHUNK = 8192
 HALF = 16  # NVFP4's block length, passed to the kernels at run time (`_records`)
 # Per MX element, in units of 2**K: `B = max(2**floor(log2(u)) * unit, floor)`, the largest
 # value, the smallest normal; then the element's own fields, as `_mx_block` reads them.
@@ -85,13 +90,13 @@ def _plus_square(total, x):
 
 
 @numba.njit(nogil=True, cache=True)
-def _mx_chunk(src, off, n, inverse, element, below_normal):
+def _mx_chunk(src, off, n, inverse, element, below_normal, errors):
     """One MX element (its row of `MX_CONSTANTS`) over `src[off:off + n]`, `inverse` holding
     each value's `2**-K`: `(zero, below, saturated, squared_error)`, zero and below counting the
     values that round to 0 and below the smallest normal (zeros included), or both 0 where
-    `below_normal` is False: every non-zero value is then a normal element."""
+    `below_normal` is False: every non-zero value is then a normal element. `errors` is
+    scratch: each value's error, squared in float64 by a loop of its own (`_squared`)."""
     zero = below = saturated = _F0
-    error = 0.0
     unit, floor = np.float32(element[0]), np.float32(element[1])
     top, smallest_normal = np.float32(element[2]), np.float32(element[3])
     for i in range(n):
@@ -107,17 +112,26 @@ def _mx_chunk(src, off, n, inverse, element, below_normal):
             zero = _plus(zero, _F1 if q == 0 else _F0)
             below = _plus(below, _F1 if q < smallest_normal else _F0)
         scale = np.int32(_RECIPROCAL - np.float32(g).view(np.int32)).view(np.float32)
-        error = _plus_square(error, np.float64(q * scale - m))
-    return zero, below, saturated, error
+        errors[np.uint64(i)] = q * scale - m
+    return zero, below, saturated, _squared(errors, n)
+
+
+@numba.njit(nogil=True, cache=True)
+def _squared(values, n):
+    """The sum of `values[:n]` squared, in float64."""
+    total = 0.0
+    for i in range(n):
+        total = _plus_square(total, np.float64(values[np.uint64(i)]))
+    return total
 
 
 @numba.njit(nogil=True, cache=True, error_model="numpy")
-def _fp4_chunk(src, off, n, tensor_scale, block_scale, decode):
+def _fp4_chunk(src, off, n, tensor_scale, block_scale, decode, elements):
     """NVFP4 over `src[off:off + n]`, `block_scale` and `decode` holding each value's `s` and
-    `s / S` (`nvfp4_scales`): as `_mx_chunk`, each element `(v * S) / s` in float32, then the
-    values' sum of squares and zeros, as `_squares`."""
+    `s / S` (`nvfp4_scales`): as `_mx_chunk`, each element `(v * S) / s` in float32 (kept in
+    the scratch `elements`), then the float64 sums: its squared error, and the values' sum of
+    squares and zeros, as `_squares`."""
     zero = below = saturated = zeros = _F0
-    error = squares = 0.0
     unit, largest = np.float32(2.0 ** (23 - FP4.mantissa)), np.float32(FP4.largest)
     smallest_normal = np.float32(2.0**FP4.min_exponent)
     for i in range(n):
@@ -130,10 +144,13 @@ def _fp4_chunk(src, off, n, tensor_scale, block_scale, decode):
         q = min(q, largest)
         zero = _plus(zero, _F1 if q == 0 else _F0)
         below = _plus(below, _F1 if q < smallest_normal else _F0)
-        m = abs(np.float64(v))
-        error = _plus_square(error, np.float64(q) * decode[np.uint64(i)] - m)
-        squares = _plus_square(squares, m)
         zeros = _plus(zeros, _F1 if v == 0 else _F0)
+        elements[np.uint64(i)] = q
+    error = squares = 0.0
+    for i in range(n):
+        m = abs(np.float64(src[np.uint64(off + i)]))
+        error = _plus_square(error, np.float64(elements[np.uint64(i)]) * decode[np.uint64(i)] - m)
+        squares = _plus_square(squares, m)
     return zero, below, saturated, error, squares, np.int64(zeros)
 
 
@@ -175,16 +192,16 @@ def _chunk(src, start, n, half, stats, work, mx, spans, tensor_scale, out):
     squared_sum)`."""
     counts, sums = out
     amax, amin, inverse_b, spread, scale_h, decode_h = stats
-    inverse, scale, decode, copy = work
+    inverse, scale, decode, copy, floats = work
     formats, count = mx.shape[0], n // (2 * half)
     half_stats(src.view(np.int32), start, 2 * count, half, amax, amin)
     wide, nonfinite = nvfp4_scales(amax, amin, 2 * count, tensor_scale, scale_h, decode_h)
     counts[formats, 3] += wide
     counts[formats, 4] += nonfinite
     low, mx_nonfinite, left = mx_scales(amax, amin, count, inverse_b, spread)
-    for f in range(formats):
+    for f in range(formats):  # a loop: `counts[:formats, 4] += ...` made an array per chunk
         counts[f, 3] += count_above(spread, count, spans[f])
-    counts[:formats, 4] += mx_nonfinite
+        counts[f, 4] += mx_nonfinite
     for h in range(2 * count):  # each block's scales spread over its values
         s, d = scale_h[h], decode_h[h]
         for i in range(half * h, half * h + half):
@@ -202,7 +219,7 @@ def _chunk(src, start, n, half, stats, work, mx, spans, tensor_scale, out):
             if amax[h] >= INF:
                 nv_src[half * h : half * (h + 1)] = 0
     zero, below, saturated, error, squares, zeros = _fp4_chunk(
-        nv_src, nv_at, n, tensor_scale, scale, decode
+        nv_src, nv_at, n, tensor_scale, scale, decode, floats
     )
     counts[formats, 0] += np.int64(zero) - zeros
     counts[formats, 1] += np.int64(below) - np.int64(zero)
@@ -224,7 +241,9 @@ def _chunk(src, start, n, half, stats, work, mx, spans, tensor_scale, out):
         squares, zeros = _squares(mx_src, mx_at, n)
     for f in range(formats):
         below_normal = low < mx[f, 3]
-        zero, below, saturated, error = _mx_chunk(mx_src, mx_at, n, inverse, mx[f], below_normal)
+        zero, below, saturated, error = _mx_chunk(
+            mx_src, mx_at, n, inverse, mx[f], below_normal, floats
+        )
         if below_normal:
             counts[f, 0] += np.int64(zero) - zeros
             counts[f, 1] += np.int64(below) - np.int64(zero)
@@ -281,7 +300,7 @@ def scratch():
         np.empty(CHUNK, np.int32),  # per block of `half`: its largest magnitude's bits
         np.empty(CHUNK, np.int32),  # its smallest non-zero magnitude's
         np.empty(CHUNK, np.float32),  # per MX block: 2**-K
-        np.empty(CHUNK, np.int64),  # its spread in binades
+        np.empty(CHUNK, np.int32),  # its spread in binades
         np.empty(CHUNK, np.float32),  # per block of `half`: NVFP4's s
         np.empty(CHUNK),  # NVFP4's s / S
     )
@@ -290,6 +309,7 @@ def scratch():
         np.empty(CHUNK, np.float32),  # NVFP4's s
         np.empty(CHUNK),  # NVFP4's s / S
         np.empty((2, CHUNK), np.float32),  # the chunk with blocks left out zeroed: MX, NVFP4
+        np.empty(CHUNK, np.float32),  # per value: its error (MX) or element (NVFP4)
     )
     return stats, work
 

@@ -128,26 +128,30 @@ def mx_scales(amax, amin, count, inverse, spread):
     """Each MX block's `2**-K` in float32, 0 for a block left out of the chunk (NaN or Inf, or
     rounded by `_mx_block`), and its spread in binades (-1 for none: no non-zero value or NaN
     or Inf). Returns the smallest non-zero magnitude over `2**K` of the blocks taken, the
-    blocks holding NaN or Inf and the blocks left out."""
+    blocks holding NaN or Inf and the blocks left out.
+
+    Without a branch (selects only), so that LLVM vectorizes the loop over the blocks."""
     low, nonfinite, left = np.inf, 0, 0
     for b in range(count):
         top, bottom = max(amax[2 * b], amax[2 * b + 1]), min(amin[2 * b], amin[2 * b + 1])
         finite = top < INF
-        k = binade(top) if 0 < top < INF else 0
-        taken = finite and _K_LOW <= k <= _K_HIGH
-        inverse[b] = np.float32(two_to(-k)) if taken else _F0
-        if taken and bottom < ABS:
-            low = min(low, np.float64(float32_of(bottom)) * two_to(-k))
+        some = finite & (top > 0)
+        k = binade(top) if some else 0
+        taken = finite & (k >= _K_LOW) & (k <= _K_HIGH)
+        # 2**-k as float32 bits: a normal float32 wherever the block is taken.
+        inverse[b] = np.int32((127 - k) << 23).view(np.float32) if taken else _F0
+        smallest = np.float64(float32_of(bottom)) * two_to(-k if taken else 0)
+        low = min(low, smallest if taken & (bottom < ABS) else np.inf)
         nonfinite += not finite
         left += not taken
-        spread[b] = k - binade(bottom) if finite and top > 0 else -1
+        spread[b] = k - binade(bottom) if some else -1
     return low, nonfinite, left
 
 
 @numba.njit(nogil=True, cache=True)
 def count_above(spread, count, span):
     """How many of the first `count` spreads exceed `span`: the wide blocks."""
-    wide = 0
+    wide = np.int32(0)
     for b in range(count):
-        wide += spread[b] > span
+        wide += np.int32(spread[b] > span)
     return wide

@@ -165,17 +165,20 @@ def _summary_float32(values, buckets, log_keys, log_cells, cells, precise, half,
     joint = np.zeros((2, buckets * 2 * bins), np.int64)
     linear = np.zeros(_BLOCK, np.int32)  # all in bucket 0 when every value is equal
     squares = 0.0
+    counted = 0  # the values the block part has counted
     for begin in range(0, n, _BLOCK):
         block = values[begin : begin + _BLOCK]
         squares += _squared_deviations(block, mean)
         if spread:
             _linear_buckets(block, low, width, buckets - 1, linear)
         _count_refined(bits[begin : begin + _BLOCK], linear, cells, joint, bins)
-        if half:
+        end = min(begin + _BLOCK, n)
+        if half and (end - counted >= block_counts.CHUNK or end == n):
+            # The block part every `CHUNK` values, read in the last few blocks (in the L2 cache)
             block_counts.aligned_chunks(
                 values,
-                begin,
-                min(begin + _BLOCK, n),
+                counted,
+                end,
                 half,
                 block_scratch,
                 block_counts.MX_CONSTANTS,
@@ -183,6 +186,7 @@ def _summary_float32(values, buckets, log_keys, log_cells, cells, precise, half,
                 tensor_scale,
                 block_out,
             )
+            counted = end
     pairs = (joint[0] + joint[1]).reshape(buckets, 2 * bins)
     refined = pairs.sum(axis=0)
     magnitude = np.zeros(2 * _MAGNITUDE_BINS, np.int64)
