@@ -103,8 +103,8 @@ _NARROW_FLOATS = ("float16", "bfloat16", "float8")
 def block_formats_for(chosen, asked):
     """Whether the events of `chosen` (`ChosenLayer`s) write the block part: `asked`, or for None
     (the default) where it is cheap or to the point: when every chosen layer is a pooling layer
-    (the block part adds 1.6 % to ResNet50's pooling event; every layer's, 45 %: bench/RESULTS.md
-    section 20), or when one computes in a float of 16 bits or fewer (`mixed_float16`,
+    (the block part adds about 1 % to ResNet50's pooling event and about a quarter to its
+    every-layer event: bench/RESULTS.md section 20), or when one computes in a float of 16 bits or fewer (`mixed_float16`,
     `mixed_bfloat16`, float8), a run already in the formats' neighbourhood."""
     if asked is not None:
         return asked
