@@ -199,7 +199,7 @@ def _chunk(src, start, n, half, stats, work, mx, spans, tensor_scale, out):
     counts[formats, 3] += wide
     counts[formats, 4] += nonfinite
     low, mx_nonfinite, left = mx_scales(amax, amin, count, inverse_b, spread)
-    for f in range(formats):  # a loop: `counts[:formats, 4] += ...` made an array per chunk
+    for f in range(formats):
         counts[f, 3] += count_above(spread, count, spans[f])
         counts[f, 4] += mx_nonfinite
     for h in range(2 * count):  # each block's scales spread over its values

@@ -104,8 +104,9 @@ def block_formats_for(chosen, asked):
     """Whether the events of `chosen` (`ChosenLayer`s) write the block part: `asked`, or for None
     (the default) where it is cheap or to the point: when every chosen layer is a pooling layer
     (the block part adds about 1 % to ResNet50's pooling event and about a quarter to its
-    every-layer event: bench/RESULTS.md section 20), or when one computes in a float of 16 bits or fewer (`mixed_float16`,
-    `mixed_bfloat16`, float8), a run already in the formats' neighbourhood."""
+    every-layer event: bench/RESULTS.md section 20), or when one computes in a float of 16 bits
+    or fewer (`mixed_float16`, `mixed_bfloat16`, float8), a run already in the formats'
+    neighbourhood."""
     if asked is not None:
         return asked
     narrow = any(
