@@ -95,7 +95,7 @@ def _mx_chunk(src, off, n, inverse, element, below_normal, errors):
     each value's `2**-K`: `(zero, below, saturated, squared_error)`, zero and below counting the
     values that round to 0 and below the smallest normal (zeros included), or both 0 where
     `below_normal` is False: every non-zero value is then a normal element. `errors` is
-    scratch: each value's error, squared in float64 by a loop of its own (`_squared`)."""
+    scratch: each value's error, squared in float64 by a loop of its own (`_squares`)."""
     zero = below = saturated = _F0
     unit, floor = np.float32(element[0]), np.float32(element[1])
     top, smallest_normal = np.float32(element[2]), np.float32(element[3])
@@ -113,16 +113,7 @@ def _mx_chunk(src, off, n, inverse, element, below_normal, errors):
             below = _plus(below, _F1 if q < smallest_normal else _F0)
         scale = np.int32(_RECIPROCAL - np.float32(g).view(np.int32)).view(np.float32)
         errors[np.uint64(i)] = q * scale - m
-    return zero, below, saturated, _squared(errors, n)
-
-
-@numba.njit(nogil=True, cache=True)
-def _squared(values, n):
-    """The sum of `values[:n]` squared, in float64."""
-    total = 0.0
-    for i in range(n):
-        total = _plus_square(total, np.float64(values[np.uint64(i)]))
-    return total
+    return zero, below, saturated, _squares(errors, 0, n)[0]
 
 
 @numba.njit(nogil=True, cache=True, error_model="numpy")
