@@ -281,3 +281,13 @@ def test_in_step_kernel_bench_times_the_kernel_hot_cold_and_against_one_read(tmp
     assert row["tensors"] == 4 and row["values"] == 4 * 4 * 8 * 8 * 64
     for speed in ("hot_gvalues_s", "cold_gvalues_s", "read_gvalues_s"):
         assert row[speed] > 0, speed
+
+
+def test_block_chunks_bench_times_a_chunks_call_and_the_fused_block_part(tmp_path):
+    from tb_gradviz.capture import block_counts
+
+    (row,) = run_smoke(tmp_path, "bench_block_chunks.py")
+    assert row["chunk"] == block_counts.CHUNK and row["fused_values"] == 196608
+    for length in (32, 128, 1024, block_counts.CHUNK):
+        assert row[f"call_ns_{length}"] > 0, length
+    assert row["fused_with_ns_per_value"] > 0 and row["fused_without_ns_per_value"] > 0
