@@ -7,7 +7,7 @@ Two measurements, in one process, on this machine's numba build of the kernels:
   at a time; nanoseconds per call and per value. A cost per call that hardly
   grows with the chunk's length is what long chunks (`CHUNK`) save;
 - fused: `kernels.summary(..., precision=True)` over four ResNet50-like
-  tensors (a ReLU activation, two gradients, a wide one: 4.5 M values) with
+  tensors (a ReLU activation, two gradients, a wide one: 3.1 M values) with
   the block part and without it, alternated; the process's CPU time per
   value, the minimum of `--repeats`. The block part is the difference.
 
