@@ -239,6 +239,8 @@ def serve_tensorboard(root, steps, full_every, plain=False):
     flags = () if plain else (f"--samples_per_plugin={README_SAMPLES}",)
     with running_tensorboard(root, steps, full_every, flags) as (base, load_s, sampler, rss_mb):
         rss_loaded, tensorboard_loaded = rss_mb(), sampler.main_kb / 1024
+        peak_loading_kb = sampler.peak_kb
+        sampler.mark()
         url = f"{base}/data/plugin/gradviz/timeline?run=long&width=1000"
         cold, status, cold_body, headers = _gzipped_get(url)
         assert status == 200 and headers.get("Content-Encoding") == "gzip"
@@ -246,6 +248,7 @@ def serve_tensorboard(root, steps, full_every, plain=False):
         warm = [_gzipped_get(url)[0] for _ in range(3)]
         other_field = _gzipped_get(url + "&field=zero_share")[0]
         peak_views_kb = sampler.peak_kb
+        peak_views_only_kb = sampler.since_mark_kb
         # A zoom of 1,000 steps in the middle, another, then the first again.
         middle = steps // 2
         other = max(1, min(middle + 3000, steps - 999))  # within a short (--smoke) run too
@@ -268,6 +271,8 @@ def serve_tensorboard(root, steps, full_every, plain=False):
             "timeline_gzip_bytes": len(cold_body),
             "rss_after_timeline_mb": rss_mb(),
             "peak_rss_before_zoom_mb": peak_views_kb / 1024,
+            "peak_rss_loading_mb": peak_loading_kb / 1024,
+            "peak_rss_views_mb": peak_views_only_kb / 1024,
             "peak_rss_mb": sampler.peak_kb / 1024,
             "peak_data_server_rss_mb": sampler.peak_children_kb / 1024,
         }

@@ -83,12 +83,21 @@ def get(url, timeout=60):
 
 class RssSampler(threading.Thread):
     """Samples the RSS of a process tree every 50 ms; keeps the peak of the sum, and the
-    process's own (without its children) as last sampled."""
+    process's own (without its children) as last sampled. `since_mark_kb` is the peak of the sum
+    since the last `mark()` (since the start before one)."""
 
     def __init__(self, pid):
         super().__init__(daemon=True)
         self.pid, self.peak_kb, self.peak_children_kb, self.main_kb = pid, 0, 0, 0
+        self.since_mark_kb = 0
         self._done = threading.Event()
+
+    def mark(self):
+        """Begins a new `since_mark_kb` at the current RSS."""
+        kids = common.children(self.pid)
+        self.since_mark_kb = (common.rss_kb(self.pid) or 0) + sum(
+            common.rss_kb(k) or 0 for k in kids
+        )
 
     def run(self):
         while not self._done.is_set():
@@ -96,6 +105,7 @@ class RssSampler(threading.Thread):
             main = self.main_kb = common.rss_kb(self.pid) or 0
             kid_kb = sum(common.rss_kb(k) or 0 for k in kids)
             self.peak_kb = max(self.peak_kb, main + kid_kb)
+            self.since_mark_kb = max(self.since_mark_kb, main + kid_kb)
             self.peak_children_kb = max(self.peak_children_kb, kid_kb)
             self._done.wait(0.05)
 
