@@ -104,10 +104,7 @@ def main():
         "block_part_ns_per_value": with_block - without_block,
         "loadavg": os.getloadavg()[0],
     }
-    print("RESULT", {k: round(v, 3) if isinstance(v, float) else v for k, v in row.items()})
-    common.write_json(
-        args.json, {"script": "bench_block_chunks", "args": vars(args), "rows": [row]}
-    )
+    common.report("bench_block_chunks", args, [row])
 
 
 if __name__ == "__main__":

@@ -75,10 +75,7 @@ def main():
         "cold_over_read": cold / read,
         "loadavg": os.getloadavg()[0],
     }
-    print("RESULT", {k: round(v, 3) if isinstance(v, float) else v for k, v in row.items()})
-    common.write_json(
-        args.json, {"script": "bench_in_step_kernel", "args": vars(args), "rows": [row]}
-    )
+    common.report("bench_in_step_kernel", args, [row])
 
 
 if __name__ == "__main__":

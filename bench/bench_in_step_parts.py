@@ -84,10 +84,7 @@ def main():
             row.update({part: seconds * 1000 / steps for part, seconds in spent.items()})
     row["layers"] = len(gradviz.chosen_layers)
     row["loadavg"] = os.getloadavg()[0]
-    print("RESULT", {k: round(v, 4) if isinstance(v, float) else v for k, v in row.items()})
-    common.write_json(
-        args.json, {"script": "bench_in_step_parts", "args": vars(args), "rows": [row]}
-    )
+    common.report("bench_in_step_parts", args, [row], digits=4)
 
 
 if __name__ == "__main__":

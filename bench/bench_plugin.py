@@ -373,9 +373,7 @@ def main():
             ("n", "requests", "{}"),
         ],
     )
-    for row in rows:
-        print("RESULT", {k: (round(v, 3) if isinstance(v, float) else v) for k, v in row.items()})
-    common.write_json(args.json, {"script": "bench_plugin", "args": vars(args), "rows": rows})
+    common.report("bench_plugin", args, rows)
 
 
 if __name__ == "__main__":

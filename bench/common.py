@@ -129,6 +129,16 @@ def write_json(path, payload):
         print(f"\nwrote {path}")
 
 
+def report(script, args, rows, digits=3):
+    """Prints each row as a `RESULT` line (floats rounded to `digits`), then writes the rows to
+    `args.json` (`write_json`) under the script's name and its arguments."""
+    for row in rows:
+        print(
+            "RESULT", {k: round(v, digits) if isinstance(v, float) else v for k, v in row.items()}
+        )
+    write_json(args.json, {"script": script, "args": vars(args), "rows": rows})
+
+
 # ---------------------------------------------------------------- models
 
 
